@@ -1,0 +1,772 @@
+#!/usr/bin/env python3
+"""coderun sandbox runner: PID 1 of every sandbox container.
+
+Runs one untrusted program as a child, enforces the time limit and the output
+caps, measures it, collects its artifacts and prints exactly one framed JSON
+result line (``CODERUN-RESULT-V1 {...}``) on its own stdout, then writes a
+digest of that frame to the termination log so the operator can tell the real
+frame from a forged one.
+
+Standard library only: this file is copied as-is into every sandbox image.
+The pure functions are importable by path for tests and for the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import resource
+import selectors
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+FRAME_PREFIX = "CODERUN-RESULT-V1 "
+FRAME_VERSION = 1
+
+COMPLETED = "Completed"
+NON_ZERO_EXIT = "NonZeroExit"
+TIMEOUT = "Timeout"
+OUTPUT_LIMIT_EXCEEDED = "OutputLimitExceeded"
+SIGNALED = "Signaled"
+INVALID_INPUT = "InvalidInput"
+RUNNER_ERROR = "RunnerError"
+
+DEFAULT_OUTPUT_BYTES = 65536
+DEFAULT_FLOOD_BYTES = 1048576
+DEFAULT_ARTIFACT_CAPS = {"maxFiles": 16, "maxFileBytes": 262144, "maxTotalBytes": 524288}
+# A program can create thousands of unwanted files; listing every one would
+# bloat the frame, so only this many skipped entries are reported.
+MAX_SKIPPED_LISTED = 64
+# Once the child is gone, how long to keep reading pipes that an escaped
+# process (only possible when the runner is not PID 1) may still hold open.
+DRAIN_GRACE_SECONDS = 0.5
+READ_CHUNK = 65536
+TAIL_BYTES = 16384
+BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Kubernetes ConfigMap key rules: a key never names another file or a dir.
+CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
+
+
+class InvalidInput(Exception):
+    """The input ConfigMap is malformed or asks for something unsafe."""
+
+
+# ---------------------------------------------------------------- input
+
+
+def validate_relative_path(path: object, what: str) -> str:
+    """Return a normalised relative path, or raise InvalidInput.
+
+    Defence in depth: the API rejects these too, but the runner must never
+    write outside its work dir whatever the ConfigMap says.
+    """
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidInput(f"{what}: path must be a non-empty string")
+    if path.startswith("/"):
+        raise InvalidInput(f"{what}: absolute path {path!r} is not allowed")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidInput(f"{what}: path {path!r} must not contain '..'")
+    if not parts:
+        raise InvalidInput(f"{what}: path {path!r} names no file")
+    return "/".join(parts)
+
+
+def resolve_inside(root: str, relative: str) -> str:
+    """Join and check that the result (symlinks resolved) stays under root."""
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(real_root, relative))
+    if os.path.commonpath([real_root, target]) != real_root or target == real_root:
+        raise InvalidInput(f"path {relative!r} resolves outside the work dir")
+    return target
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidInput(message)
+
+
+def _non_negative_int(value: object, field: str) -> int:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+             f"run.json: {field} must be a non-negative integer")
+    return value  # type: ignore[return-value]
+
+
+def parse_run_spec(raw: dict) -> dict:
+    """Validate run.json and fill defaults; raise InvalidInput on anything odd."""
+    _require(isinstance(raw, dict), "run.json must be a JSON object")
+    _require(raw.get("version") == 1, "run.json: version must be 1")
+    command = raw.get("command")
+    _require(isinstance(command, list) and bool(command)
+             and all(isinstance(a, str) and "\0" not in a for a in command),
+             "run.json: command must be a non-empty list of strings")
+    timeout = raw.get("timeoutSeconds")
+    _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+             and 0 < timeout < 86400, "run.json: timeoutSeconds must be a positive number")
+    caps = dict(DEFAULT_ARTIFACT_CAPS)
+    artifacts = raw.get("artifacts") or {}
+    _require(isinstance(artifacts, dict), "run.json: artifacts must be an object")
+    for name in caps:
+        if name in artifacts:
+            caps[name] = _non_negative_int(artifacts[name], f"artifacts.{name}")
+    env = raw.get("env") or {}
+    _require(isinstance(env, dict) and all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+        and "\0" not in k + v for k, v in env.items()),
+        "run.json: env must map names (no '=') to strings")
+    stdin_key = raw.get("stdinKey")
+    _require(stdin_key is None or (isinstance(stdin_key, str) and CONFIGMAP_KEY.match(stdin_key)),
+             "run.json: stdinKey must be null or a ConfigMap key")
+    code_file = validate_relative_path(raw.get("codeFile"), "codeFile")
+    files = raw.get("files") or []
+    _require(isinstance(files, list), "run.json: files must be a list")
+    seen = {code_file}
+    checked_files = []
+    for index, entry in enumerate(files):
+        _require(isinstance(entry, dict), f"run.json: files[{index}] must be an object")
+        path = validate_relative_path(entry.get("path"), f"files[{index}]")
+        key = entry.get("key")
+        _require(isinstance(key, str) and bool(CONFIGMAP_KEY.match(key)),
+                 f"files[{index}]: key must be a ConfigMap key")
+        _require(path not in seen, f"files[{index}]: path {path!r} is used twice")
+        seen.add(path)
+        checked_files.append({"path": path, "key": key})
+    flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
+    return {
+        "language": raw.get("language"),
+        "command": command,
+        "codeFile": code_file,
+        "timeoutSeconds": float(timeout),
+        "outputBytes": _non_negative_int(raw.get("outputBytes", DEFAULT_OUTPUT_BYTES), "outputBytes"),
+        "floodBytes": _non_negative_int(flood, "floodBytes"),
+        "artifacts": caps,
+        "files": checked_files,
+        "stdinKey": stdin_key,
+        "env": env,
+    }
+
+
+def read_input_key(input_dir: str, key: str) -> bytes:
+    """Read one ConfigMap key (a symlink into ..data, which is followed)."""
+    try:
+        with open(os.path.join(input_dir, key), "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise InvalidInput(f"input key {key!r} is missing") from None
+
+
+def load_run_spec(input_dir: str) -> dict:
+    try:
+        raw = json.loads(read_input_key(input_dir, "run.json"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"run.json is not valid JSON: {exc}") from None
+    return parse_run_spec(raw)
+
+
+def write_new_file(work_dir: str, relative: str, content: bytes) -> None:
+    """Create one input file under work_dir; never through a symlink."""
+    target = resolve_inside(work_dir, relative)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        resolve_inside(work_dir, relative)  # parents exist now: re-check them
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # e.g. "a" and "a/b" both given
+        raise InvalidInput(f"cannot create {relative!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+
+
+def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:
+    os.makedirs(work_dir, exist_ok=True)
+    write_new_file(work_dir, spec["codeFile"], read_input_key(input_dir, "code"))
+    for entry in spec["files"]:
+        write_new_file(work_dir, entry["path"], read_input_key(input_dir, entry["key"]))
+
+
+def child_environment(spec_env: dict, scratch_dir: str, outputs_dir: str) -> dict:
+    """The whole environment of the child: nothing leaks in from the runner's."""
+    env = {
+        "PATH": BASE_PATH,
+        "HOME": os.path.join(scratch_dir, "home"),
+        "TMPDIR": scratch_dir,
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": os.path.join(scratch_dir, ".matplotlib"),
+        "CODERUN_OUTPUT_DIR": outputs_dir,
+    }
+    env.update(spec_env)
+    return env
+
+
+# ---------------------------------------------------------------- output capture
+
+
+def trim_partial_utf8(data: bytes) -> bytes:
+    """Drop a multi-byte UTF-8 character cut in half at the end of data."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # continuation byte: keep looking for the lead
+            continue
+        sequence_length = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+        return data[:-back] if sequence_length > back else data
+    return data
+
+
+@dataclasses.dataclass
+class StreamCapture:
+    """Keeps the first `limit` bytes of a stream but counts and hashes all of it.
+
+    It also keeps the last TAIL_BYTES, so a traceback at the end of a long
+    stderr can still be parsed when the kept head is truncated.
+    """
+
+    limit: int
+    kept: bytearray = dataclasses.field(default_factory=bytearray)
+    tail: bytearray = dataclasses.field(default_factory=bytearray)
+    total: int = 0
+    digest: "hashlib._Hash" = dataclasses.field(default_factory=hashlib.sha256)
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.limit - len(self.kept)
+        if room > 0:
+            self.kept += chunk[:room]
+        self.tail += chunk[-TAIL_BYTES:]
+        del self.tail[:-TAIL_BYTES]
+        self.total += len(chunk)
+        self.digest.update(chunk)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > len(self.kept)
+
+    def text(self) -> str:
+        data = bytes(self.kept)
+        if self.truncated:
+            data = trim_partial_utf8(data)
+        return data.decode("utf-8", errors="replace")
+
+    def text_for_parsing(self) -> str:
+        """The end of the stream, where an error report is."""
+        data = self.tail if self.truncated else self.kept
+        return bytes(data).decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------- processes
+
+
+def kill_process_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def live_process_ids(own_pid: int) -> list[int]:
+    """Every process in /proc except us and zombies (they are already dead)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own_pid:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            pids.append(int(name))
+    return pids
+
+
+def reap_zombies() -> None:
+    """As PID 1 we inherit orphans; reap them so /proc empties."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_all_other_processes(max_seconds: float = 2.0) -> None:
+    """Only when PID 1 of the sandbox: no escaped daemon may outlive the frame.
+
+    Repeats because a process may fork between listing and killing.
+    """
+    own_pid = os.getpid()
+    give_up = time.monotonic() + max_seconds
+    while time.monotonic() < give_up:
+        alive = live_process_ids(own_pid)
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+        reap_zombies()
+
+
+def end_leftover_processes(pgid: int, is_pid1: bool) -> None:
+    kill_process_group(pgid)
+    if is_pid1:
+        kill_all_other_processes()
+
+
+@dataclasses.dataclass
+class ChildOutcome:
+    returncode: int
+    runner_kill_reason: str | None
+    wall_seconds: float
+    stdout: StreamCapture
+    stderr: StreamCapture
+
+
+def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
+              timeout_seconds: float, output_bytes: int, flood_bytes: int,
+              is_pid1: bool) -> ChildOutcome:
+    """Run the program, enforcing the deadline and the output flood cap.
+
+    One selector loop drains both pipes (a blocking read in a thread could not
+    be abandoned when an escaped process keeps a pipe open); a waiter thread
+    only reports the child's exit through a self-pipe, without reaping it, so
+    the process group id stays reserved until the group has been killed.
+    """
+    stdout = StreamCapture(output_bytes)
+    stderr = StreamCapture(output_bytes)
+    with open(stdin_path or os.devnull, "rb") as stdin:
+        started = time.monotonic()
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True)
+    wake_read, wake_write = os.pipe()
+    exited_at: list[float] = []
+
+    def wait_for_exit() -> None:
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        exited_at.append(time.monotonic())
+        os.write(wake_write, b"x")
+
+    threading.Thread(target=wait_for_exit, daemon=True).start()
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ, stdout)
+    selector.register(proc.stderr, selectors.EVENT_READ, stderr)
+    selector.register(wake_read, selectors.EVENT_READ, None)
+    open_streams = 2
+    deadline = started + timeout_seconds
+    runner_kill_reason = None
+    drain_until = None
+    try:
+        while True:
+            now = time.monotonic()
+            if drain_until is None and runner_kill_reason is None:
+                if stdout.total + stderr.total > flood_bytes:
+                    runner_kill_reason = OUTPUT_LIMIT_EXCEEDED
+                    kill_process_group(proc.pid)
+                elif not exited_at and now >= deadline:
+                    runner_kill_reason = TIMEOUT
+                    kill_process_group(proc.pid)
+            if exited_at and drain_until is None:
+                end_leftover_processes(proc.pid, is_pid1)
+                drain_until = time.monotonic() + DRAIN_GRACE_SECONDS
+            if drain_until is not None and (open_streams == 0 or now >= drain_until):
+                break
+            if drain_until is not None:
+                wait = drain_until - now
+            elif runner_kill_reason is None:
+                wait = deadline - now
+            else:
+                wait = None  # killed: the waiter thread will wake us
+            for key, _ in selector.select(None if wait is None else max(wait, 0)):
+                if key.data is None:
+                    os.read(wake_read, 1)
+                    selector.unregister(wake_read)
+                    continue
+                chunk = os.read(key.fd, READ_CHUNK)
+                if chunk:
+                    key.data.feed(chunk)
+                else:
+                    selector.unregister(key.fileobj)
+                    open_streams -= 1
+    finally:
+        if not exited_at:  # the runner itself failed: never leave the child behind
+            kill_process_group(proc.pid)
+        returncode = proc.wait()
+        selector.close()
+        for fd in (wake_read, wake_write):
+            os.close(fd)
+        proc.stdout.close()
+        proc.stderr.close()
+    return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr)
+
+
+def child_metrics(wall_seconds: float) -> dict:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "wallMillis": int(round(wall_seconds * 1000)),
+        "cpuMillis": int(round((usage.ru_utime + usage.ru_stime) * 1000)),
+        "maxRSSBytes": int(usage.ru_maxrss) * 1024,  # ru_maxrss is KiB on Linux
+    }
+
+
+OOM_EVIDENCE_FILES = (
+    "/sys/fs/cgroup/memory.events",  # cgroup v2
+    "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1
+)
+
+
+def oom_kill_count(text: str) -> int:
+    """The `oom_kill N` counter of a cgroup memory.events / memory.oom_control file."""
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == "oom_kill" and fields[1].isdigit():
+            return int(fields[1])
+    return 0
+
+
+def cgroup_reports_oom_kill(paths: tuple[str, ...] = OOM_EVIDENCE_FILES) -> bool:
+    for path in paths:
+        try:
+            with open(path, encoding="ascii", errors="replace") as handle:
+                if oom_kill_count(handle.read()) > 0:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+# ---------------------------------------------------------------- error parsing
+
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+)(?:, in .*)?$')
+EXCEPTION_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::(?: (?P<message>.*))?)?$")
+
+
+def _names_code_file(path: str, code_file: str) -> bool:
+    return path == code_file or path.endswith("/" + code_file)
+
+
+def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
+    """The last Python exception in stderr as {type, message, line}, or None.
+
+    `line` is the last traceback frame inside the user's code file. A
+    SyntaxError in the main script has no "Traceback" header: its block
+    starts at the `File "...", line N` line instead.
+    """
+    lines = stderr_text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line == TRACEBACK_HEADER]
+    if starts:
+        start = starts[-1] + 1
+    else:
+        frames = [i for i, line in enumerate(lines) if FRAME_LINE.match(line)]
+        if not frames:
+            return None
+        start = frames[0]
+    user_line = None
+    for line in lines[start:]:
+        frame = FRAME_LINE.match(line)
+        if frame:
+            if _names_code_file(frame["file"], code_file):
+                user_line = int(frame["line"])
+            continue
+        if not line or line[0].isspace():
+            continue  # source excerpt, caret markers, blank separators
+        exception = EXCEPTION_LINE.match(line)
+        if not exception:
+            return None
+        return {
+            "type": exception["type"],
+            "message": (exception["message"] or "").strip(),
+            "line": user_line,
+        }
+    return None
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def _display_name(relative: bytes) -> str:
+    """File names may be any bytes; the frame must stay valid UTF-8."""
+    return relative.decode("utf-8", errors="replace")
+
+
+def walk_outputs(root: bytes):
+    """Yield (relative name, lstat) for every entry below root, sorted, no symlinks followed."""
+    pending = [b""]
+    while pending:
+        prefix = pending.pop()
+        try:
+            names = sorted(os.listdir(os.path.join(root, prefix) if prefix else root))
+        except OSError:
+            continue
+        subdirs = []
+        for name in names:
+            relative = os.path.join(prefix, name) if prefix else name
+            try:
+                info = os.lstat(os.path.join(root, relative))
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                subdirs.append(relative)
+            else:
+                yield relative, info
+        pending.extend(reversed(subdirs))
+
+
+def read_regular_file(path: bytes, expected: os.stat_result, limit: int) -> bytes | None:
+    """Read a file only if it is still the regular file we lstat'ed (no symlink swap)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != (expected.st_dev, expected.st_ino):
+            return None
+        data = handle.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def collect_artifacts(outputs_dir: str, caps: dict) -> tuple[list, list, int]:
+    """Return (artifacts, skipped entries listed, skipped entries not listed).
+
+    Runs after every other process in the sandbox is dead, so lstat-then-open
+    (with O_NOFOLLOW and an inode check) cannot be raced from inside.
+    """
+    artifacts: list[dict] = []
+    skipped: list[dict] = []
+    unlisted = 0
+    total_bytes = 0
+    root = os.fsencode(outputs_dir)
+    try:
+        root_info = os.lstat(root)
+    except FileNotFoundError:
+        return artifacts, skipped, unlisted
+    if not stat.S_ISDIR(root_info.st_mode):  # the program replaced the dir, e.g. by a symlink
+        why = "symlink" if stat.S_ISLNK(root_info.st_mode) else "not-a-regular-file"
+        return artifacts, [{"name": ".", "why": why}], unlisted
+    for relative, info in walk_outputs(root):
+        name = _display_name(relative)
+        why = None
+        data = None
+        if stat.S_ISLNK(info.st_mode):
+            why = "symlink"
+        elif not stat.S_ISREG(info.st_mode):
+            why = "not-a-regular-file"
+        elif len(artifacts) >= caps["maxFiles"]:
+            why = "too-many"
+        elif info.st_size > caps["maxFileBytes"]:
+            why = "too-large"
+        elif total_bytes + info.st_size > caps["maxTotalBytes"]:
+            why = "total-too-large"
+        else:
+            data = read_regular_file(os.path.join(root, relative), info, caps["maxFileBytes"])
+            if data is None:
+                why = "not-a-regular-file"
+            elif total_bytes + len(data) > caps["maxTotalBytes"]:
+                why = "total-too-large"
+        if why is not None:
+            if len(skipped) < MAX_SKIPPED_LISTED:
+                skipped.append({"name": name, "why": why})
+            else:
+                unlisted += 1
+            continue
+        total_bytes += len(data)
+        artifacts.append({
+            "name": name,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "contentBase64": base64.b64encode(data).decode("ascii"),
+        })
+    return artifacts, skipped, unlisted
+
+
+# ---------------------------------------------------------------- result
+
+
+def classify(outcome: ChildOutcome) -> tuple[str, int | None, int | None]:
+    """(reason, exitCode, signal) from how the child ended and why."""
+    if outcome.returncode < 0:
+        exit_code, signal_number = None, -outcome.returncode
+    else:
+        exit_code, signal_number = outcome.returncode, None
+    if outcome.runner_kill_reason:
+        return outcome.runner_kill_reason, exit_code, signal_number
+    if signal_number is not None:
+        return SIGNALED, None, signal_number
+    return (COMPLETED if exit_code == 0 else NON_ZERO_EXIT), exit_code, None
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe(reason: str, exit_code: int | None, signal_number: int | None,
+             oom_killed: bool, error: dict | None, spec: dict) -> str:
+    """A message that says what happened and, where it helps, what to change."""
+    if reason == COMPLETED:
+        return "the program exited with code 0"
+    if reason == NON_ZERO_EXIT:
+        message = f"the program exited with code {exit_code}"
+        if error:
+            message += f": {error['type']}"
+            message += f": {error['message']}" if error["message"] else ""
+            message += f" (line {error['line']})" if error["line"] else ""
+        return message
+    if reason == TIMEOUT:
+        return (f"the program was killed after the {spec['timeoutSeconds']:g} s time limit; "
+                "make it faster or raise limits.timeoutSeconds")
+    if reason == OUTPUT_LIMIT_EXCEEDED:
+        return (f"stdout and stderr together exceeded {spec['floodBytes']} bytes, so the "
+                "program was stopped; print less or write large results to CODERUN_OUTPUT_DIR")
+    if oom_killed:
+        return "the program was killed by the out-of-memory killer; use less memory or raise limits.memory"
+    return f"the program was killed by {_signal_name(signal_number)}"
+
+
+def empty_stream_fields() -> dict:
+    empty = hashlib.sha256(b"").hexdigest()
+    return {"stdout": "", "stderr": "", "stdoutBytes": 0, "stderrBytes": 0,
+            "stdoutTruncated": False, "stderrTruncated": False,
+            "stdoutSha256": empty, "stderrSha256": empty}
+
+
+def failure_frame(reason: str, message: str) -> dict:
+    """The frame for a run whose program never ran (bad input, runner failure)."""
+    return {"version": FRAME_VERSION, "reason": reason, "message": message,
+            "exitCode": None, "signal": None, "oomKilled": False,
+            **empty_stream_fields(), "error": None,
+            "metrics": {"wallMillis": 0, "cpuMillis": 0, "maxRSSBytes": 0},
+            "artifacts": [], "artifactsSkipped": []}
+
+
+def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: bool,
+                 artifacts: list, skipped: list, unlisted_skipped: int) -> dict:
+    reason, exit_code, signal_number = classify(outcome)
+    error = None
+    if spec["language"] == "python":
+        error = parse_python_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
+    message = describe(reason, exit_code, signal_number, oom_killed, error, spec)
+    if unlisted_skipped:
+        message += f"; {unlisted_skipped} more output files were skipped"
+    return {
+        "version": FRAME_VERSION,
+        "reason": reason,
+        "message": message,
+        "exitCode": exit_code,
+        "signal": signal_number,
+        "oomKilled": oom_killed,
+        "stdout": outcome.stdout.text(),
+        "stderr": outcome.stderr.text(),
+        "stdoutBytes": outcome.stdout.total,
+        "stderrBytes": outcome.stderr.total,
+        "stdoutTruncated": outcome.stdout.truncated,
+        "stderrTruncated": outcome.stderr.truncated,
+        "stdoutSha256": outcome.stdout.digest.hexdigest(),
+        "stderrSha256": outcome.stderr.digest.hexdigest(),
+        "error": error,
+        "metrics": metrics,
+        "artifacts": artifacts,
+        "artifactsSkipped": skipped,
+    }
+
+
+def encode_frame(frame: dict) -> bytes:
+    """The frame's JSON text as UTF-8: the bytes printed and the bytes hashed."""
+    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", errors="replace")
+
+
+def termination_summary(frame: dict, frame_json: bytes) -> bytes:
+    """Short cross-check (well under the 4096-byte termination message limit)."""
+    summary = {"v": 1, "reason": frame["reason"], "exitCode": frame["exitCode"],
+               "frameSha256": hashlib.sha256(frame_json).hexdigest()}
+    return json.dumps(summary, separators=(",", ":")).encode("ascii")
+
+
+# ---------------------------------------------------------------- main
+
+
+def execute(args: argparse.Namespace, is_pid1: bool) -> dict:
+    try:
+        spec = load_run_spec(args.input)
+        materialise_inputs(spec, args.input, args.work)
+        stdin_path = None
+        if spec["stdinKey"] is not None:
+            stdin_path = os.path.join(args.input, spec["stdinKey"])
+            if not os.path.isfile(stdin_path):
+                raise InvalidInput(f"input key {spec['stdinKey']!r} is missing")
+    except InvalidInput as exc:
+        return failure_frame(INVALID_INPUT, str(exc))
+    scratch_dir = os.path.dirname(os.path.abspath(args.work))
+    env = child_environment(spec["env"], scratch_dir, args.outputs)
+    os.makedirs(env["HOME"], exist_ok=True)
+    os.makedirs(args.outputs, exist_ok=True)
+    try:
+        outcome = run_child(spec["command"], args.work, env, stdin_path,
+                            spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1)
+    except OSError as exc:  # e.g. the image lacks the interpreter
+        return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
+    metrics = child_metrics(outcome.wall_seconds)
+    oom_killed = outcome.returncode == -signal.SIGKILL and not outcome.runner_kill_reason \
+        and cgroup_reports_oom_kill()
+    artifacts, skipped, unlisted = collect_artifacts(args.outputs, spec["artifacts"])
+    return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Run one sandboxed program and print a framed result.")
+    parser.add_argument("--input", default="/coderun/input", help="input ConfigMap mount")
+    parser.add_argument("--work", default="/tmp/work", help="writable work dir (the program's cwd)")
+    parser.add_argument("--outputs", default="/tmp/outputs", help="artifacts dir (CODERUN_OUTPUT_DIR)")
+    parser.add_argument("--termination-log", default="/dev/termination-log")
+    return parser.parse_args(argv)
+
+
+def write_termination_log(path: str, summary: bytes) -> None:
+    """Truncate first: the program may have written its own text there."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        print(f"coderun-runner: cannot write termination log {path}: {exc}", file=sys.stderr)
+        return
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    is_pid1 = os.getpid() == 1
+    try:
+        frame = execute(args, is_pid1)
+    except Exception as exc:  # the frame must still be printed
+        frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
+    if is_pid1:
+        kill_all_other_processes()
+    frame_json = encode_frame(frame)
+    out = sys.stdout.buffer
+    # The leading newline ends any partial line a program wrote to our stdout
+    # (via /proc/1/fd/1), so the frame always starts its own line.
+    out.write(b"\n" + FRAME_PREFIX.encode("ascii") + frame_json + b"\n")
+    out.flush()
+    write_termination_log(args.termination_log, termination_summary(frame, frame_json))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
