@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build one registry-free image archive from a recipe under recipes/, cached by
+# the hash of everything the recipe reads, so it is rebuilt only on change.
+#
+#   e2e/images/build.sh NAME [OUTDIR]
+#
+# NAME is pause, busybox or python. The archive lands in OUTDIR (default
+# ${CODERUN_CACHE:-$HOME/.cache/coderun}/images) as NAME-<key>.tar; its path is
+# the last line on stdout (build logs go to stderr). Import it with
+#   ctr -n k8s.io images import "$(e2e/images/build.sh NAME | tail -n 1)"
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+RECIPES=$HERE/recipes
+CACHE_DIR=${CODERUN_CACHE:-$HOME/.cache/coderun}
+
+NAME=${1:?usage: build.sh NAME [OUTDIR]  (NAME: $(cd "$RECIPES" && ls -- *.sh | sed 's/\.sh$//' | tr '\n' ' '))}
+OUTDIR=${2:-$CACHE_DIR/images}
+RECIPE=$RECIPES/$NAME.sh
+[ -f "$RECIPE" ] || { echo "build.sh: no recipe $RECIPE" >&2; exit 2; }
+# shellcheck source=/dev/null
+source "$RECIPE"  # sets IMAGE_REF, RECIPE_INPUTS, MKIMAGE_ARGS and make_rootfs
+
+recipe_key() {
+    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
+        ${RECIPE_INPUTS[@]+"${RECIPE_INPUTS[@]}"}) | sha256sum | cut -c1-16
+}
+
+mkdir -p "$OUTDIR"
+ARCHIVE=$OUTDIR/$NAME-$(recipe_key).tar
+exec 9>"$OUTDIR/.$NAME.lock"
+flock 9  # one build per recipe at a time; the loser finds the winner's archive
+if [ ! -s "$ARCHIVE" ]; then
+    started=$SECONDS
+    WORK=$(mktemp -d "$OUTDIR/.build-$NAME.XXXXXX")
+    trap 'rm -rf "$WORK"' EXIT
+    echo "build.sh: building $IMAGE_REF from recipes/$NAME.sh" >&2
+    make_rootfs "$WORK/rootfs"
+    digest=$(python3 "$HERE/mkimage.py" --rootfs "$WORK/rootfs" --ref "$IMAGE_REF" --out "$WORK/image.tar" \
+        "${MKIMAGE_ARGS[@]}")
+    mv "$WORK/image.tar" "$ARCHIVE"
+    find "$OUTDIR" -maxdepth 1 -name "$NAME-*.tar" ! -path "$ARCHIVE" -delete  # stale keys
+    echo "build.sh: $IMAGE_REF $digest ($(du -h "$ARCHIVE" | cut -f1), $((SECONDS - started)) s)" >&2
+fi
+echo "$ARCHIVE"

@@ -1,0 +1,139 @@
+"""Helpers to run the real sandbox runner on a ConfigMap-shaped input dir."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNNER_PATH = Path(__file__).resolve().parents[2] / "sandbox-images" / "runner" / "runner.py"
+FRAME_PREFIX = b"CODERUN-RESULT-V1 "
+
+
+def load_runner_module():
+    """Import runner.py by path, as the operator and tests are meant to."""
+    spec = importlib.util.spec_from_file_location("coderun_sandbox_runner", RUNNER_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclasses.dataclass
+class RunnerRun:
+    frame: dict
+    frame_json: bytes
+    termination: dict
+    raw_stdout: bytes
+    returncode: int
+    elapsed: float
+    work: Path
+    outputs: Path
+    termination_log: Path
+
+    @property
+    def frame_text(self) -> str:
+        return self.frame_json.decode()
+
+
+def write_configmap_dir(input_dir: Path, entries: dict[str, bytes]) -> None:
+    """Lay the keys out as the kubelet does: real files in a timestamped dir,
+    `..data` pointing at it, and one symlink per key through `..data`."""
+    version_dir = input_dir / "..2024_01_01_00_00_00.000000001"
+    version_dir.mkdir(parents=True)
+    for key, content in entries.items():
+        (version_dir / key).write_bytes(content)
+        (input_dir / key).symlink_to(Path("..data") / key)
+    (input_dir / "..data").symlink_to(version_dir.name)
+
+
+def run_spec(**overrides) -> dict:
+    spec = {
+        "version": 1,
+        "language": "python",
+        "command": ["python3", "-u", "main.py"],
+        "codeFile": "main.py",
+        "timeoutSeconds": 5.0,
+        "outputBytes": 65536,
+        "floodBytes": 1048576,
+        "artifacts": {"maxFiles": 16, "maxFileBytes": 262144, "maxTotalBytes": 524288},
+        "files": [],
+        "stdinKey": None,
+        "env": {},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def last_frame_line(raw_stdout: bytes) -> bytes:
+    frames = [line for line in raw_stdout.split(b"\n") if line.startswith(FRAME_PREFIX)]
+    assert frames, f"no frame in runner stdout: {raw_stdout[-500:]!r}"
+    return frames[-1][len(FRAME_PREFIX):]
+
+
+def runner_in(tmp_path: Path):
+    """A function run(code, input_files={path: bytes}, stdin=bytes, runner_env={}, raw_run_json=bytes,
+    **run.json overrides) that runs the runner with everything under tmp_path."""
+
+    def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
+            runner_env: dict | None = None, raw_run_json: bytes | None = None,
+            subprocess_timeout: float = 60, **overrides) -> RunnerRun:
+        entries = {"code": code.encode() if isinstance(code, str) else code}
+        file_refs = []
+        for index, (path, content) in enumerate((input_files or {}).items()):
+            entries[f"file-{index}"] = content
+            file_refs.append({"path": path, "key": f"file-{index}"})
+        if stdin is not None:
+            entries["stdin"] = stdin
+        spec = run_spec(files=file_refs, stdinKey="stdin" if stdin is not None else None)
+        spec.update(overrides)
+        entries["run.json"] = json.dumps(spec).encode() if raw_run_json is None else raw_run_json
+        input_dir = tmp_path / "input"
+        write_configmap_dir(input_dir, entries)
+        work, outputs = tmp_path / "scratch" / "work", tmp_path / "scratch" / "outputs"
+        termination_log = tmp_path / "termination-log"
+        if not termination_log.exists():
+            termination_log.write_text("")
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, str(RUNNER_PATH), "--input", str(input_dir), "--work", str(work),
+             "--outputs", str(outputs), "--termination-log", str(termination_log)],
+            capture_output=True, timeout=subprocess_timeout,
+            env={**os.environ, **(runner_env or {})},
+        )
+        elapsed = time.monotonic() - started
+        frame_json = last_frame_line(proc.stdout)
+        termination = json.loads(termination_log.read_bytes())
+        return RunnerRun(json.loads(frame_json), frame_json, termination, proc.stdout,
+                         proc.returncode, elapsed, work, outputs, termination_log)
+
+    return run
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def process_alive(pid: int) -> bool:
+    """True while pid exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+
+
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:
+    """Poll a predicate with a deadline (no fixed sleeps as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,158 @@
+"""Pure functions of the runner, without running a program."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+TB = "Traceback (most recent call last):"
+
+PYTHON_ERRORS = [
+    pytest.param(
+        f'{TB}\n  File "/tmp/work/main.py", line 3, in <module>\n    print(x / y)\n          ~~^~~\n'
+        "ZeroDivisionError: division by zero\n",
+        "main.py", {"type": "ZeroDivisionError", "message": "division by zero", "line": 3},
+        id="absolute-path-with-carets"),
+    pytest.param(
+        f'{TB}\n  File "main.py", line 8, in <module>\n    load()\n  File "main.py", line 5, in load\n'
+        "    return json.loads('x')\n"
+        '  File "/usr/lib/python3.11/json/__init__.py", line 346, in loads\n    return _default_decoder.decode(s)\n'
+        '  File "/usr/lib/python3.11/json/decoder.py", line 355, in raw_decode\n'
+        "    raise JSONDecodeError(\"Expecting value\", s, err.value) from None\n"
+        "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)\n",
+        "main.py",
+        {"type": "json.decoder.JSONDecodeError", "message": "Expecting value: line 1 column 1 (char 0)", "line": 5},
+        id="dotted-type-last-user-frame"),
+    pytest.param(
+        '  File "/tmp/work/main.py", line 2\n    print(\'broken\'\n         ^\nSyntaxError: \'(\' was never closed\n',
+        "main.py", {"type": "SyntaxError", "message": "'(' was never closed", "line": 2},
+        id="syntax-error-without-header"),
+    pytest.param(
+        '  File "/tmp/work/main.py", line 2\n    print(1)\n    ^\n'
+        "IndentationError: expected an indented block after 'if' statement on line 1\n",
+        "main.py",
+        {"type": "IndentationError", "message": "expected an indented block after 'if' statement on line 1",
+         "line": 2},
+        id="indentation-error"),
+    pytest.param(
+        f'{TB}\n  File "main.py", line 2, in <module>\n    {{}}["k"]\nKeyError: \'k\'\n\n'
+        "During handling of the above exception, another exception occurred:\n\n"
+        f'{TB}\n  File "main.py", line 4, in <module>\n    raise ValueError("bad")\nValueError: bad\n',
+        "main.py", {"type": "ValueError", "message": "bad", "line": 4},
+        id="chained-last-wins"),
+    pytest.param(
+        f'{TB}\n  File "main.py", line 1, in <module>\nValueError: first line\nsecond line\n',
+        "main.py", {"type": "ValueError", "message": "first line", "line": 1},
+        id="multi-line-message"),
+    pytest.param(
+        f'{TB}\n  File "main.py", line 7, in <module>\nKeyboardInterrupt\n',
+        "main.py", {"type": "KeyboardInterrupt", "message": "", "line": 7},
+        id="no-message"),
+    pytest.param(
+        f'progress 1\nprogress 2\n{TB}\n  File "/tmp/work/src/app.py", line 9, in <module>\n'
+        '  File "/tmp/work/notapp.py", line 4, in helper\nRuntimeError: boom\n',
+        "src/app.py", {"type": "RuntimeError", "message": "boom", "line": 9},
+        id="code-file-in-subdir-and-similar-name"),
+    pytest.param(
+        f'{TB}\n  File "/usr/lib/python3.11/runpy.py", line 1, in x\nImportError: no\n',
+        "main.py", {"type": "ImportError", "message": "no", "line": None},
+        id="no-user-frame"),
+    pytest.param("", "main.py", None, id="empty"),
+    pytest.param("warning: something odd\nanother line\n", "main.py", None, id="plain-stderr"),
+    pytest.param(f'{TB}\n  File "main.py", line 1, in <module>\n', "main.py", None, id="cut-off-traceback"),
+]
+
+
+@pytest.mark.parametrize("stderr, code_file, expected", PYTHON_ERRORS)
+def test_parse_python_error(runner, stderr, code_file, expected):
+    assert runner.parse_python_error(stderr, code_file) == expected
+
+
+@pytest.mark.parametrize("path, normalised", [
+    ("main.py", "main.py"),
+    ("data/x.csv", "data/x.csv"),
+    ("./a//b/./c.txt", "a/b/c.txt"),
+])
+def test_validate_relative_path_accepts(runner, path, normalised):
+    assert runner.validate_relative_path(path, "f") == normalised
+
+
+@pytest.mark.parametrize("path", ["", "/etc/passwd", "..", "../x", "a/../../x", "a/..", ".", "./", "a\0b", None, 3])
+def test_validate_relative_path_rejects(runner, path):
+    with pytest.raises(runner.InvalidInput):
+        runner.validate_relative_path(path, "f")
+
+
+def test_resolve_inside_rejects_a_symlink_out(runner, tmp_path):
+    (tmp_path / "link").symlink_to("/etc")
+    with pytest.raises(runner.InvalidInput):
+        runner.resolve_inside(str(tmp_path), "link/passwd")
+    assert runner.resolve_inside(str(tmp_path), "ok/x") == str(tmp_path.resolve() / "ok" / "x")
+
+
+@pytest.mark.parametrize("data, expected", [
+    (b"abc", b"abc"),
+    ("a\u00e9".encode()[:2], b"a"),            # 2-byte char cut after its lead byte
+    ("a\u20ac".encode()[:3], b"a"),            # 3-byte char cut after 2 bytes
+    ("a\U0001F600".encode()[:4], b"a"),        # 4-byte char cut after 3 bytes
+    ("a\u20ac".encode(), "a\u20ac".encode()),  # complete char kept
+    (b"", b""),
+])
+def test_trim_partial_utf8(runner, data, expected):
+    assert runner.trim_partial_utf8(data) == expected
+
+
+def test_stream_capture_keeps_head_counts_all_and_hashes_all(runner):
+    capture = runner.StreamCapture(limit=5)
+    for chunk in (b"abc", b"defgh", b"ij"):
+        capture.feed(chunk)
+    assert bytes(capture.kept) == b"abcde" and capture.total == 10 and capture.truncated
+    assert capture.digest.hexdigest() == hashlib.sha256(b"abcdefghij").hexdigest()
+    assert capture.text_for_parsing().endswith("fghij")
+
+
+@pytest.mark.parametrize("text, count", [
+    ("low 0\nhigh 0\nmax 0\noom 1\noom_kill 2\n", 2),      # cgroup v2 memory.events
+    ("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n", 0),  # cgroup v1 memory.oom_control
+    ("", 0),
+])
+def test_oom_kill_count(runner, text, count):
+    assert runner.oom_kill_count(text) == count
+
+
+def test_cgroup_oom_evidence_tolerates_missing_files(runner, tmp_path):
+    events = tmp_path / "memory.events"
+    events.write_text("oom 1\noom_kill 1\n")
+    assert runner.cgroup_reports_oom_kill((str(tmp_path / "missing"), str(events))) is True
+    assert runner.cgroup_reports_oom_kill((str(tmp_path / "missing"),)) is False
+
+
+@pytest.mark.parametrize("returncode, runner_kill, expected", [
+    (0, None, ("Completed", 0, None)),
+    (2, None, ("NonZeroExit", 2, None)),
+    (-9, None, ("Signaled", None, 9)),
+    (-9, "Timeout", ("Timeout", None, 9)),
+    (-9, "OutputLimitExceeded", ("OutputLimitExceeded", None, 9)),
+])
+def test_classify(runner, returncode, runner_kill, expected):
+    outcome = runner.ChildOutcome(returncode, runner_kill, 0.1, runner.StreamCapture(10), runner.StreamCapture(10))
+    assert runner.classify(outcome) == expected
+
+
+def test_termination_summary_is_small_and_digests_the_frame(runner):
+    frame = runner.failure_frame(runner.INVALID_INPUT, "x" * 100000)
+    frame_json = runner.encode_frame(frame)
+    summary = json.loads(runner.termination_summary(frame, frame_json))
+    assert summary == {"v": 1, "reason": "InvalidInput", "exitCode": None,
+                       "frameSha256": hashlib.sha256(frame_json).hexdigest()}
+    assert len(runner.termination_summary(frame, frame_json)) < 4096
+
+
+def test_encode_frame_is_compact_utf8(runner):
+    frame = runner.failure_frame(runner.RUNNER_ERROR, "caf\u00e9 \udcff")
+    encoded = runner.encode_frame(frame)
+    assert b"\n" not in encoded and b", " not in encoded
+    assert "caf\u00e9".encode() in encoded
+    json.loads(encoded)  # the lone surrogate became valid UTF-8
