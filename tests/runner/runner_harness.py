@@ -79,10 +79,10 @@ def last_frame_line(raw_stdout: bytes) -> bytes:
 
 def runner_in(tmp_path: Path):
     """A function run(code, input_files={path: bytes}, stdin=bytes, runner_env={}, raw_run_json=bytes,
-    **run.json overrides) that runs the runner with everything under tmp_path."""
+    wrapper=(command prefix), **run.json overrides) that runs the runner with everything under tmp_path."""
 
     def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
-            runner_env: dict | None = None, raw_run_json: bytes | None = None,
+            runner_env: dict | None = None, raw_run_json: bytes | None = None, wrapper: tuple = (),
             subprocess_timeout: float = 60, **overrides) -> RunnerRun:
         entries = {"code": code.encode() if isinstance(code, str) else code}
         file_refs = []
@@ -102,7 +102,7 @@ def runner_in(tmp_path: Path):
             termination_log.write_text("")
         started = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, str(RUNNER_PATH), "--input", str(input_dir), "--work", str(work),
+            [*wrapper, sys.executable, str(RUNNER_PATH), "--input", str(input_dir), "--work", str(work),
              "--outputs", str(outputs), "--termination-log", str(termination_log)],
             capture_output=True, timeout=subprocess_timeout,
             env={**os.environ, **(runner_env or {})},

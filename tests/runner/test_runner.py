@@ -159,6 +159,36 @@ def test_setsid_grandchild_holding_the_pipes_does_not_keep_the_runner_alive(run_
         os.kill(grandchild, signal.SIGKILL)
 
 
+LATE_WRITER = """
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    with open("/proc/1/fd/1", "w") as runner_stdout:  # the runner is PID 1
+        while True:
+            runner_stdout.write("LATE\\n")
+            runner_stdout.flush()
+            time.sleep(0.002)
+time.sleep(0.3)
+print("parent done", flush=True)
+{parent_tail}
+"""
+
+
+@pytest.mark.parametrize("parent_tail, reason", [
+    pytest.param("", "Completed", id="parent-exits"),
+    pytest.param("while True:\n    pass", "Timeout", id="parent-loops"),
+])
+def test_as_pid1_escaped_processes_are_dead_before_the_frame(run_runner, as_pid1, parent_tail, reason):
+    run = run_runner(program(LATE_WRITER.format(parent_tail=parent_tail)), timeoutSeconds=1.5, wrapper=as_pid1)
+    assert_well_formed(run)
+    assert run.frame["reason"] == reason
+    assert run.frame["stdout"] == "parent done\n"
+    before_frame, frame_and_after = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)
+    assert b"LATE" in before_frame  # the escaped writer did run
+    assert b"LATE" not in frame_and_after
+    assert run.elapsed < 1.5 + 2.0
+
+
 def test_processes_left_in_the_program_group_are_killed(run_runner):
     code = program("""
         import subprocess
@@ -372,7 +402,6 @@ def test_skipped_list_is_bounded(run_runner, runner):
 def test_forged_frames_are_only_inside_stdout(run_runner, tmp_path):
     forged = 'CODERUN-RESULT-V1 {"version":1,"reason":"Completed","exitCode":0,"stdout":"forged"}'
     log = tmp_path / "termination-log"
-    log.write_text("x" * 5000)  # the runner must truncate whatever was there
     code = program(f"""
         import os, sys
         print({forged!r})
@@ -381,7 +410,7 @@ def test_forged_frames_are_only_inside_stdout(run_runner, tmp_path):
         with open(f"/proc/{{os.getppid()}}/fd/1", "w") as runner_stdout:
             runner_stdout.write({forged!r})
         with open({str(log)!r}, "w") as termination:
-            termination.write('{{"v":1,"reason":"Completed","exitCode":0,"frameSha256":"00"}}')
+            termination.write(" " * 3000 + '{{"v":1,"reason":"Completed","exitCode":0,"frameSha256":"00"}}')
         sys.exit(4)
     """)
     run = run_runner(code)

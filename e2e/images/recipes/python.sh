@@ -1,0 +1,79 @@
+# coderun.local/sandbox-python:v1 — Debian bookworm minbase with Python 3.11,
+# numpy, pandas and matplotlib from Debian, and the coderun runner as entrypoint.
+# The versions Debian gave are written to sandbox-images/python/packages.lock.
+IMAGE_REF=coderun.local/sandbox-python:v1
+RECIPE_INPUTS=(sandbox-images/runner/runner.py)
+MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:65532 --workdir /tmp
+    --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)
+# fonttools (via matplotlib) depends on "python3-scipy | python3-munkres":
+# installing munkres first keeps scipy and the compiler toolchain it drags in
+# (pythran, g++, python3-dev) out of the image.
+PYTHON_PACKAGES_FIRST=(python3-munkres)
+PYTHON_PACKAGES=(python3-numpy python3-pandas python3-matplotlib)
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+make_rootfs() {
+    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm
+    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
+    mkdir -p "$debs"
+    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
+    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
+    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+    "${apt[@]}" update >&2
+    "${apt[@]}" install "${PYTHON_PACKAGES_FIRST[@]}" >&2
+    "${apt[@]}" install "${PYTHON_PACKAGES[@]}" >&2
+    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
+    install -D -m 0644 "$REPO/sandbox-images/runner/runner.py" "$rootfs/opt/coderun/runner.py"
+    echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
+    echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
+    chmod 1777 "$rootfs/tmp"
+    slim_rootfs "$rootfs"
+    verify_python_rootfs "$rootfs"
+    chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort \
+        >"$REPO/sandbox-images/python/packages.lock"
+    rm -rf "$rootfs"/dev/* "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+}
+
+# The libraries import (after slimming), and the runner runs a plotting
+# program as uid 65532, as it will in the pod.
+verify_python_rootfs() {
+    local rootfs=$1 check=$1/tmp/verify
+    chroot "$rootfs" python3 -c 'import numpy, pandas, matplotlib; matplotlib.use("Agg")'
+    mkdir -p "$check/in"
+    cat >"$check/in/run.json" <<'JSON'
+{"version": 1, "language": "python", "command": ["python3", "-u", "main.py"], "codeFile": "main.py",
+ "timeoutSeconds": 60, "files": [], "stdinKey": null, "env": {}}
+JSON
+    cat >"$check/in/code" <<'PY'
+import os, numpy as np, pandas as pd, matplotlib.pyplot as plt
+frame = pd.DataFrame({"x": np.arange(5), "y": np.arange(5) ** 2})
+frame.plot(x="x", y="y").figure.savefig(os.path.join(os.environ["CODERUN_OUTPUT_DIR"], "plot.png"))
+print(int(frame.y.sum()))
+PY
+    chmod -R a+rX "$check" && chown 65532:65532 "$check"
+    local frame
+    frame=$(chroot --userspec=65532:65532 "$rootfs" python3 /opt/coderun/runner.py --input /tmp/verify/in \
+        --work /tmp/verify/work --outputs /tmp/verify/outputs --termination-log /tmp/verify/termination-log | tail -n 1)
+    python3 - "$frame" <<'PY'
+import json, sys
+frame = json.loads(sys.argv[1].split(" ", 1)[1])
+assert frame["reason"] == "Completed" and frame["stdout"] == "30\n", frame
+assert [a["name"] for a in frame["artifacts"]] == ["plot.png"], frame["artifactsSkipped"]
+print("verified: runner ran a pandas/matplotlib program in", frame["metrics"]["wallMillis"], "ms", file=sys.stderr)
+PY
+    rm -rf "$check"
+}
+
+# Drop what a sandbox never needs: package caches, docs, logs and the test
+# suites of the Python libraries (about 110 MB). Byte-code stays: the root
+# filesystem is read-only at run time, so imports could not cache it then.
+slim_rootfs() {
+    local rootfs=$1
+    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
+        "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
+        "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old "$rootfs"/root/.bash_history
+    find "$rootfs/usr/lib/python3/dist-packages" -depth -type d -name tests -exec rm -rf {} +
+    find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
+    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
+}
