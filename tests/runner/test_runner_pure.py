@@ -156,3 +156,17 @@ def test_encode_frame_is_compact_utf8(runner):
     assert b"\n" not in encoded and b", " not in encoded
     assert "caf\u00e9".encode() in encoded
     json.loads(encoded)  # the lone surrogate became valid UTF-8
+
+
+def test_parse_args_defaults_and_both_forms(runner):
+    assert vars(runner.parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work",
+                                           "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log"}
+    args = runner.parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
+    assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
+
+
+@pytest.mark.parametrize("argv", [["--nope", "x"], ["--input"], ["stray"]])
+def test_parse_args_rejects(runner, argv):
+    with pytest.raises(SystemExit) as exited:
+        runner.parse_args(argv)
+    assert exited.value.code == 2
