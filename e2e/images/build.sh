@@ -28,7 +28,8 @@ recipe_key() {
 }
 
 mkdir -p "$OUTDIR"
-ARCHIVE=$OUTDIR/$NAME-$(recipe_key).tar
+KEY=$(recipe_key)
+ARCHIVE=$OUTDIR/$NAME-$KEY.tar
 exec 9>"$OUTDIR/.$NAME.lock"
 flock 9  # one build per recipe at a time; the loser finds the winner's archive
 if [ ! -s "$ARCHIVE" ]; then
@@ -39,6 +40,10 @@ if [ ! -s "$ARCHIVE" ]; then
     make_rootfs "$WORK/rootfs"
     digest=$(python3 "$HERE/mkimage.py" --rootfs "$WORK/rootfs" --ref "$IMAGE_REF" --out "$WORK/image.tar" \
         "${MKIMAGE_ARGS[@]}")
+    if [ "$(recipe_key)" != "$KEY" ]; then  # an input was edited mid-build: the key would lie
+        echo "build.sh: recipe inputs changed during the build; not caching it, run again" >&2
+        exit 1
+    fi
     mv "$WORK/image.tar" "$ARCHIVE"
     find "$OUTDIR" -maxdepth 1 -name "$NAME-*.tar" ! -path "$ARCHIVE" -delete  # stale keys
     echo "build.sh: $IMAGE_REF $digest ($(du -h "$ARCHIVE" | cut -f1), $((SECONDS - started)) s)" >&2

@@ -192,11 +192,15 @@ def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:
         write_new_file(work_dir, entry["path"], read_input_key(input_dir, entry["key"]))
 
 
-def child_environment(spec_env: dict, scratch_dir: str, outputs_dir: str) -> dict:
-    """The whole environment of the child: nothing leaks in from the runner's."""
+def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_dir: str) -> dict:
+    """The whole environment of the child: nothing leaks in from the runner's.
+
+    scratch_dir is the parent of the work dir (/tmp in the pod), the only
+    writable place, so HOME, TMPDIR and matplotlib's cache live there.
+    """
     env = {
         "PATH": BASE_PATH,
-        "HOME": os.path.join(scratch_dir, "home"),
+        "HOME": home_dir,
         "TMPDIR": scratch_dir,
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
@@ -319,12 +323,6 @@ def kill_all_other_processes(max_seconds: float = 2.0) -> None:
         reap_zombies()
 
 
-def end_leftover_processes(pgid: int, is_pid1: bool) -> None:
-    kill_process_group(pgid)
-    if is_pid1:
-        kill_all_other_processes()
-
-
 # How the child ended. runner_kill_reason is TIMEOUT or OUTPUT_LIMIT_EXCEEDED
 # when the runner killed it, else None. (A namedtuple, not a dataclass: the
 # dataclasses import costs ~10 ms on every run.)
@@ -377,7 +375,13 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                     runner_kill_reason = TIMEOUT
                     kill_process_group(proc.pid)
             if exited_at and drain_until is None:
-                end_leftover_processes(proc.pid, is_pid1)
+                # Kill the group while the unreaped child still holds its id,
+                # reap the child (its status), and only then, as PID 1, kill
+                # and reap everything else: reaping first would lose the status.
+                kill_process_group(proc.pid)
+                proc.wait()
+                if is_pid1:
+                    kill_all_other_processes()
                 drain_until = time.monotonic() + DRAIN_GRACE_SECONDS
             if drain_until is not None and (open_streams == 0 or now >= drain_until):
                 break
@@ -701,9 +705,11 @@ def termination_summary(frame: dict, frame_json: bytes) -> bytes:
 
 
 def execute(args: types.SimpleNamespace, is_pid1: bool) -> dict:
+    # Absolute, because the program's cwd is the work dir.
+    work, outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
     try:
         spec = load_run_spec(args.input)
-        materialise_inputs(spec, args.input, args.work)
+        materialise_inputs(spec, args.input, work)
         stdin_path = None
         if spec["stdinKey"] is not None:
             stdin_path = os.path.join(args.input, spec["stdinKey"])
@@ -711,19 +717,20 @@ def execute(args: types.SimpleNamespace, is_pid1: bool) -> dict:
                 raise InvalidInput(f"input key {spec['stdinKey']!r} is missing")
     except InvalidInput as exc:
         return failure_frame(INVALID_INPUT, str(exc))
-    scratch_dir = os.path.dirname(os.path.abspath(args.work))
-    env = child_environment(spec["env"], scratch_dir, args.outputs)
-    os.makedirs(env["HOME"], exist_ok=True)
-    os.makedirs(args.outputs, exist_ok=True)
+    scratch_dir = os.path.dirname(work)
+    home_dir = os.path.join(scratch_dir, "home")
+    os.makedirs(home_dir, exist_ok=True)
+    os.makedirs(outputs, exist_ok=True)
+    env = child_environment(spec["env"], scratch_dir, home_dir, outputs)
     try:
-        outcome = run_child(spec["command"], args.work, env, stdin_path,
+        outcome = run_child(spec["command"], work, env, stdin_path,
                             spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1)
     except OSError as exc:  # e.g. the image lacks the interpreter
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds)
-    oom_killed = outcome.returncode == -signal.SIGKILL and not outcome.runner_kill_reason \
-        and cgroup_reports_oom_kill()
-    artifacts, skipped, unlisted = collect_artifacts(args.outputs, spec["artifacts"])
+    oom_killed = (outcome.returncode == -signal.SIGKILL and outcome.runner_kill_reason is None
+                  and cgroup_reports_oom_kill())
+    artifacts, skipped, unlisted = collect_artifacts(outputs, spec["artifacts"])
     return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
 
 

@@ -174,14 +174,16 @@ print("parent done", flush=True)
 """
 
 
-@pytest.mark.parametrize("parent_tail, reason", [
-    pytest.param("", "Completed", id="parent-exits"),
-    pytest.param("while True:\n    pass", "Timeout", id="parent-loops"),
+@pytest.mark.parametrize("parent_tail, reason, exit_code, signal_number", [
+    pytest.param("", "Completed", 0, None, id="parent-exits"),
+    pytest.param("sys.exit(3)", "NonZeroExit", 3, None, id="parent-fails"),
+    pytest.param("while True:\n    pass", "Timeout", None, signal.SIGKILL, id="parent-loops"),
 ])
-def test_as_pid1_escaped_processes_are_dead_before_the_frame(run_runner, as_pid1, parent_tail, reason):
+def test_as_pid1_escaped_processes_are_dead_before_the_frame(run_runner, as_pid1, parent_tail, reason,
+                                                             exit_code, signal_number):
     run = run_runner(program(LATE_WRITER.format(parent_tail=parent_tail)), timeoutSeconds=1.5, wrapper=as_pid1)
     assert_well_formed(run)
-    assert run.frame["reason"] == reason
+    assert (run.frame["reason"], run.frame["exitCode"], run.frame["signal"]) == (reason, exit_code, signal_number)
     assert run.frame["stdout"] == "parent done\n"
     before_frame, frame_and_after = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)
     assert b"LATE" in before_frame  # the escaped writer did run
