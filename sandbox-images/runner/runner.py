@@ -351,7 +351,10 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
     exited_at: list[float] = []
 
     def wait_for_exit() -> None:
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        try:
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        except OSError:  # a kernel without WNOWAIT: reap now rather than never wake
+            proc.wait()
         exited_at.append(time.monotonic())
         os.write(wake_write, b"x")
 
