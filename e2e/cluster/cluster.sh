@@ -1,0 +1,340 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster as host processes, like Kubernetes' own local-up-cluster.sh:
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (runc + gVisor), kubelet,
+# kube-proxy and a NetworkPolicy enforcer. State, logs and pid files live under .cluster/ in the repo.
+#   cluster.sh up | down | status
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+source "$here/versions.sh"
+
+CLUSTER_DIR=${CLUSTER_DIR:-$repo/.cluster}
+PKI=$CLUSTER_DIR/pki
+LOGS=$CLUSTER_DIR/logs
+PIDS=$CLUSTER_DIR/pids
+KUBECONFIG_ADMIN=$CLUSTER_DIR/kubeconfig
+K8S_BIN=$CODERUN_CACHE/bin/kubernetes-$KUBERNETES_VERSION
+ETCD_BIN=$CODERUN_CACHE/bin/etcd-$ETCD_VERSION
+CONTAINERD_BIN=$CODERUN_CACHE/bin/containerd-$CONTAINERD_VERSION
+GVISOR_BIN=$CODERUN_CACHE/bin/gvisor-$GVISOR_VERSION$GVISOR_PATCH
+CONTAINERD_SOCK=$CLUSTER_DIR/containerd/containerd.sock
+POD_CIDR=10.88.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1
+API_PORT=6443
+NODE_NAME=$(hostname)
+GVISOR_PLATFORM=${GVISOR_PLATFORM:-systrap}
+# Components in start order; `down` stops them in reverse.
+COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
+
+log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+
+node_ip() { ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
+
+is_running() { local f=$PIDS/$1.pid; [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; }
+
+# start NAME CMD...: runs CMD in the background with its log and pid file, unless it already runs.
+start() {
+  local name=$1; shift
+  if is_running "$name"; then return 0; fi
+  mkdir -p "$LOGS" "$PIDS"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  echo $! > "$PIDS/$name.pid"
+}
+
+# wait_for WHAT SECONDS CMD...: polls CMD until it succeeds; names the log to read when it does not.
+wait_for() {
+  local what=$1 seconds=$2; shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "$what not ready after ${seconds}s; see $LOGS/"
+    sleep 0.2
+  done
+}
+
+stop() {
+  local name=$1 f=$PIDS/$1.pid
+  [ -f "$f" ] || return 0
+  local pid; pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    # kube-apiserver has been seen to ignore SIGTERM here: a grace period, then SIGKILL.
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+# ---------------------------------------------------------------- certificates and kubeconfigs
+make_cert() { # NAME CN ORG [SANS]
+  local name=$1 cn=$2 org=$3 sans=${4:-}
+  [ -f "$PKI/$name.crt" ] && return 0
+  local ext="$PKI/$name.ext"
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
+  [ -n "$sans" ] && echo "subjectAltName=$sans" >> "$ext"
+  local subj="/CN=$cn"; [ -n "$org" ] && subj="/O=$org$subj"
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 3650 \
+    -extfile "$ext" -out "$PKI/$name.crt" 2>/dev/null
+}
+
+make_kubeconfig() { # FILE CERTNAME
+  local file=$1 cert=$2
+  cat > "$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: coderun-local
+  cluster: {certificate-authority: $PKI/ca.crt, server: "https://127.0.0.1:$API_PORT"}
+users:
+- name: $cert
+  user: {client-certificate: $PKI/$cert.crt, client-key: $PKI/$cert.key}
+contexts:
+- name: coderun-local
+  context: {cluster: coderun-local, user: $cert}
+current-context: coderun-local
+EOF
+}
+
+setup_pki() {
+  mkdir -p "$PKI"
+  local ip=$1
+  if [ ! -f "$PKI/ca.crt" ]; then
+    openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -days 3650 -subj "/CN=coderun-local-ca" \
+      -out "$PKI/ca.crt" 2>/dev/null
+    openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+  fi
+  make_cert apiserver kube-apiserver "" \
+    "DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,DNS:$NODE_NAME,IP:127.0.0.1,IP:$API_SERVICE_IP,IP:$ip"
+  make_cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters
+  make_cert admin kubernetes-admin system:masters
+  make_cert controller-manager system:kube-controller-manager ""
+  make_cert scheduler system:kube-scheduler ""
+  make_cert kube-proxy system:kube-proxy ""
+  make_cert kubelet "system:node:$NODE_NAME" system:nodes "DNS:$NODE_NAME,DNS:localhost,IP:127.0.0.1,IP:$ip"
+  make_kubeconfig "$KUBECONFIG_ADMIN" admin
+  for c in controller-manager scheduler kube-proxy kubelet; do make_kubeconfig "$CLUSTER_DIR/$c.kubeconfig" "$c"; done
+}
+
+# ---------------------------------------------------------------- host and containerd configuration
+setup_host() {
+  # Pod traffic crosses a Linux bridge: make bridged packets visible to iptables/nftables (kube-proxy, netpol).
+  echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
+  echo 1 > /proc/sys/net/ipv4/ip_forward
+  mkdir -p "$CLUSTER_DIR/cni/net.d"
+  cat > "$CLUSTER_DIR/cni/net.d/10-coderun.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "coderun", "plugins": [
+  {"type": "bridge", "bridge": "cni-coderun0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": "$CLUSTER_DIR/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF
+  cat > "$CLUSTER_DIR/runsc.toml" <<EOF
+binary_name = "$GVISOR_BIN/runsc"
+root = "/run/coderun/runsc"
+[runsc_config]
+  platform = "$GVISOR_PLATFORM"
+  debug-log = "$LOGS/runsc/"
+  debug = "false"
+EOF
+  mkdir -p "$LOGS/runsc"
+  cat > "$CLUSTER_DIR/containerd.toml" <<EOF
+version = 2
+root = "$CLUSTER_DIR/containerd/root"
+state = "$CLUSTER_DIR/containerd/state"
+[grpc]
+  address = "$CONTAINERD_SOCK"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "coderun.local/pause:3.10"
+  # This machine lacks CAP_SYS_RESOURCE: without it runc fails writing oom_score_adj.
+  restrict_oom_score_adj = true
+  enable_cdi = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$CLUSTER_DIR/runsc.toml"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CLUSTER_DIR/cni/net.d"
+EOF
+  cat > "$CLUSTER_DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+tlsCertFile: $PKI/kubelet.crt
+tlsPrivateKeyFile: $PKI/kubelet.key
+serializeImagePulls: false
+# Images are imported, never pulled: garbage-collecting them would break the next run.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%}
+localStorageCapacityIsolation: true
+containerLogMaxSize: 10Mi
+maxPods: 110
+resolvConf: /etc/resolv.conf
+EOF
+}
+
+# ---------------------------------------------------------------- components
+start_etcd() {
+  start etcd "$ETCD_BIN/etcd" --name coderun --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster coderun=http://127.0.0.1:2380 --quota-backend-bytes 4294967296 \
+    --unsafe-no-fsync=true
+  wait_for etcd 30 curl -fsS http://127.0.0.1:2379/health
+}
+
+start_apiserver() {
+  local ip=$1
+  start kube-apiserver "$K8S_BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+    --bind-address 0.0.0.0 --secure-port $API_PORT --advertise-address "$ip" \
+    --service-cluster-ip-range $SERVICE_CIDR --allow-privileged=true \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction,PodSecurity \
+    --client-ca-file "$PKI/ca.crt" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --api-audiences https://kubernetes.default.svc.cluster.local --profiling=false
+  wait_for kube-apiserver 90 kubectl get --raw /readyz
+}
+
+start_containerd() {
+  PATH="$CONTAINERD_BIN:$GVISOR_BIN:$PATH" start containerd "$CONTAINERD_BIN/containerd" --config "$CLUSTER_DIR/containerd.toml"
+  wait_for containerd 30 "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" version
+}
+
+start_controllers() {
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+    --use-service-account-credentials --controllers '*' --leader-elect=false --bind-address 127.0.0.1
+  start kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" --leader-elect=false --bind-address 127.0.0.1
+}
+
+start_kubelet() {
+  local ip=$1
+  mkdir -p "$CLUSTER_DIR/kubelet"
+  start kubelet "$K8S_BIN/kubelet" --config "$CLUSTER_DIR/kubelet.yaml" \
+    --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$CLUSTER_DIR/kubelet" \
+    --hostname-override "$NODE_NAME" --node-ip "$ip"
+  start kube-proxy "$K8S_BIN/kube-proxy" --kubeconfig "$CLUSTER_DIR/kube-proxy.kubeconfig" \
+    --hostname-override "$NODE_NAME" --cluster-cidr $POD_CIDR --proxy-mode iptables \
+    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0 \
+    --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
+}
+
+start_netpol() {
+  start netpol "$repo/.venv/bin/python" "$here/netpol.py" --kubeconfig "$KUBECONFIG_ADMIN" --node "$NODE_NAME"
+}
+
+apply_cluster_objects() {
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: gvisor}
+handler: runsc
+# The gVisor sandbox (Sentry, Gofer) runs inside the pod's own cgroup: its cost is declared here,
+# so that a run's limits stay the run's.
+overhead:
+  podFixed: {memory: 64Mi, cpu: 50m}
+EOF
+}
+
+node_ready() { kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
+
+import_images() {
+  local name archive
+  for name in pause busybox python; do
+    archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
+    "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import --no-unpack=false "$archive" >/dev/null
+  done
+}
+
+cmd_up() {
+  local start_time=$SECONDS ip
+  [ "$(id -u)" = 0 ] || die "the local cluster runs host processes as root; run as root"
+  "$here/install-packages.sh"
+  "$here/build-binaries.sh"
+  ip=$(node_ip); [ -n "$ip" ] || die "no non-loopback IPv4 address for the node"
+  mkdir -p "$CLUSTER_DIR" "$LOGS" "$PIDS"
+  setup_pki "$ip"
+  setup_host
+  start_etcd
+  start_apiserver "$ip"
+  start_containerd
+  import_images
+  start_controllers
+  start_kubelet "$ip"
+  apply_cluster_objects
+  start_netpol
+  wait_for "node $NODE_NAME Ready" 120 node_ready
+  log "cluster up in $((SECONDS - start_time)) s: kubectl --kubeconfig $KUBECONFIG_ADMIN get nodes"
+  log "kubectl $KUBERNETES_VERSION is $K8S_BIN/kubectl; logs in $LOGS"
+}
+
+cmd_down() {
+  local i
+  # Pods first, while the kubelet can still tear down their sandboxes and mounts cleanly.
+  if is_running kubelet && is_running kube-apiserver; then
+    kubectl delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
+    { "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io tasks ls -q 2>/dev/null || true; } | while read -r t; do
+      "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io tasks kill -s KILL "$t" >/dev/null 2>&1 || true; done
+  fi
+  for ((i=${#COMPONENTS[@]}-1; i>=0; i--)); do stop "${COMPONENTS[$i]}"; done
+  # Shims and sandboxes are started by containerd but outlive it: end those whose socket or state is ours.
+  pkill -KILL -f "containerd-shim-.* -address $CONTAINERD_SOCK" 2>/dev/null || true
+  pkill -KILL -f "runsc.*--root=/run/coderun/runsc" 2>/dev/null || true
+  # Mounts made for pods (emptyDir, configmap, rootfs overlays, netns) under our directory.
+  { grep -o " $CLUSTER_DIR[^ ]*\| /run/coderun/runsc[^ ]*\| /run/netns/cni-[^ ]*" /proc/mounts || true; } | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  rm -f /run/netns/cni-* 2>/dev/null || true
+  ip link delete cni-coderun0 2>/dev/null || true
+  rm -rf "$CLUSTER_DIR/cni/ipam"
+  nft delete table inet coderun-netpol 2>/dev/null || true
+  log "cluster down"
+}
+
+cmd_status() {
+  local c
+  for c in "${COMPONENTS[@]}"; do
+    if is_running "$c"; then printf '%-24s running  pid %-8s log %s\n' "$c" "$(cat "$PIDS/$c.pid")" "$LOGS/$c.log"
+    else printf '%-24s stopped\n' "$c"; fi
+  done
+  if is_running kube-apiserver; then kubectl get nodes -o wide 2>/dev/null || true; fi
+  echo "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $K8S_BIN/kubectl"
+}
+
+case ${1:-} in
+  up) cmd_up ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
