@@ -1,0 +1,220 @@
+"""The CodeRun API as pydantic models: the one source of the CRD schema, the SDK's types and the tool schemas.
+
+Field descriptions become `kubectl explain` text; `x-kubernetes-validations` carry the CEL rules the API
+server enforces at admission, so bad input is refused at `kubectl apply` with a message naming the field.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .reasons import Phase
+
+GROUP = "coderun.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "CodeRun"
+PLURAL = "coderuns"
+SHORT_NAME = "crun"
+
+# Bounds the API server enforces whatever the policy says; policies choose defaults and maximums inside them.
+MAX_CODE_BYTES = 128 * 1024
+MAX_STDIN_BYTES = 128 * 1024
+MAX_FILES = 16
+MAX_FILE_CONTENT_CHARS = 256 * 1024
+MAX_INPUT_TOTAL_CHARS = 768 * 1024  # code + stdin + files must fit one ConfigMap (1 MiB) with room to spare
+MAX_OUTPUT_BYTES = 256 * 1024       # per stream, so the status stays far below etcd's 1.5 MiB object limit
+
+LANGUAGE_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|Ki|Mi|Gi)?$"
+
+
+def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    validation = {"rule": rule, "message": message}
+    if field_path:
+        validation["fieldPath"] = field_path
+    return validation
+
+
+def _quantity_range(low: str, high: str, example: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [_cel(
+        f"isQuantity(self) && quantity(self).compareTo(quantity('{low}')) >= 0"
+        f" && quantity(self).compareTo(quantity('{high}')) <= 0",
+        f"must be a quantity between {low} and {high}, for example '{example}'")]}
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are an error, not silently dropped."""
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Limits(ApiModel):
+    """Resource limits for one run. Unset fields take the policy's defaults; values above the policy's
+    maximums are refused with reason PolicyDenied."""
+    timeout_seconds: int | None = Field(None, ge=1, le=3600, description=(
+        "Wall-clock limit for the program in seconds. The program's whole process group is killed at the "
+        "deadline and the run ends with reason Timeout."))
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "Memory limit (Kubernetes quantity, e.g. 256Mi). Exceeding it ends the run with reason OOMKilled."),
+        json_schema_extra=_quantity_range("16Mi", "64Gi", "256Mi"))
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description="CPU limit (quantity, e.g. '1' or 500m).",
+                            json_schema_extra=_quantity_range("50m", "64", "500m"))
+    disk: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "Size of the writable /tmp (emptyDir sizeLimit and ephemeral-storage limit), e.g. 64Mi."),
+        json_schema_extra=_quantity_range("1Mi", "100Gi", "64Mi"))
+    output_bytes: int | None = Field(None, ge=1024, le=MAX_OUTPUT_BYTES, description=(
+        "Bytes of stdout and of stderr kept in the status (each). Beyond it the stream is truncated "
+        "(stdoutTruncated/stderrTruncated); a flood far beyond it stops the program with OutputLimitExceeded."))
+
+
+class FileInput(ApiModel):
+    """A small input file materialised in the program's working directory before it starts."""
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("has(self.content) != has(self.contentBase64)",
+             "set exactly one of content or contentBase64"),
+        _cel("!self.path.startsWith('/') && !self.path.split('/').exists(s, s == '..' || s == '.' || s == '')",
+             "path must be relative, without '..', '.' or empty segments (e.g. data/input.csv)",
+             ".path"),
+    ]})
+    path: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._/-]+$", description=(
+        "Relative path inside the working directory, e.g. data.csv or data/input.csv."))
+    content: str | None = Field(None, max_length=MAX_FILE_CONTENT_CHARS, description="Text content (UTF-8).")
+    content_base64: str | None = Field(None, max_length=MAX_FILE_CONTENT_CHARS, pattern=r"^[A-Za-z0-9+/=\s]*$",
+                                       description="Binary content, base64-encoded.")
+
+
+class Expect(ApiModel):
+    """Optional output validation. The result is reported in status.validation and the OutputValid condition;
+    it does not change the phase."""
+    exit_code: int | None = Field(None, ge=0, le=255, description="The exit code the program must end with.")
+    stdout_json_schema: dict[str, Any] | None = Field(
+        None, alias="stdoutJSONSchema", description="A JSON Schema that stdout, parsed as JSON, must satisfy.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+
+class CacheSpec(ApiModel):
+    """Reuse the result of an identical earlier run instead of running again."""
+    enabled: bool = Field(False, description="Look for an identical finished run and copy its result.")
+    ttl_seconds: int = Field(600, ge=1, le=86400, description="How old a reusable result may be.")
+
+
+class CodeRunSpec(ApiModel):
+    """What to run. Immutable once created: to run something else, create a new CodeRun."""
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("self == oldSelf", "spec is immutable once created; create a new CodeRun instead"),
+        _cel(f"size(self.code) + (has(self.stdin) ? size(self.stdin) : 0) + (has(self.files) ? "
+             "self.files.map(f, has(f.content) ? size(f.content) : size(f.contentBase64)).sum() : 0)"
+             f" <= {MAX_INPUT_TOTAL_CHARS}",
+             f"code, stdin and files together must stay under {MAX_INPUT_TOTAL_CHARS // 1024} KiB"),
+    ]})
+    language: str = Field(pattern=LANGUAGE_PATTERN, description=(
+        "The runtime to use, e.g. python. The policy maps it to a pinned image and command."))
+    code: str = Field(min_length=1, max_length=MAX_CODE_BYTES, description="The program's source code.")
+    stdin: str | None = Field(None, max_length=MAX_STDIN_BYTES, description="Text passed on standard input.")
+    files: list[FileInput] | None = Field(None, max_length=MAX_FILES, description=(
+        "Small input files, placed relative to the working directory."),
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel("self.all(f, self.exists_one(g, g.path == f.path))", "file paths must be unique")]})
+    limits: Limits | None = Field(None, description="Resource limits; unset fields take the policy's defaults.")
+    policy_ref: str | None = Field(None, max_length=253, description=(
+        "Name of the CodeRunPolicy to apply; empty means the built-in default policy."))
+    expect: Expect | None = Field(None, description="Optional validation of the program's output.")
+    cache: CacheSpec | None = Field(None, description="Optional reuse of an identical earlier result.")
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
+        "Delete the CodeRun this many seconds after it finished (default from the policy)."))
+
+
+class Metrics(ApiModel):
+    """Timings in milliseconds. queue: CodeRun created -> pod created; startup: pod created -> program
+    started; wall: the program itself; total: CodeRun created -> result written."""
+    wall_millis: int | None = Field(None, description="Wall-clock time of the program.")
+    cpu_millis: int | None = Field(None, description="CPU time (user + system) of the program and its children.")
+    max_rss_bytes: int | None = Field(None, alias="maxRSSBytes", description="Peak resident memory of the program.")
+    queue_millis: int | None = Field(None, description="CodeRun created -> sandbox pod created.")
+    startup_millis: int | None = Field(None, description="Sandbox pod created -> program started.")
+    total_millis: int | None = Field(None, description="CodeRun created -> result written.")
+
+
+class RunError(ApiModel):
+    """The program's uncaught error, parsed from its traceback when possible."""
+    type: str = Field(description="Exception type, e.g. ZeroDivisionError.")
+    message: str = Field(description="Exception message.")
+    line: int | None = Field(None, description="Line in the submitted code where it was raised.")
+
+
+class Artifact(ApiModel):
+    """A file the program wrote to $CODERUN_OUTPUT_DIR, stored in a ConfigMap owned by the CodeRun."""
+    name: str = Field(description="Path relative to the output directory.")
+    size: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="Hex sha256 of the content.")
+    config_map: str = Field(description="ConfigMap holding the content (binaryData).")
+    key: str = Field(description="Key of the content inside that ConfigMap.")
+
+
+class SkippedArtifact(ApiModel):
+    name: str
+    why: str = Field(description="symlink, not-a-regular-file, too-large, too-many or total-too-large.")
+
+
+class Validation(ApiModel):
+    valid: bool = Field(description="Whether the output met spec.expect.")
+    errors: list[str] = Field(default_factory=list, description="What did not match, one line each.")
+
+
+class Condition(ApiModel):
+    """Kubernetes API conventions: lastTransitionTime moves only when status flips."""
+    type: str
+    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    reason: str
+    message: str = ""
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = None
+
+
+class CodeRunStatus(ApiModel):
+    """The result of the run. Written once when the run ends; every field is declared so none is pruned."""
+    phase: Phase | None = Field(None, description="Pending, Running, Succeeded, Failed or Rejected.")
+    reason: str | None = Field(None, description="Why the run is in this phase, a CamelCase word.")
+    message: str | None = Field(None, description="What happened and, on failure, what to change.")
+    exit_code: int | None = Field(None, description="The program's exit code, when it exited by itself.")
+    signal: int | None = Field(None, description="The signal that ended the program, if one did.")
+    stdout: str | None = Field(None, description="Standard output (head, capped, secrets redacted).")
+    stderr: str | None = Field(None, description="Standard error (head, capped, secrets redacted).")
+    stdout_bytes: int | None = Field(None, description="Bytes the program wrote to stdout in all.")
+    stderr_bytes: int | None = Field(None, description="Bytes the program wrote to stderr in all.")
+    stdout_truncated: bool | None = Field(None, description="stdout holds only the head of the stream.")
+    stderr_truncated: bool | None = Field(None, description="stderr holds only the head of the stream.")
+    stdout_sha256: str | None = Field(None, description="sha256 of the whole stdout stream.")
+    stderr_sha256: str | None = Field(None, description="sha256 of the whole stderr stream.")
+    redactions: int | None = Field(None, description="How many secret-like strings were redacted.")
+    error: RunError | None = None
+    metrics: Metrics | None = None
+    artifacts: list[Artifact] | None = None
+    artifacts_skipped: list[SkippedArtifact] | None = None
+    validation: Validation | None = None
+    code_hash: str | None = Field(None, description="sha256 of the code, stdin and files.")
+    image: str | None = Field(None, description="The image that ran, with its digest.")
+    runtime_class: str | None = Field(None, description="The RuntimeClass of the sandbox pod.")
+    policy: str | None = Field(None, description="The policy that was applied.")
+    policy_rule: str | None = Field(None, description="The policy rule that refused the run, when one did.")
+    effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
+    pod_name: str | None = None
+    cached_from: str | None = Field(None, description="The earlier CodeRun whose result was reused.")
+    start_time: str | None = Field(None, description="When the sandbox pod was created.",
+                                   json_schema_extra={"format": "date-time"})
+    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = None
+    conditions: list[Condition] | None = Field(None, json_schema_extra={
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+
+
+class CodeRun(ApiModel):
+    """A request to run code once in a sandbox."""
+    model_config = ConfigDict(extra="ignore")
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: CodeRunSpec
+    status: CodeRunStatus | None = None

@@ -1,0 +1,55 @@
+"""Phases, reasons and condition types: named constants, so every writer and reader agrees."""
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    REJECTED = "Rejected"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.REJECTED})
+
+
+class Reason(StrEnum):
+    # accepted / in flight
+    ACCEPTED = "Accepted"
+    SCHEDULED = "PodCreated"
+    STARTED = "Started"
+    # the program's own outcome
+    COMPLETED = "Completed"
+    NON_ZERO_EXIT = "NonZeroExit"
+    TIMEOUT = "Timeout"
+    OOM_KILLED = "OOMKilled"
+    OUTPUT_LIMIT_EXCEEDED = "OutputLimitExceeded"
+    SIGNALED = "Signaled"
+    # refused before running
+    POLICY_DENIED = "PolicyDenied"
+    INVALID_SPEC = "InvalidSpec"
+    # the platform's fault, not the program's
+    POD_DELETED = "PodDeleted"
+    UNSCHEDULABLE = "Unschedulable"
+    IMAGE_UNAVAILABLE = "ImageUnavailable"
+    START_FAILED = "StartFailed"
+    INTERNAL_ERROR = "InternalError"
+    # output validation
+    OUTPUT_VALID = "OutputValid"
+    OUTPUT_INVALID = "OutputInvalid"
+    NOT_VALIDATED = "NotValidated"
+
+
+# Reasons that say the platform failed, not the program: never reused by the result cache.
+INFRASTRUCTURE_REASONS = frozenset({
+    Reason.POD_DELETED, Reason.UNSCHEDULABLE, Reason.IMAGE_UNAVAILABLE,
+    Reason.START_FAILED, Reason.INTERNAL_ERROR,
+})
+
+
+class ConditionType(StrEnum):
+    ACCEPTED = "Accepted"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    OUTPUT_VALID = "OutputValid"

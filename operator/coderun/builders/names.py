@@ -1,0 +1,35 @@
+"""Deterministic names and labels for a run's children, so creation is idempotent and lookups need no state."""
+from __future__ import annotations
+
+import hashlib
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_RUN = "coderun.io/run"
+LABEL_RUN_UID = "coderun.io/run-uid"
+LABEL_SANDBOX = "coderun.io/sandbox"
+MANAGER = "coderun"
+
+_MAX_NAME = 63  # pod hostnames and label values are limited to 63 characters
+
+
+def _fit(base: str, suffix: str, limit: int) -> str:
+    """base-suffix, shortened with a hash of base when too long, so distinct runs never collide."""
+    name = f"{base}-{suffix}" if suffix else base
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    keep = limit - len(digest) - (len(suffix) + 2 if suffix else 1)
+    head = base[:keep].rstrip("-.")
+    return f"{head}-{digest}-{suffix}" if suffix else f"{head}-{digest}"
+
+
+def child_name(run_name: str, suffix: str) -> str:
+    return _fit(run_name, suffix, _MAX_NAME)
+
+
+def run_labels(run_name: str, run_uid: str) -> dict[str, str]:
+    return {
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_RUN: _fit(run_name, "", _MAX_NAME),
+        LABEL_RUN_UID: run_uid,
+    }

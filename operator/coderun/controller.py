@@ -1,0 +1,256 @@
+"""Reconciliation: the pure core's decisions carried out through k8s.py. Handlers call only these functions.
+
+Order matters for "nothing is lost": children are created before the status names them, and the final
+status is written before the pod is deleted, so a crash at any point is repaired by the next reconcile.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+import kopf
+from pydantic import ValidationError
+
+from . import k8s, metrics
+from .api.models import CodeRunSpec
+from .api.reasons import TERMINAL_PHASES, Phase, Reason
+from .builders import (build_artifacts_configmap, build_input_configmap, build_namespace_network_policy,
+                       build_network_policy, build_pod, code_hash)
+from .builders.objects import CONTAINER_NAME
+from .policy import Decision, Denial, evaluate, select_policy
+from .results.frame import FrameError, parse_frame
+from .results.pod_state import (image_with_digest, is_running, pending_verdict, pod_level_failure, terminated,
+                                container_status)
+from .results.redact import Redactor
+from .results.status import (Outcome, accepted_status, outcome_from_frame, outcome_without_frame, parse_time,
+                             running_status, terminal_status)
+
+log = logging.getLogger("coderun")
+
+# Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
+LOG_LIMIT_BYTES = 8 * 1024 * 1024
+# Keep the written status well under etcd's 1.5 MiB object limit whatever the program printed.
+STATUS_BUDGET_BYTES = 900 * 1024
+
+_run_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+_namespaces_with_default_deny: set[str] = set()
+_redactors: dict[str, Redactor] = {}
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _key(run: Mapping[str, Any]) -> str:
+    return run["metadata"]["uid"]
+
+
+def _phase(run: Mapping[str, Any]) -> str | None:
+    return (run.get("status") or {}).get("phase")
+
+
+def _decide(run: Mapping[str, Any]) -> tuple[CodeRunSpec | None, Decision | Denial]:
+    try:
+        spec = CodeRunSpec.model_validate(run.get("spec") or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, Denial(Reason.INVALID_SPEC, "schema", f"spec.{where}: {first['msg']}")
+    policy = select_policy(spec.policy_ref, {})
+    if isinstance(policy, Denial):
+        return spec, policy
+    return spec, evaluate(spec, policy)
+
+
+def _finish(run: Mapping[str, Any], outcome: Outcome, language: str | None) -> None:
+    """Write the terminal status once, tell people, count it."""
+    meta = run["metadata"]
+    status = terminal_status(run, outcome, _now())
+    status = _fit_status_budget(status)
+    if k8s.patch_run_status(meta["namespace"], meta["name"], status) is None:
+        return  # the run was deleted meanwhile; nothing to report to
+    event = kopf.info if outcome.phase == Phase.SUCCEEDED else kopf.warn
+    event(dict(run), reason=outcome.reason, message=outcome.message[:1024])
+    metrics.observe_finished(meta["uid"], status, language or "unknown")
+    log.info("run %s/%s %s/%s", meta["namespace"], meta["name"], outcome.phase, outcome.reason)
+
+
+def _fit_status_budget(status: dict[str, Any]) -> dict[str, Any]:
+    """Shrink stdout/stderr (marking truncation) if escaping made the status larger than its budget."""
+    for field in ("stdout", "stderr"):
+        size = len(json.dumps(status, ensure_ascii=False).encode())
+        if size <= STATUS_BUDGET_BYTES:
+            break
+        text = status.get(field) or ""
+        keep = max(0, len(text) - (size - STATUS_BUDGET_BYTES) - 1024)
+        status[field] = text[:keep]
+        status[f"{field}Truncated"] = True
+    return status
+
+
+def admit(run: Mapping[str, Any]) -> None:
+    """New or resumed run: policy check, then children, then the Pending status that names the pod."""
+    meta = run["metadata"]
+    if _phase(run) in TERMINAL_PHASES or (run.get("status") or {}).get("podName"):
+        return
+    spec, decision = _decide(run)
+    if isinstance(decision, Denial):
+        _finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, {"policyRule": decision.rule}),
+                spec.language if spec else None)
+        return
+    ns = meta["namespace"]
+    if ns not in _namespaces_with_default_deny:
+        k8s.create_if_absent(build_namespace_network_policy(ns))
+        _namespaces_with_default_deny.add(ns)
+    configmap = build_input_configmap(run, spec, decision)
+    k8s.create_if_absent(configmap)
+    k8s.create_if_absent(build_network_policy(run))
+    pod = build_pod(run, decision, configmap["metadata"]["name"])
+    k8s.create_if_absent(pod)
+    now = _now()
+    status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
+    created = parse_time(meta.get("annotations", {}).get("coderun.io/created-at")) or \
+        parse_time(meta.get("creationTimestamp"))
+    status["metrics"] = {"queueMillis": max(0, round((now - created).total_seconds() * 1000)) if created else None}
+    k8s.patch_run_status(ns, meta["name"], status)
+    metrics.track_active(meta["uid"], True)
+    kopf.info(dict(run), reason="PodCreated", message=f"sandbox pod {pod['metadata']['name']} created")
+
+
+def on_pod(pod: Mapping[str, Any], deleted: bool) -> None:
+    """Every event of a sandbox pod: move the run along, as soon as the container says it is done."""
+    meta = pod["metadata"]
+    owner = next((o for o in meta.get("ownerReferences") or () if o.get("kind") == "CodeRun"), None)
+    if owner is None:
+        return
+    with _run_locks[owner["uid"]]:
+        run = k8s.get_run(meta["namespace"], owner["name"])
+        if run is None or run["metadata"]["uid"] != owner["uid"]:
+            return
+        _advance(run, None if deleted else pod, pod_deleted=deleted)
+
+
+def reconcile(run: Mapping[str, Any]) -> None:
+    """Level-based check (timer and resume): finish, clean up, expire, or notice a vanished pod."""
+    meta = run["metadata"]
+    with _run_locks[_key(run)]:
+        fresh = k8s.get_run(meta["namespace"], meta["name"])
+        if fresh is None:
+            return
+        status = fresh.get("status") or {}
+        if _phase(fresh) in TERMINAL_PHASES:
+            _cleanup_or_expire(fresh)
+            return
+        if not status.get("podName"):
+            return  # admit() has not created the children yet; the create/resume handler will
+        metrics.track_active(meta["uid"], True)
+        pod = k8s.get_pod(meta["namespace"], status["podName"])
+        _advance(fresh, pod, pod_deleted=pod is None)
+
+
+def _advance(run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
+    status = run.get("status") or {}
+    meta = run["metadata"]
+    if _phase(run) in TERMINAL_PHASES:
+        if pod is not None:
+            k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])
+        return
+    language = (run.get("spec") or {}).get("language")
+    if pod_deleted or pod is None:
+        if status.get("podName"):
+            _finish(run, Outcome(Phase.FAILED, Reason.POD_DELETED,
+                                 f"the sandbox pod {status['podName']} was deleted before the program finished; "
+                                 "create the CodeRun again"), language)
+        return
+    if terminated(pod):
+        _collect(run, pod)
+        return
+    failure = pod_level_failure(pod, status.get("effectiveLimits"))
+    if failure:
+        _finish(run, failure, language)
+        k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])
+        return
+    if is_running(pod):
+        if _phase(run) != Phase.RUNNING:
+            k8s.patch_run_status(meta["namespace"], meta["name"], running_status(run, _now()))
+        return
+    started = parse_time(status.get("startTime")) or _now()
+    spec, decision = _decide(run)
+    deadline = decision.policy.start_deadline_seconds if isinstance(decision, Decision) else 300
+    verdict = pending_verdict(pod, (_now() - started).total_seconds(), deadline)
+    if verdict:
+        _finish(run, verdict, language)
+        k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])
+
+
+def _collect(run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+    """Read the log once, trust only the vouched frame, store artifacts, write the status, delete the pod."""
+    meta, status = run["metadata"], run.get("status") or {}
+    ns, pod_name = meta["namespace"], pod["metadata"]["name"]
+    spec, decision = _decide(run)
+    state = terminated(pod)
+    text, complete = k8s.read_log(ns, pod_name, CONTAINER_NAME, LOG_LIMIT_BYTES)
+    effective = status.get("effectiveLimits")
+    try:
+        frame = parse_frame(text, state.get("message"), complete)
+    except FrameError as e:
+        outcome = outcome_without_frame(str(e), e.truncated, container_status(pod), effective)
+    else:
+        policy = decision.policy if isinstance(decision, Decision) else None
+        artifacts = _store_artifacts(run, frame.artifacts)
+        outcome = outcome_from_frame(spec, frame, _redactor(policy), state.get("reason") == "OOMKilled", effective,
+                                     parse_time(status.get("startTime")), artifacts)
+    outcome.fields["image"] = image_with_digest(pod, status.get("image") or "")
+    outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
+    _finish(run, outcome, spec.language if spec else None)
+    k8s.delete_pod(ns, pod_name)
+
+
+def _redactor(policy) -> Redactor:
+    patterns = tuple(policy.redaction_patterns) if policy else ()
+    key = "\n".join(patterns)
+    if key not in _redactors:
+        _redactors[key] = Redactor(patterns)
+    return _redactors[key]
+
+
+def _store_artifacts(run: Mapping[str, Any], artifacts) -> list[dict[str, Any]]:
+    """Artifacts whose bytes match their reported size and sha256 go to one ConfigMap owned by the run."""
+    if not artifacts:
+        return []
+    contents, listed = {}, []
+    for i, artifact in enumerate(artifacts):
+        try:
+            content = base64.b64decode(artifact.contentBase64, validate=True)
+        except ValueError:
+            continue
+        if len(content) != artifact.size or hashlib.sha256(content).hexdigest() != artifact.sha256:
+            continue
+        key = f"artifact-{i}"
+        contents[key] = content
+        listed.append({"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256, "key": key})
+    configmap = build_artifacts_configmap(run, contents)
+    k8s.create_if_absent(configmap)
+    return [{**a, "configMap": configmap["metadata"]["name"]} for a in listed]
+
+
+def _cleanup_or_expire(run: Mapping[str, Any]) -> None:
+    meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
+    if status.get("podName") and status.get("phase") != Phase.REJECTED:
+        pod = k8s.get_pod(meta["namespace"], status["podName"])
+        if pod is not None:
+            k8s.delete_pod(meta["namespace"], status["podName"])
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if ttl is None:
+        _, decision = _decide(run)
+        ttl = decision.policy.ttl_seconds_after_finished if isinstance(decision, Decision) else 3600
+    finished = parse_time(status.get("completionTime"))
+    if finished and (_now() - finished).total_seconds() >= ttl:
+        k8s.delete_run(meta["namespace"], meta["name"])
+        log.info("run %s/%s deleted %ss after it finished", meta["namespace"], meta["name"], ttl)

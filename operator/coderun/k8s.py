@@ -1,0 +1,122 @@
+"""The only module that talks to the API server. Everything returns plain dicts; 404/409 have meanings here."""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from .api.models import GROUP, PLURAL, VERSION
+
+# A transient API failure is retried by kopf after this delay instead of surfacing as a failed run.
+RETRY_DELAY_SECONDS = 2
+
+
+@functools.cache
+def _clients() -> tuple[client.CoreV1Api, client.NetworkingV1Api, client.CustomObjectsApi]:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    api_client = client.ApiClient()
+    return client.CoreV1Api(api_client), client.NetworkingV1Api(api_client), client.CustomObjectsApi(api_client)
+
+
+def _plain(obj: Any) -> dict[str, Any]:
+    return client.ApiClient().sanitize_for_serialization(obj)
+
+
+def _transient(e: ApiException) -> kopf.TemporaryError:
+    return kopf.TemporaryError(f"API server answered {e.status} {e.reason}", delay=RETRY_DELAY_SECONDS)
+
+
+def create_if_absent(obj: dict[str, Any]) -> bool:
+    """Create a child; AlreadyExists is success (deterministic names make creation idempotent)."""
+    core, networking, _ = _clients()
+    ns, kind = obj["metadata"]["namespace"], obj["kind"]
+    create = {"Pod": core.create_namespaced_pod, "ConfigMap": core.create_namespaced_config_map,
+              "NetworkPolicy": networking.create_namespaced_network_policy}[kind]
+    try:
+        create(ns, obj)
+        return True
+    except ApiException as e:
+        if e.status == 409:
+            return False
+        if e.status in (400, 403, 422):
+            raise kopf.PermanentError(f"{kind} {obj['metadata']['name']} refused: {e.status} {e.body}") from e
+        raise _transient(e) from e
+
+
+def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
+    core, _, _ = _clients()
+    try:
+        return _plain(core.read_namespaced_pod(name, namespace))
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _transient(e) from e
+
+
+def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tuple[str, bool]:
+    """The container log from the start, at most limit_bytes; says whether the whole log was read."""
+    core, _, _ = _clients()
+    try:
+        response = core.read_namespaced_pod_log(pod, namespace, container=container, limit_bytes=limit_bytes + 1,
+                                                _preload_content=False)
+        raw = response.data
+    except ApiException as e:
+        raise _transient(e) from e
+    return raw[:limit_bytes].decode("utf-8", "replace"), len(raw) <= limit_bytes
+
+
+def delete_pod(namespace: str, name: str) -> None:
+    core, _, _ = _clients()
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except ApiException as e:
+        if e.status != 404:
+            raise _transient(e) from e
+
+
+def get_run(namespace: str, name: str) -> dict[str, Any] | None:
+    _, _, custom = _clients()
+    try:
+        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _transient(e) from e
+
+
+def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    """One merge patch of /status. None values are sent as null, which removes stale fields."""
+    _, _, custom = _clients()
+    try:
+        return custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
+                                                            {"status": status})
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        if e.status == 422:
+            raise kopf.PermanentError(f"status of {namespace}/{name} refused by the API server: {e.body}") from e
+        raise _transient(e) from e
+
+
+def delete_run(namespace: str, name: str) -> None:
+    _, _, custom = _clients()
+    try:
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as e:
+        if e.status != 404:
+            raise _transient(e) from e
+
+
+def list_runs(namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
+    _, _, custom = _clients()
+    try:
+        return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
+                                                    label_selector=label_selector)["items"]
+    except ApiException as e:
+        raise _transient(e) from e

@@ -1,0 +1,5 @@
+"""Pure policy evaluation: which runtime a run gets, with which limits, or why it is refused."""
+from .model import DEFAULT_POLICY, Decision, Denial, Policy, ResourceLimits, Runtime
+from .evaluate import evaluate, select_policy
+
+__all__ = ["DEFAULT_POLICY", "Decision", "Denial", "Policy", "ResourceLimits", "Runtime", "evaluate", "select_policy"]

@@ -1,0 +1,52 @@
+"""The committed CRD is exactly what the models generate, and the schema is one the API server accepts."""
+from pathlib import Path
+
+import yaml
+
+from coderun.api import crd
+
+CRD_FILE = Path(__file__).parents[2] / "crds" / "coderun.io_coderuns.yaml"
+
+
+def _walk(schema, path="$"):
+    yield path, schema
+    for name, sub in (schema.get("properties") or {}).items():
+        yield from _walk(sub, f"{path}.{name}")
+    if isinstance(schema.get("items"), dict):
+        yield from _walk(schema["items"], f"{path}[]")
+
+
+def test_committed_crd_matches_models():
+    assert CRD_FILE.read_text() == crd.render(), "run `make crds` and commit crds/"
+
+
+def test_schema_is_structural():
+    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(schema):
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+        assert "type" in node, f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+
+
+def test_every_status_field_the_issue_names_is_declared():
+    status = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for field in ["phase", "reason", "message", "exitCode", "stdout", "stderr", "stdoutTruncated",
+                  "stderrTruncated", "error", "metrics", "artifacts", "validation", "codeHash", "image", "podName",
+                  "startTime", "completionTime", "observedGeneration", "conditions"]:
+        assert field in status, field
+    assert set(status["metrics"]["properties"]) >= {"wallMillis", "cpuMillis", "maxRSSBytes", "queueMillis",
+                                                    "startupMillis", "totalMillis"}
+    assert set(status["artifacts"]["items"]["properties"]) >= {"name", "size", "sha256", "configMap"}
+
+
+def test_spec_carries_cel_rules_and_printer_columns():
+    version = crd.crd()["spec"]["versions"][0]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rules = [v["rule"] for v in spec["x-kubernetes-validations"]]
+    assert "self == oldSelf" in rules
+    assert any("786432" in r for r in rules)
+    assert spec["properties"]["language"]["pattern"]
+    assert spec["properties"]["code"]["maxLength"] == 128 * 1024
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == ["Phase", "Reason", "Exit", "Duration-ms"]
+    assert yaml.safe_load(CRD_FILE.read_text())["spec"]["names"]["shortNames"] == ["crun"]
