@@ -778,12 +778,15 @@ def write_termination_log(path: str, summary: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Wall-clock start, so the operator can tell sandbox start-up time from the program's own.
+    started_at_millis = int(time.time() * 1000)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     is_pid1 = os.getpid() == 1
     try:
         frame = execute(args, is_pid1)
     except Exception as exc:  # the frame must still be printed
         frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
+    frame["startedAtMillis"] = started_at_millis
     if is_pid1:
         kill_all_other_processes()
     frame_json = encode_frame(frame)
