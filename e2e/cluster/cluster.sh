@@ -270,11 +270,15 @@ EOF
 
 node_ready() { kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
 
+# Builds (cached) and imports the images; an archive already imported into this containerd is skipped.
 import_images() {
-  local name archive
+  local name archive imported=$CLUSTER_DIR/containerd/imported
+  touch "$imported"
   for name in pause busybox python; do
     archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
-    "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import --no-unpack=false "$archive" >/dev/null
+    grep -qxF "$archive" "$imported" && continue
+    "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
+    echo "$archive" >> "$imported"
   done
 }
 

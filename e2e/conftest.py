@@ -1,0 +1,163 @@
+"""e2e fixtures: the real local cluster (started if needed), a namespace per test, polling helpers.
+
+Synchronisation is always a predicate polled against the API with a deadline, never a fixed sleep.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+KUBECONFIG = REPO / ".cluster" / "kubeconfig"
+GROUP, VERSION, PLURAL = "coderun.io", "v1alpha1", "coderuns"
+TERMINAL = {"Succeeded", "Failed", "Rejected"}
+
+
+def _kubectl_path() -> str:
+    out = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/"
+                          "kubernetes-$KUBERNETES_VERSION/kubectl"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
+    """Poll until predicate returns something truthy; fail naming what we waited for."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except ApiException as e:
+            last_error = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" ({last_error})" if last_error else ""))
+
+
+class Cluster:
+    def __init__(self):
+        config.load_kube_config(str(KUBECONFIG))
+        self.api = client.ApiClient()
+        self.core = client.CoreV1Api(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.kubectl_bin = _kubectl_path()
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([self.kubectl_bin, "--kubeconfig", str(KUBECONFIG), *args], input=input,
+                                capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result
+
+    def node_ip(self) -> str:
+        node = self.core.list_node().items[0]
+        return next(a.address for a in node.status.addresses if a.type == "InternalIP")
+
+    # ---- pods
+    def create_pod(self, namespace: str, name: str, command: list[str], runtime_class: str | None = "gvisor",
+                   image: str = "coderun.local/busybox:1.36", labels: dict | None = None,
+                   owner: dict | None = None) -> dict:
+        """A pod that Pod Security `restricted` admits: non-root, no privilege escalation, no capabilities."""
+        metadata = {"name": name, "labels": labels or {}}
+        if owner:
+            metadata["ownerReferences"] = [owner]
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+               "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
+                        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534,
+                                            "seccompProfile": {"type": "RuntimeDefault"}},
+                        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                                        "command": command,
+                                        "securityContext": {"allowPrivilegeEscalation": False,
+                                                            "capabilities": {"drop": ["ALL"]}}}]}}
+        if runtime_class:
+            pod["spec"]["runtimeClassName"] = runtime_class
+        self.core.create_namespaced_pod(namespace, pod)
+        return pod
+
+    def pod_phase(self, namespace: str, name: str) -> str:
+        return self.core.read_namespaced_pod(name, namespace).status.phase
+
+    def wait_pod_done(self, namespace: str, name: str, timeout: float = 90) -> str:
+        return wait_for(lambda: self.pod_phase(namespace, name) in ("Succeeded", "Failed")
+                        and self.pod_phase(namespace, name), timeout, f"pod {namespace}/{name} to finish")
+
+    def pod_ip(self, namespace: str, name: str, timeout: float = 60) -> str:
+        return wait_for(lambda: self.core.read_namespaced_pod(name, namespace).status.pod_ip, timeout,
+                        f"pod {namespace}/{name} to get an IP")
+
+    def logs(self, namespace: str, name: str) -> str:
+        return self.core.read_namespaced_pod_log(name, namespace)
+
+    # ---- coderuns
+    def create_run(self, namespace: str, spec: dict, name: str | None = None, **meta) -> str:
+        name = name or f"run-{uuid.uuid4().hex[:8]}"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
+                "metadata": {"name": name, **meta}, "spec": spec}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        return name
+
+    def get_run(self, namespace: str, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def wait_run(self, namespace: str, name: str, timeout: float = 90) -> dict:
+        """The run once it reached a terminal phase (polls its status, as a client would)."""
+        def done():
+            run = self.get_run(namespace, name)
+            return run if (run.get("status") or {}).get("phase") in TERMINAL else None
+        return wait_for(done, timeout, f"CodeRun {namespace}/{name} to finish")
+
+
+def _cluster_reachable() -> bool:
+    if not KUBECONFIG.exists():
+        return False
+    try:
+        config.load_kube_config(str(KUBECONFIG))
+        client.VersionApi().get_code(_request_timeout=3)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """The running local cluster; `make up` brings it (and the operator) up when it is not there."""
+    if not _cluster_reachable():
+        subprocess.run(["make", "up"], cwd=REPO, check=True)
+    return Cluster()
+
+
+@pytest.fixture(scope="session")
+def operator(cluster) -> Cluster:
+    """The operator running from this checkout (restarted once per session, so it runs the code under test)."""
+    subprocess.run(["make", "up"], cwd=REPO, check=True, capture_output=True)
+    if not os.environ.get("CODERUN_E2E_KEEP_OPERATOR"):
+        subprocess.run(["bash", "e2e/operator.sh", "restart"], cwd=REPO, check=True)
+    return cluster
+
+
+def _namespace_name(node_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]", "-", node_name.lower())[:40].strip("-")
+    return f"e2e-{base}-{uuid.uuid4().hex[:5]}"
+
+
+@pytest.fixture
+def namespace(cluster, request) -> str:
+    """A fresh namespace for one test, labelled Pod Security `restricted` as the chart labels run namespaces."""
+    name = _namespace_name(request.node.name)
+    labels = {"pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}
+    marker = request.node.get_closest_marker("namespace_labels")
+    if marker:
+        labels = marker.args[0]
+    cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+    yield name
+    cluster.core.delete_namespace(name, propagation_policy="Background")
