@@ -1,0 +1,54 @@
+"""Typed failures of the SDK. A run that ended badly (non-zero exit, its own Timeout, OOM) is NOT an exception:
+it is a normal RunResult. Exceptions are for runs that never ran, waits that ran out and API failures."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .result import RunResult
+
+
+class CodeRunError(Exception):
+    """The Kubernetes API refused or failed a request (base class of every SDK error).
+
+    `status` is the HTTP status when the API server answered, else None (unreachable, dropped connection)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class RunNotFound(CodeRunError):
+    """The CodeRun does not exist (never created, deleted, or expired after its TTL)."""
+
+
+class RunRejected(CodeRunError):
+    """The operator refused to run the code (phase Rejected). `reason` is PolicyDenied or InvalidSpec."""
+
+    def __init__(self, result: RunResult):
+        self.result = result
+        self.reason = result.reason
+        self.rule = result.policy_rule
+        super().__init__(f"CodeRun {result.name} rejected ({result.reason}"
+                         + (f", rule {self.rule}" if self.rule else "") + f"): {result.message}")
+        # The operator's message says what to change; keep it as the short form too.
+        self.message = result.message or ""
+
+
+class PolicyDenied(RunRejected):
+    """The policy refused the run: `rule` names the policy rule (e.g. runtimes, maximums.memory) and
+    `message` says what to change."""
+
+
+class RunTimeout(CodeRunError):
+    """The caller's wait ran out before the run finished. The run may still be going: wait again or delete it.
+
+    Not the run's own time limit: a program that exceeded limits.timeoutSeconds is a normal RunResult
+    with reason Timeout."""
+
+    def __init__(self, name: str, namespace: str, waited_seconds: float, last: RunResult | None):
+        self.name, self.namespace, self.last = name, namespace, last
+        phase = last.phase if last and last.phase else "no status yet"
+        super().__init__(f"gave up waiting for CodeRun {namespace}/{name} after {waited_seconds:.1f}s "
+                         f"(last seen: {phase}); wait longer with wait(timeout=...) or delete it")

@@ -1,0 +1,134 @@
+"""Tool definitions for models, generated from the SDK's input model, and the tool result text.
+
+`run_code`'s parameters are RunRequest's JSON schema (the same model the SDK's `run` and the MCP server take),
+cleaned for model APIs: `$ref`s inlined, titles and Kubernetes-only keys (CEL rules) dropped. `render_result`
+turns a RunResult into the compact text a model reads: outcome first, then the error and its line, then the
+streams with byte counts when they were cut.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from .client.request import RunRequest
+from .client.result import RunResult
+from .client.runtimes import RuntimeInfo
+
+RUN_CODE = "run_code"
+LIST_RUNTIMES = "list_runtimes"
+
+
+class ListRuntimesInput(BaseModel):
+    """List the languages the sandbox offers, with their default and maximum limits."""
+
+
+TOOL_INPUTS: dict[str, type[BaseModel]] = {RUN_CODE: RunRequest, LIST_RUNTIMES: ListRuntimesInput}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    """Resolve local $refs and drop what model tool APIs do not want (titles, x-kubernetes-* rules)."""
+    if isinstance(node, list):
+        return [_inline(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return _inline({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    options = node.get("anyOf")
+    if options and len(options) == 2 and {"type": "null"} in options and node.get("default", 0) is None:
+        # Optional[X] = None is just "X, not required" to a model; the null branch only adds noise.
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+        return _inline({**next(o for o in options if o != {"type": "null"}), **rest}, defs)
+    return {key: _inline(value, defs) for key, value in node.items()
+            if key not in ("title", "$defs") and not key.startswith("x-kubernetes-")}
+
+
+def input_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A self-contained JSON schema (no $defs) for a tool's arguments."""
+    schema = model.model_json_schema(by_alias=True)
+    cleaned = _inline(schema, schema.get("$defs", {}))
+    cleaned.pop("description", None)  # it is the tool's description, not the arguments'
+    cleaned.setdefault("properties", {})
+    return cleaned
+
+
+def tool_description(name: str) -> str:
+    return " ".join((TOOL_INPUTS[name].__doc__ or "").split())
+
+
+def openai_tools(names: tuple[str, ...] = (RUN_CODE, LIST_RUNTIMES)) -> list[dict[str, Any]]:
+    """For the Chat Completions `tools=` parameter (any OpenAI-compatible endpoint)."""
+    return [{"type": "function", "function": {"name": name, "description": tool_description(name),
+                                              "parameters": input_schema(TOOL_INPUTS[name])}}
+            for name in names]
+
+
+def anthropic_tools(names: tuple[str, ...] = (RUN_CODE, LIST_RUNTIMES)) -> list[dict[str, Any]]:
+    """For the Anthropic Messages API `tools=` parameter."""
+    return [{"name": name, "description": tool_description(name), "input_schema": input_schema(TOOL_INPUTS[name])}
+            for name in names]
+
+
+def _stream_section(label: str, text: str | None, total: int | None, truncated: bool | None) -> str | None:
+    if not text and not truncated:
+        return None
+    shown = len((text or "").encode("utf-8"))
+    size = f"{shown} of {total} bytes, truncated" if truncated else f"{total if total is not None else shown} bytes"
+    return f"{label} ({size}):\n{(text or '').rstrip(chr(10))}"
+
+
+def outcome_line(result: RunResult) -> str:
+    """One line: how the run ended, in words a model (or a person) acts on."""
+    if result.rejected:
+        rule = f", policy rule {result.policy_rule}" if result.policy_rule else ""
+        return f"rejected ({result.reason}{rule}): {result.message}"
+    if result.timed_out:
+        limit = result.effective_limits.timeout_seconds if result.effective_limits else None
+        return f"timed out{f' after {limit}s' if limit else ''}: the program was stopped (reason Timeout)"
+    if result.reason == "OOMKilled":
+        memory = result.effective_limits.memory if result.effective_limits else None
+        return f"killed: out of memory{f' (limit {memory})' if memory else ''} (reason OOMKilled)"
+    if result.infrastructure_failure:
+        return f"platform failure ({result.reason}), not the program's fault; retrying may help: {result.message}"
+    if not result.finished:
+        return f"not finished yet (phase {result.phase or 'Pending'})"
+    exit_part = f"exit code {result.exit_code}" if result.exit_code is not None else f"phase {result.phase}"
+    return f"{exit_part} ({result.reason})" + (f": {result.message}" if not result.succeeded and result.message
+                                               and result.reason != "NonZeroExit" else "")
+
+
+def error_line(result: RunResult, code: str | None = None) -> str | None:
+    """'error: KeyError at line 3: 'valeu'' plus the failing source line when the code is at hand."""
+    if not result.error:
+        return None
+    where = f" at line {result.error.line}" if result.error.line else ""
+    text = f"error: {result.error.type}{where}: {result.error.message}"
+    if code and result.error.line:
+        lines = code.splitlines()
+        if 0 < result.error.line <= len(lines):
+            text += f"\nfailing line {result.error.line}: {lines[result.error.line - 1].strip()}"
+    return text
+
+
+def render_result(result: RunResult, code: str | None = None) -> str:
+    """The tool result text for a model: compact, outcome first, nothing the model cannot act on."""
+    parts = [outcome_line(result), error_line(result, code),
+             _stream_section("stdout", result.stdout, result.stdout_bytes, result.stdout_truncated),
+             _stream_section("stderr", result.stderr, result.stderr_bytes, result.stderr_truncated)]
+    if result.artifacts:
+        parts.append("artifacts: " + ", ".join(f"{a.name} ({a.size} bytes)" for a in result.artifacts))
+    if result.validation and not result.validation.valid:
+        parts.append("output validation failed: " + "; ".join(result.validation.errors))
+    if result.finished and not (result.stdout or result.stderr or result.rejected):
+        parts.append("(no output)")
+    return "\n".join(p for p in parts if p)
+
+
+def render_runtimes(runtimes: list[RuntimeInfo]) -> str:
+    return "\n".join(f"{r.language}: image {r.image}; default limits {_limits(r.default_limits)}; "
+                     f"maximum {_limits(r.maximum_limits)}" for r in runtimes)
+
+
+def _limits(limits: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in limits.items())

@@ -1,0 +1,125 @@
+"""RunRequest -> CodeRun body, and CodeRun -> RunResult: the SDK's pure halves."""
+import base64
+from datetime import datetime, timezone
+
+import pytest
+from pydantic import ValidationError
+
+from coderun.api.models import CodeRunSpec, Limits
+from coderun.client import PolicyDenied, RunRejected, RunRequest
+from coderun.client.request import build_body, file_input, rfc3339_millis, sandbox_path
+from coderun.client.result import result_from_object
+from coderun.client.sync import default_wait_seconds, raise_if_rejected
+
+
+def test_body_uses_generate_name_labels_and_a_millisecond_created_at():
+    spec = RunRequest(code="print(1)").to_spec()
+    body = build_body(spec, client_name="agent", labels={"team": "a"},
+                      now=datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=timezone.utc))
+    assert body["metadata"] == {
+        "generateName": "run-",
+        "labels": {"coderun.io/client": "agent", "team": "a"},
+        "annotations": {"coderun.io/created-at": "2026-11-22T10:00:00.123Z"},
+    }
+    assert body["apiVersion"] == "coderun.io/v1alpha1" and body["kind"] == "CodeRun"
+    assert body["spec"] == {"language": "python", "code": "print(1)"}
+
+
+def test_an_explicit_name_replaces_generate_name():
+    body = build_body(RunRequest(code="x").to_spec(), client_name="sdk", name="fixed")
+    assert body["metadata"]["name"] == "fixed" and "generateName" not in body["metadata"]
+
+
+def test_the_created_at_annotation_parses_back_to_the_same_instant():
+    moment = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(rfc3339_millis(moment).replace("Z", "+00:00")) == moment
+
+
+def test_timeout_overrides_limits_and_limits_go_camel_case_on_the_wire():
+    spec = RunRequest(code="x", timeout=9).to_spec({"memory": "512Mi", "timeoutSeconds": 3})
+    assert spec.model_dump(by_alias=True, exclude_none=True)["limits"] == {"timeoutSeconds": 9, "memory": "512Mi"}
+    assert RunRequest(code="x").to_spec(Limits(cpu="500m")).limits.cpu == "500m"
+    assert RunRequest(code="x").to_spec().limits is None
+
+
+def test_files_accept_a_mapping_of_text_and_bytes():
+    request = RunRequest(code="x", files={"data.csv": "a,b\n", "blob.bin": b"\xff\x00", "utf8.txt": "é".encode()})
+    by_path = {f.path: f for f in request.files}
+    assert by_path["data.csv"].content == "a,b\n"
+    assert by_path["utf8.txt"].content == "é"
+    assert base64.b64decode(by_path["blob.bin"].content_base64) == b"\xff\x00"
+    assert by_path["blob.bin"].content is None
+
+
+def test_files_in_wire_form_validate_like_the_crd():
+    request = RunRequest.model_validate({"code": "x", "files": [{"path": "d.bin", "contentBase64": "AAE="}]})
+    assert request.files[0].content_base64 == "AAE="
+    with pytest.raises(ValidationError):
+        RunRequest.model_validate({"code": "x", "files": [{"path": "d", "content": "a", "bogus": 1}]})
+
+
+@pytest.mark.parametrize("bad", [{"code": ""}, {"code": "x", "language": "Py thon"}, {"code": "x", "timeout": 0},
+                                 {"code": "x", "unknown": 1}])
+def test_bad_requests_are_refused_before_any_api_call(bad):
+    with pytest.raises(ValidationError):
+        RunRequest.model_validate(bad)
+
+
+def test_file_input_and_sandbox_path():
+    assert file_input("a.txt", "hi").content == "hi"
+    assert sandbox_path("/home/me/data/data.csv") == "data.csv"
+    assert sandbox_path("data.csv") == "data.csv"
+
+
+def test_default_wait_is_the_run_limit_plus_startup_allowance():
+    assert default_wait_seconds(10) == 130
+    assert default_wait_seconds(None) == 180
+
+
+def _obj(status=None, **meta):
+    return {"metadata": {"name": "run-x", "namespace": "ns", "labels": {"coderun.io/client": "sdk"},
+                         "creationTimestamp": "2026-11-22T10:00:00Z", **meta},
+            "spec": {"language": "python", "code": "x"}, **({"status": status} if status else {})}
+
+
+def test_result_from_a_finished_run_is_typed():
+    result = result_from_object(_obj({
+        "phase": "Failed", "reason": "NonZeroExit", "exitCode": 1, "stdout": "", "stderr": "Trace...",
+        "error": {"type": "KeyError", "message": "'valeu'", "line": 3},
+        "metrics": {"wallMillis": 12, "maxRSSBytes": 1000, "totalMillis": 2000},
+        "artifacts": [{"name": "a.png", "size": 3, "sha256": "ab", "configMap": "run-x-artifacts", "key": "artifact-0"}],
+        "someFutureField": "ignored, not fatal"}))
+    assert (result.name, result.namespace, result.exit_code) == ("run-x", "ns", 1)
+    assert result.error.type == "KeyError" and result.error.line == 3
+    assert result.metrics.max_rss_bytes == 1000 and result.artifacts[0].config_map == "run-x-artifacts"
+    assert result.finished and not result.succeeded and not result.rejected and not result.timed_out
+
+
+def test_result_without_status_is_not_finished():
+    result = result_from_object(_obj())
+    assert result.phase is None and not result.finished and result.labels == {"coderun.io/client": "sdk"}
+
+
+def test_infrastructure_failures_and_timeouts_are_told_apart():
+    assert result_from_object(_obj({"phase": "Failed", "reason": "PodDeleted"})).infrastructure_failure
+    timed_out = result_from_object(_obj({"phase": "Failed", "reason": "Timeout"}))
+    assert timed_out.timed_out and not timed_out.infrastructure_failure
+
+
+def test_rejections_raise_policy_denied_with_rule_and_message():
+    denied = result_from_object(_obj({"phase": "Rejected", "reason": "PolicyDenied", "policyRule": "runtimes",
+                                      "message": "language 'ruby' is not offered; use one of: python"}))
+    with pytest.raises(PolicyDenied) as caught:
+        raise_if_rejected(denied)
+    assert caught.value.rule == "runtimes" and "use one of: python" in caught.value.message
+    invalid = result_from_object(_obj({"phase": "Rejected", "reason": "InvalidSpec", "message": "bad"}))
+    with pytest.raises(RunRejected) as caught:
+        raise_if_rejected(invalid)
+    assert not isinstance(caught.value, PolicyDenied) and caught.value.reason == "InvalidSpec"
+    ok = result_from_object(_obj({"phase": "Succeeded", "reason": "Completed", "exitCode": 0}))
+    assert raise_if_rejected(ok) is ok
+
+
+def test_the_spec_made_from_a_request_is_a_valid_coderun_spec():
+    spec = RunRequest(code="print(1)", stdin="in", files={"d.txt": "x"}, timeout=3).to_spec()
+    assert CodeRunSpec.model_validate(spec.model_dump(by_alias=True, exclude_none=True)) == spec

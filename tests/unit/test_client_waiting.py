@@ -1,0 +1,117 @@
+"""The watch loop against scripted fetch/watch fakes: resume after drops, deadline, deletion."""
+import pytest
+
+from coderun.client import RunNotFound
+from coderun.client.waiting import WaitStats, WatchDropped, is_transient, refuse, wait_until_finished
+
+
+def obj(phase=None, rv="1"):
+    return {"metadata": {"name": "r", "resourceVersion": rv}, **({"status": {"phase": phase}} if phase else {})}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+class Script:
+    """fetch() answers from `lists`; each watch() plays the next entry of `watches` (events, or an exception)."""
+    def __init__(self, lists, watches, clock=None, watch_cost=0.0):
+        self.lists, self.watches, self.clock, self.watch_cost = list(lists), list(watches), clock, watch_cost
+        self.watch_calls = []
+
+    def fetch(self):
+        item = self.lists.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item, (item or {}).get("metadata", {}).get("resourceVersion", "0")
+
+    def watch(self, rv, seconds):
+        self.watch_calls.append((rv, seconds))
+        if self.clock:
+            self.clock.now += self.watch_cost
+        step = self.watches.pop(0)
+        for event in step:
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+
+def test_finished_at_first_list_needs_no_watch():
+    script = Script([obj("Succeeded")], [])
+    last, finished = wait_until_finished(script.fetch, script.watch, 10, max_watch_seconds=5, clock=lambda: 0)
+    assert finished and last["status"]["phase"] == "Succeeded" and script.watch_calls == []
+
+
+def test_watch_resumes_from_the_list_resource_version_and_returns_on_a_terminal_event():
+    stats = WaitStats()
+    script = Script([obj("Pending", rv="7")], [[("MODIFIED", obj("Running", "8")), ("MODIFIED", obj("Failed", "9"))]])
+    seen = []
+    last, finished = wait_until_finished(script.fetch, script.watch, 10, max_watch_seconds=5, clock=lambda: 0,
+                                         on_update=lambda o: seen.append(o["status"]["phase"]), stats=stats)
+    assert finished and last["status"]["phase"] == "Failed"
+    assert script.watch_calls == [("7", 5)]
+    assert seen == ["Pending", "Running", "Failed"] and stats.phases == seen
+
+
+def test_a_dropped_watch_is_followed_by_a_new_list_and_watch():
+    clock = FakeClock()
+    stats = WaitStats()
+    script = Script([obj("Pending", "1"), obj("Running", "5"), obj("Running", "6")],
+                    [[("MODIFIED", obj("Running", "2")), WatchDropped("connection reset")],
+                     [],  # the server-side timeout ended this one cleanly
+                     [("MODIFIED", obj("Succeeded", "7"))]], clock=clock)
+    last, finished = wait_until_finished(script.fetch, script.watch, 60, max_watch_seconds=5, clock=clock,
+                                         sleep=clock.sleep, stats=stats)
+    assert finished and last["status"]["phase"] == "Succeeded"
+    assert [rv for rv, _ in script.watch_calls] == ["1", "5", "6"]
+    assert (stats.lists, stats.watches, stats.drops) == (3, 3, 1)
+
+
+def test_a_failing_list_is_retried_with_backoff_until_it_answers():
+    clock = FakeClock()
+    script = Script([WatchDropped("refused"), WatchDropped("refused"), obj("Succeeded")], [], clock=clock)
+    _, finished = wait_until_finished(script.fetch, script.watch, 60, max_watch_seconds=5, clock=clock,
+                                      sleep=clock.sleep)
+    assert finished and clock.now == pytest.approx(0.25 + 0.5)
+
+
+def test_the_deadline_ends_the_wait_unfinished_with_the_last_state():
+    clock = FakeClock()
+    script = Script([obj("Running", "1"), obj("Running", "2")], [[], []], clock=clock, watch_cost=6)
+    last, finished = wait_until_finished(script.fetch, script.watch, 10, max_watch_seconds=6, clock=clock)
+    assert not finished and last["status"]["phase"] == "Running"
+    assert [seconds for _, seconds in script.watch_calls] == [6, 4]  # the last watch only gets what is left
+
+
+def test_a_deleted_run_is_not_waited_for():
+    with pytest.raises(RunNotFound):
+        wait_until_finished(Script([None], []).fetch, None, 10, max_watch_seconds=5, clock=lambda: 0)
+    script = Script([obj("Running")], [[("DELETED", obj("Running"))]])
+    with pytest.raises(RunNotFound):
+        wait_until_finished(script.fetch, script.watch, 10, max_watch_seconds=5, clock=lambda: 0)
+
+
+def test_bookmarks_are_not_state():
+    script = Script([obj("Pending")], [[("BOOKMARK", {"metadata": {"resourceVersion": "9"}}),
+                                        ("MODIFIED", obj("Succeeded"))]])
+    last, finished = wait_until_finished(script.fetch, script.watch, 10, max_watch_seconds=5, clock=lambda: 0)
+    assert finished and last["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize("status,transient", [(None, True), (410, True), (429, True), (503, True),
+                                              (403, False), (404, False), (422, False)])
+def test_which_failures_are_retried(status, transient):
+    assert is_transient(status) is transient
+
+
+def test_refusals_say_what_to_change():
+    assert "RBAC" in str(refuse("create CodeRun", 403, "forbidden"))
+    assert isinstance(refuse("get CodeRun x", 404, "not found"), RunNotFound)
+    assert refuse("create CodeRun", 422, "spec.limits.memory: Invalid").status == 422
