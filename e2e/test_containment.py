@@ -1,0 +1,97 @@
+"""Hostile code, run for real, stays contained: no network, no credentials, no host, no other run, no forgery."""
+import json
+import textwrap
+
+from conftest import wait_for
+
+PROBE = textwrap.dedent("""
+    import json, os, socket
+    def connect(host, port):
+        s = socket.socket()
+        s.settimeout(3)
+        try:
+            s.connect((host, port))
+            return "open"
+        except Exception as e:
+            return type(e).__name__
+    def attempt(fn):
+        try:
+            fn()
+            return "allowed"
+        except Exception as e:
+            return type(e).__name__
+    def resolve():
+        socket.getaddrinfo("kubernetes.default.svc.cluster.local", 443)
+    status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+    report = {
+        "uid": os.getuid(),
+        "capabilities": status["CapEff"].strip(),
+        "token": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        "service_env": sorted(k for k in os.environ if k.startswith("KUBERNETES")),
+        "kernel": open("/proc/version").read(),
+        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+        "write_root": attempt(lambda: open("/usr/lib/evil", "w")),
+        "root_mount": [m.split()[3] for m in open("/proc/mounts") if m.split()[1] == "/"],
+        "write_tmp": attempt(lambda: open("/tmp/fine", "w")),
+        "setuid_root": attempt(lambda: os.setuid(0)),
+        "dns": attempt(resolve),
+        "api_service": connect("10.96.0.1", 443),
+        "node_apiserver": connect(NODE, 6443),
+        "node_kubelet": connect(NODE, 10250),
+        "other_run": connect(OTHER, 8080),
+    }
+    print(json.dumps(report))
+""")
+
+LISTENER = textwrap.dedent("""
+    import socket, time
+    s = socket.socket()
+    s.bind(("0.0.0.0", 8080))
+    s.listen()
+    time.sleep(40)
+""")
+
+
+def test_hostile_code_is_contained(operator, namespace):
+    listener = operator.create_run(namespace, {"language": "python", "code": LISTENER,
+                                               "limits": {"timeoutSeconds": 45, "cpu": "500m"}})
+    pod = wait_for(lambda: (operator.get_run(namespace, listener).get("status") or {}).get("phase") == "Running"
+                   and operator.get_run(namespace, listener)["status"]["podName"], 60, "the listener run to start")
+    other_ip = operator.pod_ip(namespace, pod)
+    code = f"NODE = {operator.node_ip()!r}\nOTHER = {other_ip!r}\n" + PROBE
+    prober = operator.create_run(namespace, {"language": "python", "code": code,
+                                             "limits": {"timeoutSeconds": 30, "cpu": "500m"}})
+    status = operator.wait_run(namespace, prober)["status"]
+    assert status["phase"] == "Succeeded", status.get("stderr")
+    report = json.loads(status["stdout"])
+    assert report["uid"] == 65532 and report["capabilities"] == "0000000000000000"
+    assert report["token"] is False and report["service_env"] == []
+    assert "gVisor" in report["kernel"] or "4.19.0-gvisor" in report["kernel"], report["kernel"]
+    assert report["pids"][0] == 1 and len(report["pids"]) <= 3, report["pids"]  # the runner, the program
+    assert report["write_root"] != "allowed" and report["write_tmp"] == "allowed"
+    assert all("ro" in options.split(",") for options in report["root_mount"]), report["root_mount"]
+    assert report["setuid_root"] == "PermissionError"
+    assert report["dns"] != "allowed"
+    for target in ("api_service", "node_apiserver", "node_kubelet", "other_run"):
+        assert report[target] != "open", (target, report[target])
+    operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", listener)
+
+
+def test_forged_result_frame_cannot_replace_the_real_one(operator, namespace):
+    forged = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "all good\n"}
+    code = textwrap.dedent(f"""
+        import json, sys
+        line = "\\nCODERUN-RESULT-V1 " + json.dumps({forged!r}) + "\\n"
+        for target in ("/proc/1/fd/1", "/dev/termination-log"):
+            try:
+                with open(target, "w") as f:
+                    f.write(line if target.endswith("1") else json.dumps({{"frameSha256": "0" * 64}}))
+            except OSError as e:
+                print("refused", target, e.errno, file=sys.stderr)
+        print(line)
+        sys.exit(9)
+    """)
+    status = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": code}))
+    status = status["status"]
+    assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "NonZeroExit", 9)
+    assert "CODERUN-RESULT-V1" in status["stdout"]  # the forgery stays inside the program's own output

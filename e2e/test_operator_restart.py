@@ -1,0 +1,65 @@
+"""The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
+import subprocess
+import threading
+from collections import defaultdict
+
+from kubernetes import watch
+
+from conftest import REPO, wait_for
+
+
+def _operator(action: str) -> None:
+    subprocess.run(["bash", "e2e/operator.sh", action], cwd=REPO, check=True, capture_output=True)
+
+
+class PodCensus:
+    """Every sandbox pod ever created in a namespace, by run: a watch from before the first run."""
+
+    def __init__(self, cluster, namespace):
+        self.pods_by_run: defaultdict[str, set[str]] = defaultdict(set)
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
+        self._thread.start()
+
+    def _record(self, cluster, namespace):
+        try:
+            for event in self._watch.stream(cluster.core.list_namespaced_pod, namespace, timeout_seconds=300):
+                pod = event["object"]
+                run = (pod.metadata.labels or {}).get("coderun.io/run")
+                if run:
+                    self.pods_by_run[run].add(pod.metadata.uid)
+        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
+            pass
+
+    def stop(self):
+        self._watch.stop()
+
+
+def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namespace):
+    census = PodCensus(operator, namespace)
+    small = {"cpu": "500m", "timeoutSeconds": 30}
+    expected = {}
+    try:
+        for i in range(3):
+            name = operator.create_run(namespace, {"language": "python", "limits": small,
+                                                   "code": f"import time\ntime.sleep(2)\nprint({i} * 11)"})
+            expected[name] = f"{i * 11}\n"
+        wait_for(lambda: any((operator.get_run(namespace, n).get("status") or {}).get("podName") for n in expected),
+                 60, "a run to have its pod")
+        _operator("kill")
+        # While the operator is down: runs keep running, and new ones arrive with no status at all.
+        for i in range(3, 5):
+            name = operator.create_run(namespace, {"language": "python", "limits": small,
+                                                   "code": f"print({i} * 11)"})
+            expected[name] = f"{i * 11}\n"
+        wait_for(lambda: any(p.status.container_statuses and p.status.container_statuses[0].state.terminated
+                             for p in operator.core.list_namespaced_pod(namespace).items),
+                 60, "a run's program to finish while the operator is down")
+        _operator("start")
+        results = {name: operator.wait_run(namespace, name, timeout=120)["status"] for name in expected}
+    finally:
+        _operator("start")
+        census.stop()
+    for name, status in results.items():
+        assert (status["phase"], status["stdout"]) == ("Succeeded", expected[name]), (name, status)
+        assert len(census.pods_by_run[name]) == 1, (name, census.pods_by_run[name])
