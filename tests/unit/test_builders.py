@@ -1,0 +1,76 @@
+import base64
+import json
+
+from coderun.api.models import CodeRunSpec
+from coderun.builders import (build_input_configmap, build_namespace_network_policy, build_network_policy, build_pod,
+                              child_name, code_hash)
+from coderun.policy import DEFAULT_POLICY, evaluate
+
+
+def decide(body):
+    spec = CodeRunSpec.model_validate(body["spec"])
+    return spec, evaluate(spec, DEFAULT_POLICY)
+
+
+def test_pod_is_hardened_as_the_design_demands(run_body):
+    body = run_body({"language": "python", "code": "print(1)", "limits": {"memory": "128Mi", "timeoutSeconds": 7}})
+    _, decision = decide(body)
+    pod = build_pod(body, decision, "demo-input")
+    spec, container = pod["spec"], pod["spec"]["containers"][0]
+    assert spec["runtimeClassName"] == "gvisor" and spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False and spec["enableServiceLinks"] is False
+    assert not (spec["hostNetwork"] or spec["hostPID"] or spec["hostIPC"])
+    assert spec["dnsPolicy"] == "None"
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] != 0
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert container["resources"]["limits"]["memory"] == "128Mi"
+    assert spec["activeDeadlineSeconds"] > 7
+    assert container["env"] == []
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
+    assert all("hostPath" not in v for v in spec["volumes"])
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    assert pod["metadata"]["labels"]["coderun.io/sandbox"] == "true"
+    assert pod["metadata"]["name"] == "demo-sandbox"
+
+
+def test_input_configmap_carries_code_stdin_files_and_instructions(run_body):
+    body = run_body({"language": "python", "code": "print(1)", "stdin": "in",
+                     "files": [{"path": "a/b.csv", "content": "x,y"},
+                               {"path": "bin", "contentBase64": "AAE=\n"}]})
+    spec, decision = decide(body)
+    cm = build_input_configmap(body, spec, decision)
+    instructions = json.loads(cm["data"]["run.json"])
+    assert cm["immutable"] is True and cm["data"]["code"] == "print(1)" and cm["data"]["stdin"] == "in"
+    assert instructions["files"] == [{"path": "a/b.csv", "key": "file-0"}, {"path": "bin", "key": "file-1"}]
+    assert cm["data"]["file-0"] == "x,y" and base64.b64decode(cm["binaryData"]["file-1"]) == b"\x00\x01"
+    assert instructions["timeoutSeconds"] == 5 and instructions["floodBytes"] > instructions["outputBytes"]
+    assert instructions["stdinKey"] == "stdin" and instructions["codeFile"] == "main.py"
+
+
+def test_network_policies_deny_everything(run_body):
+    body = run_body()
+    for policy in (build_network_policy(body), build_namespace_network_policy("team-a")):
+        assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["spec"]["ingress"] == [] and policy["spec"]["egress"] == []
+    assert build_network_policy(body)["spec"]["podSelector"]["matchLabels"] == {
+        "coderun.io/run-uid": body["metadata"]["uid"]}
+
+
+def test_child_names_are_deterministic_and_fit():
+    assert child_name("demo", "sandbox") == "demo-sandbox"
+    long = "a" * 200
+    name = child_name(long, "sandbox")
+    assert len(name) <= 63 and name.endswith("-sandbox") and name == child_name(long, "sandbox")
+    assert child_name("a" * 199 + "b", "sandbox") != name
+
+
+def test_code_hash_covers_every_input(run_body):
+    base = {"language": "python", "code": "print(1)"}
+    hashes = {code_hash(CodeRunSpec.model_validate(s)) for s in (
+        base, {**base, "code": "print(2)"}, {**base, "stdin": "x"},
+        {**base, "files": [{"path": "f", "content": "1"}]})}
+    assert len(hashes) == 4
+    assert code_hash(CodeRunSpec.model_validate(base)) == code_hash(CodeRunSpec.model_validate(dict(base)))

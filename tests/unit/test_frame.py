@@ -1,0 +1,51 @@
+import hashlib
+import json
+
+import pytest
+
+from coderun.results.frame import FrameError, parse_frame
+
+REAL = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
+        "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000}}
+
+
+def frame_line(frame):
+    text = json.dumps(frame, separators=(",", ":"))
+    return "CODERUN-RESULT-V1 " + text, json.dumps({"v": 1, "frameSha256": hashlib.sha256(text.encode()).hexdigest()})
+
+
+def test_the_vouched_last_frame_is_parsed():
+    line, termination = frame_line(REAL)
+    frame = parse_frame(f"noise\n{line}\n", termination)
+    assert frame.reason == "Completed" and frame.stdout == "42\n" and frame.metrics.wallMillis == 5
+
+
+def test_a_forged_earlier_frame_is_ignored():
+    forged, _ = frame_line({**REAL, "stdout": "forged\n"})
+    line, termination = frame_line({**REAL, "reason": "NonZeroExit", "exitCode": 1})
+    frame = parse_frame(f"{forged}\n{line}\n", termination)
+    assert frame.reason == "NonZeroExit"
+
+
+@pytest.mark.parametrize("log,termination,why", [
+    ("just output\n", None, "no result frame"),
+    ("CODERUN-RESULT-V1 {\"version\":1}\n", None, "termination message"),
+    ("CODERUN-RESULT-V1 {\"version\":1}\n", '{"frameSha256":"' + "0" * 64 + '"}', "does not match"),
+    ("CODERUN-RESULT-V1 {\"version\":1}\n", "not json", "termination message"),
+])
+def test_missing_unvouched_or_forged_frames_are_errors(log, termination, why):
+    with pytest.raises(FrameError, match=why):
+        parse_frame(log, termination)
+
+
+def test_a_vouched_but_malformed_frame_is_an_error_not_a_crash():
+    text = json.dumps({"version": "one", "reason": ["x"]})
+    termination = json.dumps({"frameSha256": hashlib.sha256(text.encode()).hexdigest()})
+    with pytest.raises(FrameError, match="not valid"):
+        parse_frame("CODERUN-RESULT-V1 " + text, termination)
+
+
+def test_a_log_cut_short_is_reported_as_truncated():
+    with pytest.raises(FrameError) as cut:
+        parse_frame("x" * 100, None, log_complete=False)
+    assert cut.value.truncated

@@ -1,0 +1,46 @@
+import pytest
+
+from coderun.results.pod_state import (image_with_digest, pending_verdict, pod_level_failure, terminated)
+
+
+def pod(waiting=None, terminated_state=None, phase="Pending", conditions=(), reason=None, image_id=""):
+    state = {"waiting": waiting} if waiting else {"terminated": terminated_state} if terminated_state else {}
+    status = {"phase": phase, "conditions": list(conditions),
+              "containerStatuses": [{"name": "run", "state": state, "image": "img:v1", "imageID": image_id}]}
+    if reason:
+        status["reason"] = reason
+    return {"status": status}
+
+
+def test_terminated_is_seen_before_the_pod_phase_moves():
+    assert terminated(pod(terminated_state={"exitCode": 0}, phase="Running")) == {"exitCode": 0}
+    assert terminated(pod(phase="Running")) is None
+
+
+@pytest.mark.parametrize("waiting,waited,reason", [
+    ({"reason": "InvalidImageName", "message": "bad"}, 0, "ImageUnavailable"),
+    ({"reason": "ErrImageNeverPull"}, 0, "ImageUnavailable"),
+    ({"reason": "ImagePullBackOff"}, 31, "ImageUnavailable"),
+    ({"reason": "CreateContainerConfigError"}, 0, "StartFailed"),
+])
+def test_start_failures_fail_the_run(waiting, waited, reason):
+    assert pending_verdict(pod(waiting=waiting), waited, 300).reason == reason
+
+
+def test_pending_is_patient_until_the_deadline():
+    assert pending_verdict(pod(waiting={"reason": "ImagePullBackOff"}), 5, 300) is None
+    assert pending_verdict(pod(waiting={"reason": "ContainerCreating"}), 100, 300) is None
+    unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "message": "Insufficient cpu"}])
+    verdict = pending_verdict(unschedulable, 301, 300)
+    assert verdict.reason == "Unschedulable" and "Insufficient cpu" in verdict.message
+
+
+def test_pod_level_failures():
+    assert pod_level_failure(pod(phase="Failed", reason="DeadlineExceeded"), {"timeoutSeconds": 5}).reason == "Timeout"
+    assert pod_level_failure(pod(phase="Failed", reason="Evicted"), None).reason == "InternalError"
+    assert pod_level_failure(pod(phase="Running"), None) is None
+
+
+def test_image_digest_is_recorded():
+    assert image_with_digest(pod(image_id="docker.io/x@sha256:abc"), "img:v1") == "img:v1@sha256:abc"
+    assert image_with_digest(pod(), "img:v1") == "img:v1"

@@ -1,0 +1,89 @@
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from coderun.api.models import CodeRunSpec
+from coderun.results.frame import RunnerFrame
+from coderun.results.redact import Redactor
+from coderun.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
+                                    terminal_status)
+
+NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)
+LIMITS = {"timeoutSeconds": 5, "memory": "256Mi", "outputBytes": 65536}
+
+
+def frame(**fields):
+    return RunnerFrame.model_validate({"version": 1, "reason": "Completed", "exitCode": 0, **fields})
+
+
+def outcome(f, expect=None, oom=False):
+    spec = CodeRunSpec.model_validate({"language": "python", "code": "x", **({"expect": expect} if expect else {})})
+    return outcome_from_frame(spec, f, Redactor(), oom, LIMITS, NOW - timedelta(seconds=2), [])
+
+
+@pytest.mark.parametrize("fields,phase,reason,says", [
+    ({}, "Succeeded", "Completed", "code 0"),
+    ({"reason": "NonZeroExit", "exitCode": 1, "error": {"type": "KeyError", "message": "'a'", "line": 4}},
+     "Failed", "NonZeroExit", "KeyError at line 4"),
+    ({"reason": "NonZeroExit", "exitCode": 2}, "Failed", "NonZeroExit", "see stderr"),
+    ({"reason": "Timeout", "exitCode": None, "signal": 9}, "Failed", "Timeout", "within 5s"),
+    ({"reason": "Signaled", "exitCode": None, "signal": 9, "oomKilled": True}, "Failed", "OOMKilled", "256Mi"),
+    ({"reason": "OutputLimitExceeded"}, "Failed", "OutputLimitExceeded", "65536 bytes"),
+    ({"reason": "InvalidInput", "message": "path escapes"}, "Failed", "InvalidSpec", "path escapes"),
+    ({"reason": "RunnerError", "message": "boom"}, "Failed", "InternalError", "boom"),
+])
+def test_runner_reasons_map_to_phase_reason_and_advice(fields, phase, reason, says):
+    result = outcome(frame(**fields))
+    assert (result.phase, result.reason) == (phase, reason)
+    assert says in result.message
+
+
+def test_container_oom_overrides_the_runner_reason():
+    assert outcome(frame(reason="Signaled", signal=9), oom=True).reason == "OOMKilled"
+
+
+def test_output_is_redacted_and_startup_measured():
+    result = outcome(frame(stdout="AKIAIOSFODNN7EXAMPLE\n", startedAtMillis=int((NOW.timestamp() - 1.5) * 1000)))
+    assert "AKIA" not in result.fields["stdout"] and result.fields["redactions"] == 1
+    assert result.fields["metrics"]["startupMillis"] == 500
+
+
+def test_expectations_are_checked():
+    result = outcome(frame(stdout="7"), expect={"exitCode": 0, "stdoutJSONSchema": {"type": "string"}})
+    assert result.fields["validation"]["valid"] is False
+
+
+@pytest.mark.parametrize("terminated,truncated,reason", [
+    ({"reason": "OOMKilled", "exitCode": 137}, False, "OOMKilled"),
+    ({"reason": "Error", "exitCode": 137}, False, "OOMKilled"),
+    ({"reason": "Error", "exitCode": 1}, True, "OutputLimitExceeded"),
+    ({"reason": "Error", "exitCode": 1}, False, "InternalError"),
+])
+def test_without_a_frame_the_container_state_decides(terminated, truncated, reason):
+    container = {"state": {"terminated": terminated}}
+    assert outcome_without_frame("no frame", truncated, container, LIMITS).reason == reason
+
+
+def test_condition_transition_time_moves_only_on_flips():
+    first = set_condition(None, "Running", True, "Started", "", 1, NOW)
+    same = set_condition(first, "Running", True, "Started", "again", 1, NOW + timedelta(seconds=3))
+    flipped = set_condition(same, "Running", False, "Completed", "", 1, NOW + timedelta(seconds=9))
+    assert same[0]["lastTransitionTime"] == first[0]["lastTransitionTime"] and same[0]["message"] == "again"
+    assert flipped[0]["lastTransitionTime"] != first[0]["lastTransitionTime"]
+
+
+def test_terminal_status_sets_conditions_and_total_time(run_body):
+    body = run_body(annotations={"coderun.io/created-at": "2026-11-22T10:00:01.250Z"})
+    body["status"] = {"conditions": set_condition(None, "Running", True, "Started", "", 1, NOW)}
+    status = terminal_status(body, Outcome("Failed", "Timeout", "too slow", {"exitCode": None}), NOW)
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert by_type["Failed"]["status"] == "True" and by_type["Running"]["status"] == "False"
+    assert "Complete" not in by_type
+    assert status["metrics"]["totalMillis"] == 3750 and status["completionTime"] == "2026-11-22T10:00:05.000Z"
+    assert status["observedGeneration"] == 1
+
+
+def test_rejected_run_is_not_accepted(run_body):
+    status = terminal_status(run_body(), Outcome("Rejected", "PolicyDenied", "no"), NOW)
+    by_type = {c["type"]: c for c in status["conditions"]}
+    assert by_type["Accepted"]["status"] == "False" and by_type["Failed"]["reason"] == "PolicyDenied"
