@@ -17,7 +17,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[operator,test]'
+	$(PY) -m pip install -q -e '.[operator,mcp,agent,test]'
 	touch $@
 
 crds: venv
