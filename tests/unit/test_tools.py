@@ -1,10 +1,12 @@
 """Tool schemas come from RunRequest, and render_result shows a model what it needs to act."""
+import asyncio
 import json
 
-from pydantic import ValidationError
 import pytest
+from pydantic import ValidationError
 
-from coderun.client import RunRequest
+from coderun.client import PolicyDenied, RunRequest, RunTimeout
+from coderun.mcp_server import call_tool
 from coderun.client.result import result_from_object
 from coderun.tools import (anthropic_tools, input_schema, openai_tools, render_result, render_runtimes,
                            tool_description)
@@ -98,4 +100,44 @@ def test_a_silent_success_says_so():
 def test_runtimes_text_names_the_language_and_limits():
     text = render_runtimes(offered_runtimes())
     assert text.startswith("python: image coderun.local/sandbox-python:v1")
-    assert "memory=256Mi" in text and "memory=2Gi" in text
+    assert "timeoutSeconds=5" in text and "memory=256Mi" in text and "memory=2Gi" in text
+
+
+class FakeAsyncClient:
+    """Answers submit() with a scripted RunResult or exception, recording the requests."""
+    def __init__(self, outcome):
+        self.outcome, self.requests = outcome, []
+
+    async def submit(self, request):
+        self.requests.append(request)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+    async def runtimes(self):
+        return offered_runtimes()
+
+
+def _call(client, name, arguments):
+    return asyncio.run(call_tool(client, name, arguments))
+
+
+def test_mcp_run_code_validates_arguments_with_run_request():
+    client = FakeAsyncClient(_result(phase="Succeeded", reason="Completed", exitCode=0, stdout="1\n", stdoutBytes=2))
+    assert _call(client, "run_code", {"code": "print(1)", "timeout": 3}) == ("exit code 0 (Completed)\n"
+                                                                             "stdout (2 bytes):\n1", False)
+    assert client.requests[0].timeout == 3
+    text, is_error = _call(client, "run_code", {"code": "x", "timeout": 0})
+    assert is_error and text.startswith("invalid arguments: timeout: Input should be greater than or equal to 1")
+    assert _call(client, "nope", {})[1] is True
+
+
+def test_mcp_marks_what_the_model_cannot_fix_as_errors():
+    denied = _result(phase="Rejected", reason="PolicyDenied", policyRule="runtimes", message="use one of: python")
+    assert _call(FakeAsyncClient(PolicyDenied(denied)), "run_code", {"code": "x"}) == (
+        "rejected (PolicyDenied, policy rule runtimes): use one of: python", True)
+    text, is_error = _call(FakeAsyncClient(RunTimeout("run-a", "ns", 2.0, None)), "run_code", {"code": "x"})
+    assert is_error and "did not finish in time" in text
+    failed = _result(phase="Failed", reason="NonZeroExit", exitCode=1, error={"type": "E", "message": "m", "line": 1})
+    assert _call(FakeAsyncClient(failed), "run_code", {"code": "boom()"}) == (
+        "exit code 1 (NonZeroExit)\nerror: E at line 1: m\nfailing line 1: boom()\n(no output)", False)

@@ -5,7 +5,8 @@ from dataclasses import asdict
 
 from pydantic import BaseModel
 
-from ..policy.model import DEFAULT_POLICY, Policy
+from ..api.models import Limits
+from ..policy.model import DEFAULT_POLICY, Policy, ResourceLimits
 
 
 class RuntimeInfo(BaseModel):
@@ -19,5 +20,10 @@ class RuntimeInfo(BaseModel):
 def offered_runtimes(policy: Policy = DEFAULT_POLICY) -> list[RuntimeInfo]:
     """The runtimes of a policy (the built-in one until CodeRunPolicy objects are read from the cluster)."""
     return [RuntimeInfo(language=r.language, image=r.image, policy=policy.name,
-                        default_limits=asdict(policy.defaults), maximum_limits=asdict(policy.maximums))
+                        default_limits=_wire(policy.defaults), maximum_limits=_wire(policy.maximums))
             for r in sorted(policy.runtimes.values(), key=lambda r: r.language)]
+
+
+def _wire(limits: ResourceLimits) -> dict[str, str | int]:
+    """camelCase, as spec.limits spells them."""
+    return Limits(**asdict(limits)).model_dump(by_alias=True, exclude_none=True)

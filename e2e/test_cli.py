@@ -1,0 +1,79 @@
+"""`coderun` as a person or a shell script uses it: exit codes, --file, output, cleanup."""
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import KUBECONFIG, REPO
+
+CODERUN = str(Path(sys.executable).parent / "coderun")
+
+
+def coderun(*args, namespace, cwd=None, input=None) -> subprocess.CompletedProcess:
+    return subprocess.run([CODERUN, *args, "-n", namespace], capture_output=True, text=True, cwd=cwd, input=input,
+                          env={**os.environ, "KUBECONFIG": str(KUBECONFIG)}, timeout=300)
+
+
+@pytest.fixture
+def cli(operator, namespace):
+    return lambda *args, **kw: coderun(*args, namespace=namespace, **kw)
+
+
+def test_the_exit_code_is_the_programs(cli, tmp_path):
+    (tmp_path / "fail.py").write_text("import sys\nprint('partial')\nprint('bad input', file=sys.stderr)\nsys.exit(7)\n")
+    done = cli("run", "fail.py", cwd=tmp_path)
+    assert done.returncode == 7
+    assert done.stdout == "partial\n"
+    stderr = done.stderr.splitlines()
+    assert stderr[0] == "bad input"
+    assert stderr[-1].startswith("coderun: run-") and "exit code 7 (NonZeroExit)" in stderr[-1]
+
+
+def test_run_on_a_csv_file_and_the_run_is_deleted_afterwards(cli, tmp_path):
+    values = [round(random.uniform(0, 100), 2) for _ in range(20)]
+    (tmp_path / "data.csv").write_text("city,value\n" + "".join(f"c{i},{v}\n" for i, v in enumerate(values)))
+    (tmp_path / "sum.py").write_text("import csv\n"
+                                     "print(round(sum(float(r['value']) for r in csv.DictReader(open('data.csv'))), 2))\n")
+    done = cli("run", "sum.py", "--file", str(tmp_path / "data.csv"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) == pytest.approx(sum(values))
+    listed = cli("list")
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1:] == []
+
+
+def test_keep_then_get_logs_list_and_delete(cli):
+    done = cli("run", "-", "--keep", "-o", "json", "-l", "team=a", input="import sys\nprint('out')\nsys.exit(3)\n")
+    assert done.returncode == 3  # the program's exit code, not a coderun code
+    result = json.loads(done.stdout)
+    assert (result["exitCode"], result["reason"], result["stdout"]) == (3, "NonZeroExit", "out\n")
+    name = result["name"]
+    got = cli("get", name, "-o", "yaml")
+    assert got.returncode == 0 and "exitCode: 3" in got.stdout
+    logs = cli("logs", name)
+    assert logs.stdout == "out\n"
+    assert name in cli("list", "-l", "team=a", "--mine").stdout
+    assert name not in cli("list", "-l", "team=b").stdout
+    assert cli("delete", name).returncode == 0
+
+
+@pytest.mark.parametrize("args,exit_code,summary", [
+    (["-c", "print(1)", "--memory", "4Gi"], 3, "rejected (PolicyDenied, policy rule maximums.memory)"),
+    (["-c", "print(1)", "--language", "ruby"], 3, "policy rule runtimes"),
+    (["-c", "import time\ntime.sleep(30)", "--timeout", "1"], 124, "timed out after 1s"),
+    (["-c", "import time\ntime.sleep(30)", "--timeout", "20", "--wait-timeout", "1"], 5, "gave up waiting"),
+])
+def test_platform_outcomes_have_their_own_exit_codes(cli, args, exit_code, summary):
+    done = cli("run", *args)
+    assert done.returncode == exit_code, done.stderr
+    assert summary in done.stderr.splitlines()[-1]
+
+
+def test_kubectl_plugin_entry_point_is_the_same_cli():
+    done = subprocess.run([str(Path(CODERUN).with_name("kubectl-coderun")), "--help"], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.startswith("usage: kubectl coderun")
+    assert "124    the program's own time limit" in done.stdout

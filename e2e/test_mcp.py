@@ -1,0 +1,58 @@
+"""`coderun mcp` through a real MCP client session over stdio, against the real cluster."""
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from coderun.client import RunRequest
+from coderun.tools import input_schema
+from conftest import KUBECONFIG
+
+CODERUN = str(Path(sys.executable).parent / "coderun")
+
+
+def in_session(namespace, steps):
+    """Start `coderun mcp` as an MCP client would (command + env), run `steps(session)`, return its value."""
+    params = StdioServerParameters(command=CODERUN, args=["mcp", "-n", namespace],
+                                   env={"KUBECONFIG": str(KUBECONFIG), "PATH": os.environ["PATH"]})
+
+    async def session_main():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await steps(session)
+    return anyio.run(session_main)
+
+
+def test_the_session_lists_the_tools_with_the_sdk_schema(operator, namespace):
+    async def steps(session):
+        return (await session.list_tools()).tools
+    tools = {tool.name: tool for tool in in_session(namespace, steps)}
+    assert set(tools) == {"run_code", "list_runtimes"}
+    assert tools["run_code"].input_schema == input_schema(RunRequest)
+    assert "sandbox" in tools["run_code"].description
+
+
+def test_the_session_runs_code_and_reports_failures_compactly(operator, namespace):
+    async def steps(session):
+        ok = await session.call_tool("run_code", {
+            "code": "import csv\nprint(sum(int(r['n']) for r in csv.DictReader(open('d.csv'))))",
+            "files": [{"path": "d.csv", "content": "n\n19\n23\n"}]})
+        broken = await session.call_tool("run_code", {"code": "data = {'a': 1}\nprint(data['b'])\n"})
+        denied = await session.call_tool("run_code", {"code": "print(1)", "language": "ruby"})
+        runtimes = await session.call_tool("list_runtimes", {})
+        return ok, broken, denied, runtimes
+    ok, broken, denied, runtimes = in_session(namespace, steps)
+
+    assert not ok.is_error
+    assert ok.content[0].text == "exit code 0 (Completed)\nstdout (3 bytes):\n42"
+    text = broken.content[0].text
+    assert not broken.is_error  # a failing program is a result the model fixes, not a tool error
+    assert text.splitlines()[:3] == ["exit code 1 (NonZeroExit)", "error: KeyError at line 2: 'b'",
+                                     "failing line 2: print(data['b'])"]
+    assert denied.is_error and "policy rule runtimes" in denied.content[0].text
+    assert runtimes.content[0].text.startswith("python: image coderun.local/sandbox-python:v1")
