@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from .api.models import Limits
 from .api.reasons import Reason
 from .client import CodeRunClient, CodeRunError, RunRequest, RunResult, RunTimeout, file_input
+from .client.errors import describe_invalid
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
 from .tools import outcome_line, render_runtimes
@@ -106,11 +107,6 @@ def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
 
 class UsageError(Exception):
     pass
-
-
-def validation_summary(error: ValidationError) -> str:
-    """`memory: String should match pattern ...` per problem, instead of pydantic's multi-line report."""
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors())
 
 
 def _read_local(path: Path | str, what: str) -> bytes:
@@ -323,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # 422: the API server's schema or CEL rules refused the spec, a rejection like the policy's.
         return EXIT_REJECTED if e.status == 422 else EXIT_PLATFORM
     except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
-        print(f"{prog}: invalid input: {validation_summary(e)}", file=sys.stderr)
+        print(f"{prog}: invalid input: {describe_invalid(e)}", file=sys.stderr)
         return EXIT_USAGE
 
 

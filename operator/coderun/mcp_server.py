@@ -15,6 +15,7 @@ from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
 from .client import AsyncCodeRunClient, CodeRunError, RunRejected, RunRequest, RunTimeout
+from .client.errors import describe_invalid
 from .tools import LIST_RUNTIMES, RUN_CODE, TOOL_INPUTS, input_schema, render_result, render_runtimes, \
     tool_description
 
@@ -40,8 +41,7 @@ async def call_tool(client: AsyncCodeRunClient, name: str, arguments: dict[str, 
     try:
         request = RunRequest.model_validate(arguments)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
-        return f"invalid arguments: {problems}", True
+        return f"invalid arguments: {describe_invalid(e)}", True
     try:
         result = await client.submit(request)
     except RunRejected as e:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 if TYPE_CHECKING:
     from .result import RunResult
 
@@ -52,3 +54,8 @@ class RunTimeout(CodeRunError):
         phase = last.phase if last and last.phase else "no status yet"
         super().__init__(f"gave up waiting for CodeRun {namespace}/{name} after {waited_seconds:.1f}s "
                          f"(last seen: {phase}); wait longer with wait(timeout=...) or delete it")
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """`timeout: Input should be ...; files.0.path: ...`: one line naming each field, for people and models."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors())
