@@ -24,6 +24,7 @@ from .builders import (build_artifacts_configmap, build_input_configmap, build_n
                        build_network_policy, build_pod, code_hash)
 from .builders.objects import CONTAINER_NAME
 from .policy import Decision, Denial, evaluate, select_policy
+from .results.cache import CACHE_LABEL, cache_key, is_reusable, label_value, pick_reusable, reused_outcome
 from .results.frame import FrameError, parse_frame
 from .results.pod_state import (image_with_digest, is_running, pending_verdict, pod_level_failure, terminated,
                                 container_status)
@@ -68,17 +69,18 @@ def _decide(run: Mapping[str, Any]) -> tuple[CodeRunSpec | None, Decision | Deni
     return spec, evaluate(spec, policy)
 
 
-def _finish(run: Mapping[str, Any], outcome: Outcome, language: str | None) -> None:
-    """Write the terminal status once, tell people, count it."""
+def _finish(run: Mapping[str, Any], outcome: Outcome, language: str | None) -> dict[str, Any] | None:
+    """Write the terminal status once, tell people, count it. Returns what was written."""
     meta = run["metadata"]
     status = terminal_status(run, outcome, _now())
     status = _fit_status_budget(status)
     if k8s.patch_run_status(meta["namespace"], meta["name"], status) is None:
-        return  # the run was deleted meanwhile; nothing to report to
+        return None  # the run was deleted meanwhile; nothing to report to
     event = kopf.info if outcome.phase == Phase.SUCCEEDED else kopf.warn
     event(dict(run), reason=outcome.reason, message=outcome.message[:1024])
     metrics.observe_finished(meta["uid"], status, language or "unknown")
     log.info("run %s/%s %s/%s", meta["namespace"], meta["name"], outcome.phase, outcome.reason)
+    return status
 
 
 def _fit_status_budget(status: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +107,8 @@ def admit(run: Mapping[str, Any]) -> None:
                 spec.language if spec else None)
         return
     ns = meta["namespace"]
+    if spec.cache and spec.cache.enabled and _answer_from_cache(run, spec, decision):
+        return
     if ns not in _namespaces_with_default_deny:
         k8s.create_if_absent(build_namespace_network_policy(ns))
         _namespaces_with_default_deny.add(ns)
@@ -208,8 +212,43 @@ def _collect(run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
                                      parse_time(status.get("startTime")), artifacts)
     outcome.fields["image"] = image_with_digest(pod, status.get("image") or "")
     outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
-    _finish(run, outcome, spec.language if spec else None)
+    key = cache_key(spec, decision) if isinstance(decision, Decision) else None
+    if key:
+        outcome.fields["cacheKey"] = key
+    written = _finish(run, outcome, spec.language if spec else None)
+    if key and written and is_reusable(written):
+        k8s.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
     k8s.delete_pod(ns, pod_name)
+
+
+def _answer_from_cache(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision) -> bool:
+    """A finished run with the same inputs within the TTL answers this one: no pod at all."""
+    meta, key = run["metadata"], cache_key(spec, decision)
+    candidates = k8s.list_runs(meta["namespace"], f"{CACHE_LABEL}={label_value(key)}")
+    now = _now()
+    source = pick_reusable((r for r in candidates if r["metadata"]["uid"] != meta["uid"]), key,
+                           spec.cache.ttl_seconds, now)
+    if source is None:
+        return False
+    artifacts = _copy_artifacts(run, source)
+    if artifacts is None:
+        return False  # the earlier run's artifacts are gone: run again rather than answer half
+    outcome = reused_outcome(source, spec, artifacts, now)
+    outcome.fields["cacheKey"] = key
+    _finish(run, outcome, spec.language)
+    metrics.CACHE_HITS.labels(spec.language).inc()
+    return True
+
+
+def _copy_artifacts(run: Mapping[str, Any], source: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """This run's own copy of the earlier run's artifacts, so deleting either run keeps the other whole."""
+    listed = source["status"].get("artifacts") or []
+    if not listed:
+        return []
+    contents = k8s.read_configmap_bytes(source["metadata"]["namespace"], listed[0]["configMap"])
+    if contents is None or any(a["key"] not in contents for a in listed):
+        return None
+    return _save_artifacts(run, {a["key"]: contents[a["key"]] for a in listed}, listed)
 
 
 def _redactor(policy) -> Redactor:
@@ -235,6 +274,11 @@ def _store_artifacts(run: Mapping[str, Any], artifacts) -> list[dict[str, Any]]:
         key = f"artifact-{i}"
         contents[key] = content
         listed.append({"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256, "key": key})
+    return _save_artifacts(run, contents, listed)
+
+
+def _save_artifacts(run: Mapping[str, Any], contents: dict[str, bytes], listed: list[dict]) -> list[dict[str, Any]]:
+    """One ConfigMap owned by the run holds the bytes; the status lists where each artifact is."""
     configmap = build_artifacts_configmap(run, contents)
     k8s.create_if_absent(configmap)
     return [{**a, "configMap": configmap["metadata"]["name"]} for a in listed]

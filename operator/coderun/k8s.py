@@ -1,6 +1,7 @@
 """The only module that talks to the API server. Everything returns plain dicts; 404/409 have meanings here."""
 from __future__ import annotations
 
+import base64
 import functools
 from typing import Any
 
@@ -102,6 +103,28 @@ def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[
         if e.status == 422:
             raise kopf.PermanentError(f"status of {namespace}/{name} refused by the API server: {e.body}") from e
         raise _transient(e) from e
+
+
+def label_run(namespace: str, name: str, labels: dict[str, str]) -> None:
+    _, _, custom = _clients()
+    try:
+        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+                                              {"metadata": {"labels": labels}})
+    except ApiException as e:
+        if e.status != 404:
+            raise _transient(e) from e
+
+
+def read_configmap_bytes(namespace: str, name: str) -> dict[str, bytes] | None:
+    """binaryData of a ConfigMap, decoded; None when it is gone."""
+    core, _, _ = _clients()
+    try:
+        cm = core.read_namespaced_config_map(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _transient(e) from e
+    return {key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()}
 
 
 def delete_run(namespace: str, name: str) -> None:

@@ -202,6 +202,7 @@ class CodeRunStatus(ApiModel):
     effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
     pod_name: str | None = None
     cached_from: str | None = Field(None, description="The earlier CodeRun whose result was reused.")
+    cache_key: str | None = Field(None, description="sha256 of everything that decides the result (see spec.cache).")
     start_time: str | None = Field(None, description="When the sandbox pod was created.",
                                    json_schema_extra={"format": "date-time"})
     completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})

@@ -1,0 +1,33 @@
+"""What a person looks at: Prometheus metrics, the liveness endpoint, Events on the CodeRun, kubectl get."""
+import re
+import urllib.request
+
+
+def fetch(url):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+def test_metrics_liveness_events_and_printer_columns(operator, namespace):
+    ok = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": "print(1)"}))
+    bad = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": "1/0"}))
+
+    status, body = fetch("http://127.0.0.1:8080/healthz")
+    assert status == 200
+    status, metrics = fetch("http://127.0.0.1:9108/metrics")
+    assert status == 200
+    assert re.search(r'coderun_runs_total\{language="python",phase="Succeeded",reason="Completed"\} [1-9]', metrics)
+    assert re.search(r'coderun_runs_total\{language="python",phase="Failed",reason="NonZeroExit"\} [1-9]', metrics)
+    for histogram in ("coderun_run_total_seconds", "coderun_run_queue_seconds", "coderun_run_startup_seconds"):
+        assert re.search(rf'{histogram}_count\{{language="python"\}} [1-9]', metrics), histogram
+    assert "coderun_active_runs" in metrics and "coderun_cache_hits_total" in metrics
+
+    events = operator.core.list_namespaced_event(namespace).items
+    by_run = {(e.involved_object.name, e.reason) for e in events if e.involved_object.kind == "CodeRun"}
+    assert (ok["metadata"]["name"], "PodCreated") in by_run and (ok["metadata"]["name"], "Completed") in by_run
+    warning = next(e for e in events if e.involved_object.name == bad["metadata"]["name"] and e.reason == "NonZeroExit")
+    assert warning.type == "Warning" and "ZeroDivisionError" in warning.message
+
+    table = operator.kubectl("get", "crun", "-n", namespace).stdout
+    assert re.search(rf'{ok["metadata"]["name"]}\s+Succeeded\s+Completed\s+0\s+\d+', table), table
+    assert re.search(rf'{bad["metadata"]["name"]}\s+Failed\s+NonZeroExit\s+1\s+\d+', table), table
