@@ -130,9 +130,9 @@ def _cluster_reachable() -> bool:
 
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
-    """The running local cluster; `make up` brings it (and the operator) up when it is not there."""
+    """The running local cluster; `make cluster-up` starts it when it is not there."""
     if not _cluster_reachable():
-        subprocess.run(["make", "up"], cwd=REPO, check=True)
+        subprocess.run(["make", "cluster-up"], cwd=REPO, check=True)
     return Cluster()
 
 

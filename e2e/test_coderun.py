@@ -175,3 +175,12 @@ def test_children_are_owned_hardened_and_cleaned_up(operator, namespace):
     assert {p.metadata.name for p in policies} >= {f"{name}-deny", "coderun-sandbox-default-deny"}
     wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 30, "the finished pod to be deleted")
     assert status["podName"] == f"{name}-sandbox"
+
+
+def test_a_run_no_node_can_take_fails_fast_as_unschedulable(operator, namespace):
+    # Within the policy's maximum (2 CPUs) but, with the sandbox's own overhead, more than this node has.
+    name = operator.create_run(namespace, {"language": PY, "code": "print(1)", "limits": {"cpu": "2"}})
+    status = operator.wait_run(namespace, name, timeout=30)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable")
+    assert "lower spec.limits.cpu" in status["message"]
+    wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 30, "the pod to be deleted")

@@ -26,8 +26,8 @@ from .builders.objects import CONTAINER_NAME
 from .policy import Decision, Denial, evaluate, select_policy
 from .results.cache import CACHE_LABEL, cache_key, is_reusable, label_value, pick_reusable, reused_outcome
 from .results.frame import FrameError, parse_frame
-from .results.pod_state import (image_with_digest, is_running, pending_verdict, pod_level_failure, terminated,
-                                container_status)
+from .results.pod_state import (container_status, image_with_digest, is_running, never_fits, pending_verdict,
+                                pod_level_failure, terminated, unschedulable)
 from .results.redact import Redactor
 from .results.status import (Outcome, accepted_status, outcome_from_frame, outcome_without_frame, parse_time,
                              running_status, terminal_status)
@@ -187,7 +187,8 @@ def _advance(run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted:
     started = parse_time(status.get("startTime")) or _now()
     spec, decision = _decide(run)
     deadline = decision.policy.start_deadline_seconds if isinstance(decision, Decision) else 300
-    verdict = pending_verdict(pod, (_now() - started).total_seconds(), deadline)
+    verdict = never_fits(pod, k8s.node_allocatable()) if unschedulable(pod) else None
+    verdict = verdict or pending_verdict(pod, (_now() - started).total_seconds(), deadline)
     if verdict:
         _finish(run, verdict, language)
         k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import time
 from typing import Any
 
 import kopf
@@ -102,6 +103,20 @@ def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[
             return None
         if e.status == 422:
             raise kopf.PermanentError(f"status of {namespace}/{name} refused by the API server: {e.body}") from e
+        raise _transient(e) from e
+
+
+@functools.lru_cache(maxsize=1)
+def _node_allocatable(ttl_bucket: int) -> tuple[dict[str, str], ...]:
+    core, _, _ = _clients()
+    return tuple(dict(node.status.allocatable or {}) for node in core.list_node().items)
+
+
+def node_allocatable() -> tuple[dict[str, str], ...]:
+    """Allocatable resources of every node, cached for half a minute (nodes change rarely)."""
+    try:
+        return _node_allocatable(int(time.monotonic() // 30))
+    except ApiException as e:
         raise _transient(e) from e
 
 

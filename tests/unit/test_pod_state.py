@@ -1,6 +1,7 @@
 import pytest
 
-from coderun.results.pod_state import (image_with_digest, pending_verdict, pod_level_failure, terminated)
+from coderun.results.pod_state import (image_with_digest, never_fits, pending_verdict, pod_level_failure,
+                                       terminated)
 
 
 def pod(waiting=None, terminated_state=None, phase="Pending", conditions=(), reason=None, image_id=""):
@@ -44,3 +45,20 @@ def test_pod_level_failures():
 def test_image_digest_is_recorded():
     assert image_with_digest(pod(image_id="docker.io/x@sha256:abc"), "img:v1") == "img:v1@sha256:abc"
     assert image_with_digest(pod(), "img:v1") == "img:v1"
+
+
+def sandbox(cpu, memory, overhead=None):
+    spec = {"containers": [{"resources": {"requests": {"cpu": cpu, "memory": memory}}}]}
+    if overhead:
+        spec["overhead"] = overhead
+    return {"spec": spec}
+
+
+def test_a_pod_larger_than_every_node_fails_at_once_with_the_numbers():
+    nodes = [{"cpu": "2", "memory": "24Gi"}, {"cpu": "1", "memory": "8Gi"}]
+    verdict = never_fits(sandbox("2", "256Mi", {"cpu": "50m", "memory": "64Mi"}), nodes)
+    assert verdict.reason == "Unschedulable"
+    assert "2.05 cpu (including 50m for the sandbox itself)" in verdict.message and "offers 2" in verdict.message
+    assert never_fits(sandbox("1", "256Mi", {"cpu": "50m"}), nodes) is None
+    assert "Mi" in never_fits(sandbox("1", "30Gi"), nodes).message
+    assert never_fits(sandbox("64", "1Gi"), []) is None

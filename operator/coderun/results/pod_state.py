@@ -1,7 +1,10 @@
 """Reading a sandbox pod's state, pure: is the program done, running, or stuck before it could start?"""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from decimal import Decimal
+from typing import Any, Iterable, Mapping
+
+from kubernetes.utils import parse_quantity
 
 from ..api.reasons import Phase, Reason
 from .status import Outcome
@@ -55,6 +58,39 @@ def pod_level_failure(pod: Mapping[str, Any], effective_limits: Mapping[str, Any
                        "raise spec.limits.timeoutSeconds or make the program faster")
     return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR,
                    f"the sandbox pod failed: {status.get('reason', 'unknown')}: {status.get('message', '')}".strip())
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
+def never_fits(pod: Mapping[str, Any], allocatable_by_node: Iterable[Mapping[str, str]]) -> Outcome | None:
+    """A pod asking for more than any node has will never schedule: say so now instead of after the deadline."""
+    asked: dict[str, Decimal] = {}
+    for container in pod["spec"]["containers"]:
+        for resource, value in ((container.get("resources") or {}).get("requests") or {}).items():
+            asked[resource] = asked.get(resource, Decimal(0)) + parse_quantity(value)
+    for resource, value in (pod["spec"].get("overhead") or {}).items():
+        asked[resource] = asked.get(resource, Decimal(0)) + parse_quantity(value)
+    nodes = list(allocatable_by_node)
+    if not nodes:
+        return None
+    for resource in ("cpu", "memory"):
+        largest = max(parse_quantity(n.get(resource, "0")) for n in nodes)
+        if asked.get(resource, 0) > largest:
+            overhead = (pod["spec"].get("overhead") or {}).get(resource)
+            note = f" (including {overhead} for the sandbox itself)" if overhead else ""
+            return Outcome(Phase.FAILED, Reason.UNSCHEDULABLE,
+                           f"the sandbox asks for {_human(resource, asked[resource])} {resource}{note} but the "
+                           f"largest node offers {_human(resource, largest)}; lower spec.limits.{resource}")
+    return None
+
+
+def _human(resource: str, value: Decimal) -> str:
+    if resource == "memory":
+        return f"{value / (1 << 20):.0f}Mi"
+    return f"{value.normalize():f}"
 
 
 def pending_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadline_seconds: int) -> Outcome | None:
