@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import textwrap
+import time
 
 import pytest
 
@@ -443,3 +444,10 @@ def test_metrics_are_plausible(run_runner):
     assert metrics["wallMillis"] >= metrics["cpuMillis"] * 0.9
     assert 64 * 1024 * 1024 <= metrics["maxRSSBytes"] < 2 * 1024 ** 3
     assert metrics["wallMillis"] <= run.elapsed * 1000
+
+
+def test_runner_reports_when_it_started_on_the_wall_clock(run_runner):
+    before = int(time.time() * 1000)
+    run = run_runner(program("print(1)"))
+    after = int(time.time() * 1000)
+    assert before <= run.frame["startedAtMillis"] <= after
