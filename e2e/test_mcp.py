@@ -1,16 +1,18 @@
 """`coderun mcp` through a real MCP client session over stdio, against the real cluster."""
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
 import anyio
-import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from coderun.client import RunRequest
 from coderun.tools import input_schema
-from conftest import KUBECONFIG
+from conftest import KUBECONFIG, wait_for
 
 CODERUN = str(Path(sys.executable).parent / "coderun")
 
@@ -56,3 +58,36 @@ def test_the_session_runs_code_and_reports_failures_compactly(operator, namespac
                                      "failing line 2: print(data['b'])"]
     assert denied.is_error and "policy rule runtimes" in denied.content[0].text
     assert runtimes.content[0].text.startswith("python: image coderun.local/sandbox-python:v1")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_streamable_http_transport_serves_the_same_tools(operator, namespace):
+    port = _free_port()
+    server = subprocess.Popen([CODERUN, "mcp", "-n", namespace, "--transport", "streamable-http", "--port", str(port)],
+                              env={**os.environ, "KUBECONFIG": str(KUBECONFIG)}, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: _listening(port) or server.poll() is not None, 30, "coderun mcp to listen")
+        assert server.poll() is None, server.stderr.read()
+
+        async def session_main():
+            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    names = {tool.name for tool in (await session.list_tools()).tools}
+                    return names, await session.call_tool("run_code", {"code": "print(2**10)"})
+        names, ran = anyio.run(session_main)
+        assert names == {"run_code", "list_runtimes"}
+        assert ran.content[0].text == "exit code 0 (Completed)\nstdout (5 bytes):\n1024"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

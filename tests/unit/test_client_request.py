@@ -1,5 +1,7 @@
 """RunRequest -> CodeRun body, and CodeRun -> RunResult: the SDK's pure halves."""
 import base64
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import pytest
@@ -123,3 +125,11 @@ def test_rejections_raise_policy_denied_with_rule_and_message():
 def test_the_spec_made_from_a_request_is_a_valid_coderun_spec():
     spec = RunRequest(code="print(1)", stdin="in", files={"d.txt": "x"}, timeout=3).to_spec()
     assert CodeRunSpec.model_validate(spec.model_dump(by_alias=True, exclude_none=True)) == spec
+
+
+def test_the_sdk_cli_and_tools_import_without_kopf_mcp_or_openai():
+    """The light `pip install coderun` has kubernetes + pydantic only: none of these may pull in the extras."""
+    blocked = "import sys\nfor name in ('kopf', 'mcp', 'openai'):\n    sys.modules[name] = None\n"
+    done = subprocess.run([sys.executable, "-c", blocked + "import coderun.client, coderun.cli, coderun.tools"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
