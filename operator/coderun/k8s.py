@@ -34,6 +34,16 @@ def _transient(e: ApiException) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"API server answered {e.status} {e.reason}", delay=RETRY_DELAY_SECONDS)
 
 
+def _or_none(call, *args, **kwargs):
+    """The call's result, None when the object does not exist; other failures are transient."""
+    try:
+        return call(*args, **kwargs)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise _transient(e) from e
+
+
 def create_if_absent(obj: dict[str, Any]) -> bool:
     """Create a child; AlreadyExists is success (deterministic names make creation idempotent)."""
     core, networking, _ = _clients()
@@ -53,12 +63,8 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
 
 def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
     core, _, _ = _clients()
-    try:
-        return _plain(core.read_namespaced_pod(name, namespace))
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise _transient(e) from e
+    pod = _or_none(core.read_namespaced_pod, name, namespace)
+    return _plain(pod) if pod is not None else None
 
 
 def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tuple[str, bool]:
@@ -75,21 +81,12 @@ def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tupl
 
 def delete_pod(namespace: str, name: str) -> None:
     core, _, _ = _clients()
-    try:
-        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    except ApiException as e:
-        if e.status != 404:
-            raise _transient(e) from e
+    _or_none(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
 
 
 def get_run(namespace: str, name: str) -> dict[str, Any] | None:
     _, _, custom = _clients()
-    try:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise _transient(e) from e
+    return _or_none(custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
 
 def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
@@ -122,33 +119,22 @@ def node_allocatable() -> tuple[dict[str, str], ...]:
 
 def label_run(namespace: str, name: str, labels: dict[str, str]) -> None:
     _, _, custom = _clients()
-    try:
-        custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                              {"metadata": {"labels": labels}})
-    except ApiException as e:
-        if e.status != 404:
-            raise _transient(e) from e
+    _or_none(custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+             {"metadata": {"labels": labels}})
 
 
 def read_configmap_bytes(namespace: str, name: str) -> dict[str, bytes] | None:
     """binaryData of a ConfigMap, decoded; None when it is gone."""
     core, _, _ = _clients()
-    try:
-        cm = core.read_namespaced_config_map(name, namespace)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise _transient(e) from e
+    cm = _or_none(core.read_namespaced_config_map, name, namespace)
+    if cm is None:
+        return None
     return {key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()}
 
 
 def delete_run(namespace: str, name: str) -> None:
     _, _, custom = _clients()
-    try:
-        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    except ApiException as e:
-        if e.status != 404:
-            raise _transient(e) from e
+    _or_none(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
 
 def list_runs(namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
