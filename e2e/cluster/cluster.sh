@@ -23,7 +23,6 @@ SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
 API_PORT=6443
 NODE_NAME=$(hostname)
-GVISOR_PLATFORM=${GVISOR_PLATFORM:-systrap}
 # Components in start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
 
@@ -120,7 +119,20 @@ setup_pki() {
 }
 
 # ---------------------------------------------------------------- host and containerd configuration
+# gVisor's platform: systrap (fast, no ptrace stops) where it runs, else ptrace. GVISOR_PLATFORM overrides.
+pick_gvisor_platform() {
+  local p
+  for p in ${GVISOR_PLATFORM:-systrap ptrace}; do
+    if timeout 60 "$GVISOR_BIN/runsc" --platform="$p" --network=none --root="$CLUSTER_DIR/runsc-probe" \
+        do /bin/true >/dev/null 2>&1; then echo "$p"; return 0; fi
+    log "gVisor's $p platform does not run here"
+  done
+  die "gVisor runs on none of: ${GVISOR_PLATFORM:-systrap ptrace}"
+}
+
 setup_host() {
+  local platform; platform=$(pick_gvisor_platform)
+  echo "$platform" > "$CLUSTER_DIR/gvisor-platform"
   # Pod traffic crosses a Linux bridge: make bridged packets visible to iptables/nftables (kube-proxy, netpol).
   echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
   echo 1 > /proc/sys/net/ipv4/ip_forward
@@ -137,7 +149,7 @@ EOF
 binary_name = "$GVISOR_BIN/runsc"
 root = "/run/coderun/runsc"
 [runsc_config]
-  platform = "$GVISOR_PLATFORM"
+  platform = "$platform"
   debug-log = "$LOGS/runsc/"
   debug = "false"
 EOF
@@ -301,7 +313,7 @@ cmd_up() {
   start_netpol
   wait_for "node $NODE_NAME Ready" 120 node_ready
   log "cluster up in $((SECONDS - start_time)) s: kubectl --kubeconfig $KUBECONFIG_ADMIN get nodes"
-  log "kubectl $KUBERNETES_VERSION is $K8S_BIN/kubectl; logs in $LOGS"
+  log "kubectl $KUBERNETES_VERSION is $K8S_BIN/kubectl; logs in $LOGS; gVisor platform $(cat "$CLUSTER_DIR/gvisor-platform")"
 }
 
 cmd_down() {
@@ -333,7 +345,7 @@ cmd_status() {
     else printf '%-24s stopped\n' "$c"; fi
   done
   if is_running kube-apiserver; then kubectl get nodes -o wide 2>/dev/null || true; fi
-  echo "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $K8S_BIN/kubectl"
+  echo "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $K8S_BIN/kubectl   gVisor platform: $(cat "$CLUSTER_DIR/gvisor-platform" 2>/dev/null)"
 }
 
 case ${1:-} in
