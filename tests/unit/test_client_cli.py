@@ -2,6 +2,7 @@
 import base64
 import io
 import json
+import time
 
 import pytest
 
@@ -114,3 +115,18 @@ def test_bad_limits_exit_with_usage_and_a_one_line_message(capsys, monkeypatch):
     monkeypatch.setattr(cli, "CodeRunClient", lambda *a, **k: object())
     assert cli.main(["run", "-c", "print(1)", "--memory", "4 Gi"]) == cli.EXIT_USAGE
     assert capsys.readouterr().err.startswith("coderun: invalid input: memory: String should match pattern")
+
+
+def test_progress_shows_the_phase_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    with cli.Progress(stream, "run-a") as progress:
+        progress.update(_result(phase="Running"))
+        deadline = time.monotonic() + 5
+        while "run-a Running" not in stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling a predicate with a deadline
+    assert "run-a Running" in stream.getvalue()
+    assert stream.getvalue().endswith("\r\033[K")  # the line is cleared before the output is printed
