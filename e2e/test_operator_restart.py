@@ -63,3 +63,17 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
     for name, status in results.items():
         assert (status["phase"], status["stdout"]) == ("Succeeded", expected[name]), (name, status)
         assert len(census.pods_by_run[name]) == 1, (name, census.pods_by_run[name])
+
+
+def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
+    name = operator.create_run(namespace, {"language": "python", "code": "print(1)"})
+    operator.wait_run(namespace, name)
+    assert not operator.get_run(namespace, name)["metadata"].get("finalizers")
+    _operator("stop")
+    try:
+        operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+        names = lambda: [r["metadata"]["name"] for r in operator.custom.list_namespaced_custom_object(
+            "coderun.io", "v1alpha1", namespace, "coderuns")["items"]]
+        wait_for(lambda: name not in names(), 10, "the run to be gone without the operator")
+    finally:
+        _operator("start")

@@ -38,6 +38,8 @@ log = logging.getLogger("coderun")
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
 # Keep the written status well under etcd's 1.5 MiB object limit whatever the program printed.
 STATUS_BUDGET_BYTES = 900 * 1024
+# A run still without status after this long is admitted by the resync, in case its create handler gave up.
+ADMIT_GRACE_SECONDS = 30
 
 _run_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _namespaces_with_default_deny: set[str] = set()
@@ -140,22 +142,42 @@ def on_pod(pod: Mapping[str, Any], deleted: bool) -> None:
         _advance(run, None if deleted else pod, pod_deleted=deleted)
 
 
-def reconcile(run: Mapping[str, Any]) -> None:
-    """Level-based check (timer and resume): finish, clean up, expire, or notice a vanished pod."""
-    meta = run["metadata"]
+def resync() -> None:
+    """Level-based pass over every run (periodically and after a restart): finish what events missed,
+    notice vanished pods, clean up, expire. One list of runs and one of sandbox pods per pass."""
+    pods_by_run = {}
+    for pod in k8s.list_sandbox_pods():
+        owner = next((o for o in pod["metadata"].get("ownerReferences") or () if o.get("kind") == "CodeRun"), None)
+        if owner:
+            pods_by_run[owner["uid"]] = pod
+    for run in k8s.list_all_runs():
+        try:
+            _resync_one(run, pods_by_run.get(run["metadata"]["uid"]))
+        except Exception:  # one bad run must not stop the pass for the others
+            log.exception("resync of %s/%s failed", run["metadata"]["namespace"], run["metadata"]["name"])
+
+
+def _resync_one(run: Mapping[str, Any], pod: Mapping[str, Any] | None) -> None:
+    meta, status = run["metadata"], run.get("status") or {}
+    if _phase(run) in TERMINAL_PHASES:
+        if pod is not None:
+            k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])
+        _expire(run)
+        return
+    if not status.get("podName"):
+        if _age_seconds(run) > ADMIT_GRACE_SECONDS:
+            admit(run)  # the create handler gave up or never ran; admission is idempotent
+        return
+    metrics.track_active(meta["uid"], True)
     with _run_locks[_key(run)]:
         fresh = k8s.get_run(meta["namespace"], meta["name"])
-        if fresh is None:
-            return
-        status = fresh.get("status") or {}
-        if _phase(fresh) in TERMINAL_PHASES:
-            _cleanup_or_expire(fresh)
-            return
-        if not status.get("podName"):
-            return  # admit() has not created the children yet; the create/resume handler will
-        metrics.track_active(meta["uid"], True)
-        pod = k8s.get_pod(meta["namespace"], status["podName"])
-        _advance(fresh, pod, pod_deleted=pod is None)
+        if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
+            _advance(fresh, pod, pod_deleted=pod is None)
+
+
+def _age_seconds(run: Mapping[str, Any]) -> float:
+    created = parse_time(run["metadata"].get("creationTimestamp"))
+    return (_now() - created).total_seconds() if created else 0.0
 
 
 def _advance(run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
@@ -285,12 +307,9 @@ def _save_artifacts(run: Mapping[str, Any], contents: dict[str, bytes], listed: 
     return [{**a, "configMap": configmap["metadata"]["name"]} for a in listed]
 
 
-def _cleanup_or_expire(run: Mapping[str, Any]) -> None:
+def _expire(run: Mapping[str, Any]) -> None:
+    """Delete a finished run once its ttlSecondsAfterFinished (or the policy's) has passed."""
     meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
-    if status.get("podName") and status.get("phase") != Phase.REJECTED:
-        pod = k8s.get_pod(meta["namespace"], status["podName"])
-        if pod is not None:
-            k8s.delete_pod(meta["namespace"], status["podName"])
     ttl = spec.get("ttlSecondsAfterFinished")
     if ttl is None:
         _, decision = _decide(run)

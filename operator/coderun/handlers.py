@@ -1,6 +1,7 @@
 """kopf wiring only: each handler hands the object to the controller. Run with `kopf run -m coderun.handlers`."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 import kopf
@@ -9,7 +10,7 @@ from . import controller, metrics
 from .api.models import GROUP, PLURAL, VERSION
 from .builders import LABEL_MANAGED_BY, LABEL_SANDBOX
 
-RECONCILE_INTERVAL_SECONDS = float(os.environ.get("CODERUN_RECONCILE_INTERVAL", "5"))
+RESYNC_INTERVAL_SECONDS = float(os.environ.get("CODERUN_RESYNC_INTERVAL", "5"))
 
 
 @kopf.on.startup()
@@ -36,6 +37,20 @@ def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
     controller.on_pod(body, deleted=event["type"] == "DELETED")
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RECONCILE_INTERVAL_SECONDS)
-def reconcile(body: kopf.Body, **_) -> None:
-    controller.reconcile(body)
+# A plain background loop rather than @kopf.timer: kopf puts a finalizer on every object that has a timer,
+# and a finalizer would keep CodeRuns (and their namespaces) from being deleted while the operator is down.
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, logger: kopf.Logger, **_) -> None:
+    async def resync_forever() -> None:
+        while True:
+            await asyncio.sleep(RESYNC_INTERVAL_SECONDS)
+            try:
+                await asyncio.to_thread(controller.resync)
+            except Exception as e:  # the API server may be away for a moment; the next pass retries
+                logger.warning(f"resync pass failed: {e}")
+    memo["resync"] = asyncio.create_task(resync_forever())
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_) -> None:
+    memo["resync"].cancel()

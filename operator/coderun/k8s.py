@@ -12,6 +12,7 @@ from kubernetes.client.rest import ApiException
 
 from .api.models import GROUP, PLURAL, VERSION
 
+SANDBOX_SELECTOR = "app.kubernetes.io/managed-by=coderun,coderun.io/sandbox=true"
 # A transient API failure is retried by kopf after this delay instead of surfacing as a failed run.
 RETRY_DELAY_SECONDS = 2
 
@@ -135,6 +136,23 @@ def read_configmap_bytes(namespace: str, name: str) -> dict[str, bytes] | None:
 def delete_run(namespace: str, name: str) -> None:
     _, _, custom = _clients()
     _or_none(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+
+
+def list_all_runs() -> list[dict[str, Any]]:
+    _, _, custom = _clients()
+    try:
+        return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    except ApiException as e:
+        raise _transient(e) from e
+
+
+def list_sandbox_pods() -> list[dict[str, Any]]:
+    core, _, _ = _clients()
+    try:
+        pods = core.list_pod_for_all_namespaces(label_selector=f"{SANDBOX_SELECTOR}")
+    except ApiException as e:
+        raise _transient(e) from e
+    return [_plain(p) for p in pods.items]
 
 
 def list_runs(namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
