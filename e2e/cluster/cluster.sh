@@ -2,7 +2,7 @@
 # A real single-node Kubernetes cluster as host processes, like Kubernetes' own local-up-cluster.sh:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (runc + gVisor), kubelet,
 # kube-proxy and a NetworkPolicy enforcer. State, logs and pid files live under .cluster/ in the repo.
-#   cluster.sh up | down | status
+#   cluster.sh up | down | status | verify-down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -338,6 +338,19 @@ cmd_down() {
   log "cluster down"
 }
 
+# After `down`: nothing of the cluster may be left, no process started from its binaries or in a pod's
+# cgroup, and no mount under its directory.
+cmd_verify_down() {
+  local left=0 procs
+  procs=$(pgrep -af "$CODERUN_CACHE/bin/|--root=/run/coderun/runsc|$here/netpol.py|$repo/.venv/bin/coderun-operator" || true)
+  [ -z "$procs" ] || { log "processes left: $procs"; left=1; }
+  procs=$(find /sys/fs/cgroup/pids/kubepods* -name cgroup.procs -exec cat {} + 2>/dev/null || true)
+  [ -z "$procs" ] || { log "processes left in pod cgroups: $(echo $procs)"; left=1; }
+  if grep -q " $CLUSTER_DIR" /proc/mounts; then log "mounts left: $(grep " $CLUSTER_DIR" /proc/mounts)"; left=1; fi
+  [ $left = 0 ] && log "nothing of the cluster is left running or mounted"
+  return $left
+}
+
 cmd_status() {
   local c
   for c in "${COMPONENTS[@]}"; do
@@ -352,5 +365,6 @@ case ${1:-} in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  verify-down) cmd_verify_down ;;
+  *) echo "usage: $0 up|down|status|verify-down" >&2; exit 2 ;;
 esac
