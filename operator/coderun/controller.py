@@ -29,8 +29,8 @@ from .results.frame import FrameError, parse_frame
 from .results.pod_state import (container_status, image_with_digest, is_running, never_fits, pending_verdict,
                                 pod_level_failure, terminated, unschedulable)
 from .results.redact import Redactor
-from .results.status import (Outcome, accepted_status, outcome_from_frame, outcome_without_frame, parse_time,
-                             running_status, terminal_status)
+from .results.status import (Outcome, accepted_status, created_at, millis_between, outcome_from_frame,
+                             outcome_without_frame, parse_time, running_status, terminal_status)
 
 log = logging.getLogger("coderun")
 
@@ -100,6 +100,11 @@ def _fit_status_budget(status: dict[str, Any]) -> dict[str, Any]:
 
 def admit(run: Mapping[str, Any]) -> None:
     """New or resumed run: policy check, then children, then the Pending status that names the pod."""
+    with _run_locks[_key(run)]:
+        _admit(run)
+
+
+def _admit(run: Mapping[str, Any]) -> None:
     meta = run["metadata"]
     if _phase(run) in TERMINAL_PHASES or (run.get("status") or {}).get("podName"):
         return
@@ -121,9 +126,7 @@ def admit(run: Mapping[str, Any]) -> None:
     k8s.create_if_absent(pod)
     now = _now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
-    created = parse_time(meta.get("annotations", {}).get("coderun.io/created-at")) or \
-        parse_time(meta.get("creationTimestamp"))
-    status["metrics"] = {"queueMillis": max(0, round((now - created).total_seconds() * 1000)) if created else None}
+    status["metrics"] = {"queueMillis": millis_between(created_at(run), now)}
     k8s.patch_run_status(ns, meta["name"], status)
     metrics.track_active(meta["uid"], True)
     kopf.info(dict(run), reason="PodCreated", message=f"sandbox pod {pod['metadata']['name']} created")
@@ -132,7 +135,7 @@ def admit(run: Mapping[str, Any]) -> None:
 def on_pod(pod: Mapping[str, Any], deleted: bool) -> None:
     """Every event of a sandbox pod: move the run along, as soon as the container says it is done."""
     meta = pod["metadata"]
-    owner = next((o for o in meta.get("ownerReferences") or () if o.get("kind") == "CodeRun"), None)
+    owner = _owner(pod)
     if owner is None:
         return
     with _run_locks[owner["uid"]]:
@@ -145,11 +148,7 @@ def on_pod(pod: Mapping[str, Any], deleted: bool) -> None:
 def resync() -> None:
     """Level-based pass over every run (periodically and after a restart): finish what events missed,
     notice vanished pods, clean up, expire. One list of runs and one of sandbox pods per pass."""
-    pods_by_run = {}
-    for pod in k8s.list_sandbox_pods():
-        owner = next((o for o in pod["metadata"].get("ownerReferences") or () if o.get("kind") == "CodeRun"), None)
-        if owner:
-            pods_by_run[owner["uid"]] = pod
+    pods_by_run = {owner["uid"]: pod for pod in k8s.list_sandbox_pods() if (owner := _owner(pod))}
     for run in k8s.list_all_runs():
         try:
             _resync_one(run, pods_by_run.get(run["metadata"]["uid"]))
@@ -164,15 +163,22 @@ def _resync_one(run: Mapping[str, Any], pod: Mapping[str, Any] | None) -> None:
             k8s.delete_pod(meta["namespace"], pod["metadata"]["name"])
         _expire(run)
         return
-    if not status.get("podName"):
-        if _age_seconds(run) > ADMIT_GRACE_SECONDS:
-            admit(run)  # the create handler gave up or never ran; admission is idempotent
-        return
+    if not status.get("podName") and _age_seconds(run) <= ADMIT_GRACE_SECONDS:
+        return  # the create handler is on it
     metrics.track_active(meta["uid"], True)
     with _run_locks[_key(run)]:
+        # The list may be stale: decide on the run as it is now.
         fresh = k8s.get_run(meta["namespace"], meta["name"])
-        if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
+        if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
+            return
+        if (fresh.get("status") or {}).get("podName"):
             _advance(fresh, pod, pod_deleted=pod is None)
+        else:
+            _admit(fresh)  # the create handler gave up or never ran; admission is idempotent
+
+
+def _owner(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return next((o for o in pod["metadata"].get("ownerReferences") or () if o.get("kind") == "CodeRun"), None)
 
 
 def _age_seconds(run: Mapping[str, Any]) -> float:

@@ -26,6 +26,13 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def created_at(run: Mapping[str, Any]) -> datetime | None:
+    """When the run was created: the client's millisecond annotation if set, else the API's (seconds)."""
+    meta = run["metadata"]
+    return parse_time((meta.get("annotations") or {}).get("coderun.io/created-at")) or \
+        parse_time(meta.get("creationTimestamp"))
+
+
 def millis_between(start: datetime | None, end: datetime | None) -> int | None:
     if start is None or end is None:
         return None
@@ -106,10 +113,8 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
         conditions = set_condition(conditions, ConditionType.OUTPUT_VALID, validation["valid"],
                                    Reason.OUTPUT_VALID if validation["valid"] else Reason.OUTPUT_INVALID,
                                    "; ".join(validation["errors"])[:1024] or "output matches spec.expect", gen, now)
-    created = parse_time(run["metadata"].get("annotations", {}).get("coderun.io/created-at")) or \
-        parse_time(run["metadata"].get("creationTimestamp"))
     metrics = dict(outcome.fields.pop("metrics", None) or {})
-    metrics["totalMillis"] = millis_between(created, now)
+    metrics["totalMillis"] = millis_between(created_at(run), now)
     return {**outcome.fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
             "metrics": {k: v for k, v in metrics.items() if v is not None},
             "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions}
