@@ -280,7 +280,8 @@ overhead:
 EOF
 }
 
-node_ready() { kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
+# Ready only counts once this kubelet answers: after a restart the node object still says Ready from before.
+node_ready() { curl -fsS http://127.0.0.1:10248/healthz >/dev/null && kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
 
 # Builds (cached) and imports the images; an archive already imported into this containerd is skipped.
 import_images() {
