@@ -46,8 +46,8 @@ def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
 
 
 def select_policy(policy_ref: str | None, known: dict[str, Policy]) -> Policy | Denial:
-    """The named policy, or the built-in default when none is named."""
-    if not policy_ref:
+    """The named policy, or the built-in default when none (or "default") is named."""
+    if not policy_ref or policy_ref in ("default", DEFAULT_POLICY.name):
         return DEFAULT_POLICY
     policy = known.get(policy_ref)
     if policy is None:
