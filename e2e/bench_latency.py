@@ -4,6 +4,7 @@ For `print(1)`, N times each, one at a time, timed from the client's create call
   CodeRun: -> its sandbox pod exists; -> the CodeRun has a terminal status (the result is readable).
   bare pod (the operator's own pod spec, no operator): -> the container is reported terminated;
            -> the pod phase is Succeeded.
+Then N CodeRuns at once (250m CPU each, so the node queues them): how long until all have their result.
 Times are taken from watch events as the client sees them. Prints medians and p90s.
 """
 from __future__ import annotations
@@ -105,6 +106,21 @@ def bench_bare_pods(core, stopwatch, namespace, n):
     return to_terminated, to_succeeded
 
 
+def bench_concurrent(custom, stopwatch, namespace, n):
+    """N runs created at once; seconds until the last result, and each run's own created->result time."""
+    start = time.monotonic()
+    names = [f"burst-{i}" for i in range(n)]
+    for name in names:
+        custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", {
+            "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "metadata": {"name": name},
+            "spec": {"language": "python", "code": CODE, "limits": {"cpu": "250m", "timeoutSeconds": 30}}})
+    finished = [stopwatch.wait(("run-finished", name), timeout=600) - start for name in names]
+    phases = {custom.get_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+              ["status"]["phase"] for name in names}
+    assert phases == {"Succeeded"}, phases
+    return max(finished), finished
+
+
 def summary(label: str, seconds: list[float]) -> str:
     ms = sorted(s * 1000 for s in seconds)
     p90 = ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))]
@@ -113,7 +129,8 @@ def summary(label: str, seconds: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=20)
+    parser.add_argument("-n", type=int, default=20, help="sequential runs of each kind")
+    parser.add_argument("--burst", type=int, default=30, help="runs created at once")
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
@@ -124,6 +141,7 @@ def main() -> None:
         stopwatch = Stopwatch(namespace)
         to_pod, to_result = bench_coderuns(custom, stopwatch, namespace, args.n)
         to_terminated, to_succeeded = bench_bare_pods(core, stopwatch, namespace, args.n)
+        burst_seconds, burst = bench_concurrent(custom, stopwatch, namespace, args.burst)
     finally:
         core.delete_namespace(namespace)
     print(f"print(1), {args.n} runs each, sequential, gVisor, 1 CPU / 256Mi")
@@ -131,6 +149,8 @@ def main() -> None:
     print(summary("CodeRun created -> terminal status written", to_result))
     print(summary("bare pod created -> container terminated", to_terminated))
     print(summary("bare pod created -> pod phase Succeeded", to_succeeded))
+    print(f"{args.burst} CodeRuns created at once (250m CPU each): all Succeeded, the last after {burst_seconds:.1f} s")
+    print(summary("  each: created -> terminal status written", burst))
 
 
 if __name__ == "__main__":
