@@ -184,3 +184,14 @@ def test_a_run_no_node_can_take_fails_fast_as_unschedulable(operator, namespace)
     assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable")
     assert "lower spec.limits.cpu" in status["message"]
     wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 30, "the pod to be deleted")
+
+
+def test_a_sandbox_the_namespace_refuses_fails_with_the_api_servers_reason(operator, namespace):
+    operator.core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"},
+                                                               "spec": {"hard": {"pods": "0"}}})
+    wait_for(lambda: operator.core.read_namespaced_resource_quota("no-pods", namespace).status.hard, 30,
+             "the quota to be in force")
+    status = operator.wait_run(namespace, operator.create_run(namespace, {"language": PY, "code": "print(1)"}),
+                               timeout=30)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "StartFailed")
+    assert "exceeded quota" in status["message"] and "Pod" in status["message"]

@@ -120,10 +120,14 @@ def _admit(run: Mapping[str, Any]) -> None:
         k8s.create_if_absent(build_namespace_network_policy(ns))
         _namespaces_with_default_deny.add(ns)
     configmap = build_input_configmap(run, spec, decision)
-    k8s.create_if_absent(configmap)
-    k8s.create_if_absent(build_network_policy(run))
     pod = build_pod(run, decision, configmap["metadata"]["name"])
-    k8s.create_if_absent(pod)
+    try:
+        for child in (configmap, build_network_policy(run), pod):
+            k8s.create_if_absent(child)
+    except k8s.Refused as refused:
+        _finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or admission "
+                             "policy must allow the sandbox"), spec.language)
+        return
     now = _now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
     status["metrics"] = {"queueMillis": millis_between(created_at(run), now)}

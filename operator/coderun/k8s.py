@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import time
 from typing import Any
 
@@ -29,6 +30,17 @@ def _clients() -> tuple[client.CoreV1Api, client.NetworkingV1Api, client.CustomO
 
 def _plain(obj: Any) -> dict[str, Any]:
     return client.ApiClient().sanitize_for_serialization(obj)
+
+
+class Refused(kopf.PermanentError):
+    """The API server will not create this object as it is (quota, admission policy): retrying cannot help."""
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body)["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"{e.status} {e.reason}"
 
 
 def _transient(e: ApiException) -> kopf.TemporaryError:
@@ -58,7 +70,7 @@ def create_if_absent(obj: dict[str, Any]) -> bool:
         if e.status == 409:
             return False
         if e.status in (400, 403, 422):
-            raise kopf.PermanentError(f"{kind} {obj['metadata']['name']} refused: {e.status} {e.body}") from e
+            raise Refused(f"the API server refused {kind} {obj['metadata']['name']}: {_api_message(e)}") from e
         raise _transient(e) from e
 
 
