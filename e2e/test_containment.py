@@ -34,6 +34,8 @@ PROBE = textwrap.dedent("""
         "root_mount": [m.split()[3] for m in open("/proc/mounts") if m.split()[1] == "/"],
         "write_tmp": attempt(lambda: open("/tmp/fine", "w")),
         "setuid_root": attempt(lambda: os.setuid(0)),
+        "runner_stdout": attempt(lambda: open("/proc/1/fd/1", "w")),
+        "runner_memory": attempt(lambda: open("/proc/1/mem", "rb")),
         "dns": attempt(resolve),
         "api_service": connect("10.96.0.1", 443),
         "node_apiserver": connect(NODE, 6443),
@@ -71,6 +73,7 @@ def test_hostile_code_is_contained(operator, namespace):
     assert report["write_root"] != "allowed" and report["write_tmp"] == "allowed"
     assert all("ro" in options.split(",") for options in report["root_mount"]), report["root_mount"]
     assert report["setuid_root"] == "PermissionError"
+    assert report["runner_stdout"] == "PermissionError" and report["runner_memory"] == "PermissionError"
     assert report["dns"] != "allowed"
     for target in ("api_service", "node_apiserver", "node_kubelet", "other_run"):
         assert report[target] != "open", (target, report[target])

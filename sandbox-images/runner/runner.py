@@ -777,11 +777,28 @@ def write_termination_log(path: str, summary: bytes) -> None:
         handle.write(summary)
 
 
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """Keep the program out of /proc/<runner>: a non-dumpable process's /proc entries belong to root, so the
+    program (same uid) can neither write to our stdout through /proc/1/fd/1 nor read our memory. The flag is
+    per process and execve resets it, so the program itself is unaffected."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     # Wall-clock start, so the operator can tell sandbox start-up time from the program's own.
     started_at_millis = int(time.time() * 1000)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     is_pid1 = os.getpid() == 1
+    if is_pid1:
+        make_undumpable()
     try:
         frame = execute(args, is_pid1)
     except Exception as exc:  # the frame must still be printed
