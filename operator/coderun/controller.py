@@ -152,8 +152,10 @@ def on_pod(pod: Mapping[str, Any], deleted: bool) -> None:
 def resync() -> None:
     """Level-based pass over every run (periodically and after a restart): finish what events missed,
     notice vanished pods, clean up, expire. One list of runs and one of sandbox pods per pass."""
+    # Runs first, pods second: a run that names its pod had that pod created before it was listed.
+    runs = k8s.list_all_runs()
     pods_by_run = {owner["uid"]: pod for pod in k8s.list_sandbox_pods() if (owner := _owner(pod))}
-    for run in k8s.list_all_runs():
+    for run in runs:
         try:
             _resync_one(run, pods_by_run.get(run["metadata"]["uid"]))
         except Exception:  # one bad run must not stop the pass for the others
@@ -175,7 +177,10 @@ def _resync_one(run: Mapping[str, Any], pod: Mapping[str, Any] | None) -> None:
         fresh = k8s.get_run(meta["namespace"], meta["name"])
         if fresh is None or fresh["metadata"]["uid"] != meta["uid"]:
             return
-        if (fresh.get("status") or {}).get("podName"):
+        pod_name = (fresh.get("status") or {}).get("podName")
+        if pod_name:
+            if pod is None:  # absent from the snapshot: ask again before calling it deleted
+                pod = k8s.get_pod(meta["namespace"], pod_name)
             _advance(fresh, pod, pod_deleted=pod is None)
         else:
             _admit(fresh)  # the create handler gave up or never ran; admission is idempotent
