@@ -23,7 +23,7 @@ from .api.reasons import TERMINAL_PHASES, Phase, Reason
 from .builders import (build_artifacts_configmap, build_input_configmap, build_namespace_network_policy,
                        build_network_policy, build_pod, code_hash)
 from .builders.objects import CONTAINER_NAME
-from .policy import Decision, Denial, evaluate, select_policy
+from .policy import DEFAULT_POLICY, Decision, Denial, evaluate, select_policy
 from .results.cache import CACHE_LABEL, cache_key, is_reusable, label_value, pick_reusable, reused_outcome
 from .results.frame import FrameError, parse_frame
 from .results.pod_state import (container_status, image_with_digest, is_running, never_fits, pending_verdict,
@@ -327,8 +327,9 @@ def _expire(run: Mapping[str, Any]) -> None:
     meta, status, spec = run["metadata"], run.get("status") or {}, run.get("spec") or {}
     ttl = spec.get("ttlSecondsAfterFinished")
     if ttl is None:
-        _, decision = _decide(run)
-        ttl = decision.policy.ttl_seconds_after_finished if isinstance(decision, Decision) else 3600
+        # Only the policy's default is needed, not a full evaluation of the spec (this runs every pass).
+        policy = select_policy(spec.get("policyRef"), {})
+        ttl = (DEFAULT_POLICY if isinstance(policy, Denial) else policy).ttl_seconds_after_finished
     finished = parse_time(status.get("completionTime"))
     if finished and (_now() - finished).total_seconds() >= ttl:
         k8s.delete_run(meta["namespace"], meta["name"])
