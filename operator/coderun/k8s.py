@@ -47,6 +47,14 @@ def _transient(e: ApiException) -> kopf.TemporaryError:
     return kopf.TemporaryError(f"API server answered {e.status} {e.reason}", delay=RETRY_DELAY_SECONDS)
 
 
+def _call(call, *args, **kwargs):
+    """The call's result; an API failure becomes a TemporaryError that kopf retries after a delay."""
+    try:
+        return call(*args, **kwargs)
+    except ApiException as e:
+        raise _transient(e) from e
+
+
 def _or_none(call, *args, **kwargs):
     """The call's result, None when the object does not exist; other failures are transient."""
     try:
@@ -83,12 +91,8 @@ def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
 def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tuple[str, bool]:
     """The container log from the start, at most limit_bytes; says whether the whole log was read."""
     core, _, _ = _clients()
-    try:
-        response = core.read_namespaced_pod_log(pod, namespace, container=container, limit_bytes=limit_bytes + 1,
-                                                _preload_content=False)
-        raw = response.data
-    except ApiException as e:
-        raise _transient(e) from e
+    raw = _call(core.read_namespaced_pod_log, pod, namespace, container=container, limit_bytes=limit_bytes + 1,
+                _preload_content=False).data
     return raw[:limit_bytes].decode("utf-8", "replace"), len(raw) <= limit_bytes
 
 
@@ -124,10 +128,7 @@ def _node_allocatable(ttl_bucket: int) -> tuple[dict[str, str], ...]:
 
 def node_allocatable() -> tuple[dict[str, str], ...]:
     """Allocatable resources of every node, cached for half a minute (nodes change rarely)."""
-    try:
-        return _node_allocatable(int(time.monotonic() // 30))
-    except ApiException as e:
-        raise _transient(e) from e
+    return _call(_node_allocatable, int(time.monotonic() // 30))
 
 
 def label_run(namespace: str, name: str, labels: dict[str, str]) -> None:
@@ -152,25 +153,15 @@ def delete_run(namespace: str, name: str) -> None:
 
 def list_all_runs() -> list[dict[str, Any]]:
     _, _, custom = _clients()
-    try:
-        return custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-    except ApiException as e:
-        raise _transient(e) from e
+    return _call(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
 
 
 def list_sandbox_pods() -> list[dict[str, Any]]:
     core, _, _ = _clients()
-    try:
-        pods = core.list_pod_for_all_namespaces(label_selector=f"{SANDBOX_SELECTOR}")
-    except ApiException as e:
-        raise _transient(e) from e
-    return [_plain(p) for p in pods.items]
+    return [_plain(p) for p in _call(core.list_pod_for_all_namespaces, label_selector=SANDBOX_SELECTOR).items]
 
 
 def list_runs(namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
     _, _, custom = _clients()
-    try:
-        return custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL,
-                                                    label_selector=label_selector)["items"]
-    except ApiException as e:
-        raise _transient(e) from e
+    return _call(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                 label_selector=label_selector)["items"]
