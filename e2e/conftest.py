@@ -109,6 +109,17 @@ class Cluster:
     def get_run(self, namespace: str, name: str) -> dict:
         return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
+    def run_names(self, namespace: str) -> list[str]:
+        return [r["metadata"]["name"] for r in
+                self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]]
+
+    def wait_running(self, namespace: str, name: str, timeout: float = 60) -> str:
+        """The sandbox pod's name, once the run reports Running."""
+        def running_pod():
+            status = self.get_run(namespace, name).get("status") or {}
+            return status.get("phase") == "Running" and status["podName"]
+        return wait_for(running_pod, timeout, f"CodeRun {namespace}/{name} to start")
+
     def wait_run(self, namespace: str, name: str, timeout: float = 90) -> dict:
         """The run once it reached a terminal phase (polls its status, as a client would)."""
         def done():

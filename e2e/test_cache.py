@@ -1,7 +1,6 @@
 """spec.cache: an identical finished run answers at once, with no pod; platform failures are never reused."""
 import time
 
-from conftest import wait_for
 from test_operator_restart import PodCensus
 
 CACHED = {"enabled": True, "ttlSeconds": 600}
@@ -36,9 +35,7 @@ def test_without_cache_enabled_or_after_a_platform_failure_the_code_runs(operato
     code = "import time, random\ntime.sleep(8)\nprint(random.random())"
     broken = operator.create_run(namespace, {"language": "python", "code": code, "cache": CACHED,
                                              "limits": {"timeoutSeconds": 30}})
-    pod = wait_for(lambda: (operator.get_run(namespace, broken).get("status") or {}).get("phase") == "Running"
-                   and operator.get_run(namespace, broken)["status"]["podName"], 60, "the run to start")
-    operator.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+    operator.core.delete_namespaced_pod(operator.wait_running(namespace, broken), namespace, grace_period_seconds=0)
     assert operator.wait_run(namespace, broken)["status"]["reason"] == "PodDeleted"
     quick = "import random\nprint(random.random())"
     again = operator.wait_run(namespace, operator.create_run(

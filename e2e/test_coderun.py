@@ -3,8 +3,6 @@ import base64
 import hashlib
 import json
 
-import pytest
-
 from conftest import wait_for
 
 PY = "python"
@@ -151,9 +149,7 @@ def test_policy_refuses_an_unknown_language_and_excessive_limits(operator, names
 def test_pod_deleted_from_outside_fails_the_run(operator, namespace):
     name = operator.create_run(namespace, {"language": PY, "code": "import time\ntime.sleep(30)",
                                            "limits": {"timeoutSeconds": 60}})
-    pod = wait_for(lambda: (operator.get_run(namespace, name).get("status") or {}).get("phase") == "Running"
-                   and operator.get_run(namespace, name)["status"]["podName"], 60, "the run to start")
-    operator.core.delete_namespaced_pod(pod, namespace, grace_period_seconds=0)
+    operator.core.delete_namespaced_pod(operator.wait_running(namespace, name), namespace, grace_period_seconds=0)
     status = operator.wait_run(namespace, name, timeout=30)["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "PodDeleted")
 
@@ -161,9 +157,7 @@ def test_pod_deleted_from_outside_fails_the_run(operator, namespace):
 def test_finished_run_is_deleted_after_its_ttl(operator, namespace):
     name = operator.create_run(namespace, {"language": PY, "code": "print(1)", "ttlSecondsAfterFinished": 2})
     assert operator.wait_run(namespace, name)["status"]["phase"] == "Succeeded"
-    runs = lambda: [r["metadata"]["name"] for r in operator.custom.list_namespaced_custom_object(
-        "coderun.io", "v1alpha1", namespace, "coderuns")["items"]]
-    wait_for(lambda: name not in runs(), 30, "the TTL controller to delete the finished run")
+    wait_for(lambda: name not in operator.run_names(namespace), 30, "the TTL controller to delete the finished run")
 
 
 def test_children_are_owned_hardened_and_cleaned_up(operator, namespace):

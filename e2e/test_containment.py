@@ -2,7 +2,6 @@
 import json
 import textwrap
 
-from conftest import wait_for
 
 PROBE = textwrap.dedent("""
     import json, os, socket
@@ -57,9 +56,7 @@ LISTENER = textwrap.dedent("""
 def test_hostile_code_is_contained(operator, namespace):
     listener = operator.create_run(namespace, {"language": "python", "code": LISTENER,
                                                "limits": {"timeoutSeconds": 45, "cpu": "500m"}})
-    pod = wait_for(lambda: (operator.get_run(namespace, listener).get("status") or {}).get("phase") == "Running"
-                   and operator.get_run(namespace, listener)["status"]["podName"], 60, "the listener run to start")
-    other_ip = operator.pod_ip(namespace, pod)
+    other_ip = operator.pod_ip(namespace, operator.wait_running(namespace, listener))
     code = f"NODE = {operator.node_ip()!r}\nOTHER = {other_ip!r}\n" + PROBE
     prober = operator.create_run(namespace, {"language": "python", "code": code,
                                              "limits": {"timeoutSeconds": 30, "cpu": "500m"}})

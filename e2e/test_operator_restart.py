@@ -72,8 +72,6 @@ def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
     _operator("stop")
     try:
         operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
-        names = lambda: [r["metadata"]["name"] for r in operator.custom.list_namespaced_custom_object(
-            "coderun.io", "v1alpha1", namespace, "coderuns")["items"]]
-        wait_for(lambda: name not in names(), 10, "the run to be gone without the operator")
+        wait_for(lambda: name not in operator.run_names(namespace), 10, "the run to be gone without the operator")
     finally:
         _operator("start")

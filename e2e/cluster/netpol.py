@@ -18,7 +18,7 @@ import logging
 import subprocess
 import threading
 import time
-from typing import Any, Iterable
+from typing import Iterable
 
 from kubernetes import client, config, watch
 

@@ -1,6 +1,5 @@
 """The agent loop over real HTTP (scripted endpoint, real openai client) with a fake sandbox: retries,
 budgets, the breaker, and what the model is told."""
-import pytest
 from openai import OpenAI
 
 from coderun.agent import (ANSWERED, CIRCUIT_OPEN, EXECUTION_BUDGET_EXHAUSTED, GAVE_UP, MODEL_ERROR,
