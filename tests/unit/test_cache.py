@@ -2,14 +2,17 @@ from datetime import datetime, timedelta, timezone
 
 from coderun.api.models import CodeRunSpec
 from coderun.policy import DEFAULT_POLICY, evaluate
-from coderun.results.cache import cache_key, is_reusable, pick_reusable, reused_outcome
+from coderun.results.cache import cache_key, image_digest, is_reusable, pick_reusable, reused_outcome
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 
 
-def key_of(**fields):
+DIGEST = "sha256:" + "a" * 64
+
+
+def key_of(digest=DIGEST, **fields):
     spec = CodeRunSpec.model_validate({"language": "python", "code": "print(1)", **fields})
-    return cache_key(spec, evaluate(spec, DEFAULT_POLICY))
+    return cache_key(spec, evaluate(spec, DEFAULT_POLICY), digest)
 
 
 def finished(name, key, seconds_ago, phase="Succeeded", reason="Completed", **extra):
@@ -23,7 +26,21 @@ def test_the_key_covers_inputs_and_limits_but_not_expectations():
     base = key_of()
     assert base == key_of(expect={"exitCode": 0}) == key_of(cache={"enabled": True})
     assert len({base, key_of(code="print(2)"), key_of(stdin="x"), key_of(limits={"memory": "512Mi"}),
-                key_of(files=[{"path": "a", "content": "b"}])}) == 5
+                key_of(files=[{"path": "a", "content": "b"}]), key_of(digest="sha256:" + "b" * 64)}) == 6
+
+
+def test_without_an_image_digest_there_is_no_key():
+    assert key_of(digest=None) is None
+
+
+def test_the_digest_comes_from_the_reference_or_a_node_record_of_the_tag():
+    pinned = "registry.example/python@sha256:" + "c" * 64
+    assert image_digest(pinned) == "sha256:" + "c" * 64
+    nodes = [{"names": ["registry.example/python:v1", "registry.example/python@sha256:" + "d" * 64]},
+             {"names": ["registry.example/other:v1", "registry.example/other@sha256:" + "e" * 64]}]
+    assert image_digest("registry.example/python:v1", nodes) == "sha256:" + "d" * 64
+    assert image_digest("registry.example/python:v2", nodes) is None
+    assert image_digest("localhost:5000/python:v1", [{"names": ["localhost:5000/python:v1"]}]) is None
 
 
 def test_the_newest_reusable_run_within_the_ttl_wins():

@@ -49,3 +49,21 @@ def test_a_log_cut_short_is_reported_as_truncated():
     with pytest.raises(FrameError) as cut:
         parse_frame("x" * 100, None, log_complete=False)
     assert cut.value.truncated
+
+
+def test_line_separators_a_program_prints_do_not_split_the_frame():
+    # str.splitlines() would cut the frame at U+2028 / U+0085 and the digest would no longer match.
+    line, termination = frame_line({**REAL, "stdout": "a\u2028b\u0085c\u2029d\n"})
+    frame = parse_frame(f"noise\u2028\n{line}\n", termination)
+    assert frame.stdout == "a\u2028b\u0085c\u2029d\n"
+
+
+def test_what_the_program_controls_is_bounded_not_refused():
+    hostile = {**REAL, "reason": "NonZeroExit", "exitCode": 2**70, "stdoutBytes": 2**80,
+               "error": {"type": "T" * 300, "message": "m" * 5000, "line": 99999999999999999999999},
+               "artifactsSkipped": [{"name": "n" * 2000, "why": "symlink"}]}
+    line, termination = frame_line(hostile)
+    frame = parse_frame(line, termination)
+    assert frame.exitCode is None and frame.stdoutBytes == 2**63 - 1 and frame.error.line is None
+    assert len(frame.error.type) == 256 and frame.error.type.endswith("…") and len(frame.error.message) == 4096
+    assert len(frame.artifactsSkipped[0].name) == 1024

@@ -18,7 +18,7 @@ def frame(**fields):
 
 def outcome(f, expect=None, oom=False):
     spec = CodeRunSpec.model_validate({"language": "python", "code": "x", **({"expect": expect} if expect else {})})
-    return outcome_from_frame(spec, f, Redactor(), oom, LIMITS, NOW - timedelta(seconds=2), [])
+    return outcome_from_frame(spec, f, Redactor(), oom, LIMITS, NOW - timedelta(seconds=2), [], [])
 
 
 @pytest.mark.parametrize("fields,phase,reason,says", [
@@ -31,6 +31,16 @@ def outcome(f, expect=None, oom=False):
     ({"reason": "OutputLimitExceeded"}, "Failed", "OutputLimitExceeded", "65536 bytes"),
     ({"reason": "InvalidInput", "message": "path escapes"}, "Failed", "InvalidSpec", "path escapes"),
     ({"reason": "RunnerError", "message": "boom"}, "Failed", "InternalError", "boom"),
+    ({"reason": "Signaled", "signal": 15}, "Failed", "Signaled", "signal 15 (SIGTERM)"),
+    ({"reason": "DiskLimitExceeded", "limit": {"kind": "disk", "limit": 16777216, "observed": 20000000}},
+     "Failed", "DiskLimitExceeded", "used 20000000 bytes in /tmp, over its disk limit of 16777216"),
+    ({"reason": "DiskLimitExceeded", "limit": {"kind": "inodes", "limit": 100, "observed": 101}},
+     "Failed", "DiskLimitExceeded", "created 101 files and directories"),
+    ({"reason": "ProcessLimitExceeded", "limit": {"kind": "processes", "limit": 128, "observed": 128}},
+     "Failed", "ProcessLimitExceeded", "limit of 128"),
+    ({"reason": "SandboxViolation", "limit": {"kind": "termination-log", "limit": 0, "observed": 9}},
+     "Failed", "SandboxViolation", "/dev/termination-log"),
+    ({"reason": "SomethingNew"}, "Failed", "InternalError", "SomethingNew"),
 ])
 def test_runner_reasons_map_to_phase_reason_and_advice(fields, phase, reason, says):
     result = outcome(frame(**fields))
@@ -55,7 +65,7 @@ def test_expectations_are_checked():
 
 @pytest.mark.parametrize("terminated,truncated,reason", [
     ({"reason": "OOMKilled", "exitCode": 137}, False, "OOMKilled"),
-    ({"reason": "Error", "exitCode": 137}, False, "OOMKilled"),
+    ({"reason": "Error", "exitCode": 137}, False, "InternalError"),  # SIGKILL alone is not an OOM
     ({"reason": "Error", "exitCode": 1}, True, "OutputLimitExceeded"),
     ({"reason": "Error", "exitCode": 1}, False, "InternalError"),
 ])
@@ -87,3 +97,24 @@ def test_rejected_run_is_not_accepted(run_body):
     status = terminal_status(run_body(), Outcome("Rejected", "PolicyDenied", "no"), NOW)
     by_type = {c["type"]: c for c in status["conditions"]}
     assert by_type["Accepted"]["status"] == "False" and by_type["Failed"]["reason"] == "PolicyDenied"
+
+
+def test_a_secret_cut_by_the_output_cap_is_redacted_whole_then_cut():
+    secret = "ghp_" + "a1B2" * 9
+    text = "x" * 65529 + " " + secret + " tail"  # the runner keeps a margin beyond outputBytes; the cap cuts the secret
+    result = outcome(frame(stdout=text, stdoutTruncated=False))
+    assert "ghp_" not in result.fields["stdout"] and "a1B2" not in result.fields["stdout"]
+    assert len(result.fields["stdout"].encode()) <= LIMITS["outputBytes"] and result.fields["stdoutTruncated"]
+    assert result.fields["redactions"] == 1
+
+
+def test_every_string_from_the_program_is_redacted():
+    key = "AKIAIOSFODNN7EXAMPLE"
+    result = outcome(frame(reason="NonZeroExit", exitCode=1, stdout=f'"{key}"',
+                           error={"type": key, "message": f"leaked {key}", "line": 2}),
+                     expect={"stdoutJSONSchema": {"type": "integer"}})
+    spec = CodeRunSpec.model_validate({"language": "python", "code": "x"})
+    named = outcome_from_frame(spec, frame(), Redactor(), False, LIMITS, NOW, [{"name": f"{key}.txt", "size": 1}],
+                               [{"name": f"dir/{key}", "why": "symlink"}])
+    seen = repr(result.fields) + result.message + repr(named.fields)
+    assert key not in seen and result.fields["redactions"] == 3 and named.fields["redactions"] == 2

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import base64
+import binascii
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from .reasons import Phase
@@ -84,6 +87,17 @@ class FileInput(ApiModel):
     content_base64: str | None = Field(None, max_length=MAX_FILE_CONTENT_CHARS, pattern=r"^[A-Za-z0-9+/=\s]*$",
                                        description="Binary content, base64-encoded.")
 
+    @field_validator("content_base64")
+    @classmethod
+    def _decodes(cls, value: str | None) -> str | None:
+        # The CRD pattern admits the alphabet; only decoding tells a wrong length or misplaced padding.
+        if value is not None:
+            try:
+                base64.b64decode("".join(value.split()), validate=True)
+            except (binascii.Error, ValueError) as e:
+                raise ValueError(f"is not valid base64 ({e}); encode the file with base64 -w0") from None
+        return value
+
 
 class Expect(ApiModel):
     """Optional output validation. The result is reported in status.validation and the OutputValid condition;
@@ -155,7 +169,8 @@ class Artifact(ApiModel):
 
 class SkippedArtifact(ApiModel):
     name: str
-    why: str = Field(description="symlink, not-a-regular-file, too-large, too-many or total-too-large.")
+    why: str = Field(description="symlink, not-a-regular-file, too-large, too-many, total-too-large or corrupt "
+                                 "(its bytes did not match the size and sha256 the runner reported).")
 
 
 class Validation(ApiModel):
@@ -193,6 +208,8 @@ class CodeRunStatus(ApiModel):
     metrics: Metrics | None = None
     artifacts: list[Artifact] | None = None
     artifacts_skipped: list[SkippedArtifact] | None = None
+    artifacts_skipped_unlisted: int | None = Field(None, description=(
+        "How many more output files were skipped beyond those listed in artifactsSkipped."))
     validation: Validation | None = None
     code_hash: str | None = Field(None, description="sha256 of the code, stdin and files.")
     image: str | None = Field(None, description="The image that ran, with its digest.")

@@ -16,7 +16,7 @@ TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.REJECTED})
 class Reason(StrEnum):
     # accepted / in flight
     ACCEPTED = "Accepted"
-    SCHEDULED = "PodCreated"
+    POD_CREATED = "PodCreated"
     STARTED = "Started"
     # the program's own outcome
     COMPLETED = "Completed"
@@ -25,6 +25,9 @@ class Reason(StrEnum):
     OOM_KILLED = "OOMKilled"
     OUTPUT_LIMIT_EXCEEDED = "OutputLimitExceeded"
     SIGNALED = "Signaled"
+    DISK_LIMIT_EXCEEDED = "DiskLimitExceeded"
+    PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
+    SANDBOX_VIOLATION = "SandboxViolation"
     # refused before running
     POLICY_DENIED = "PolicyDenied"
     INVALID_SPEC = "InvalidSpec"
@@ -33,17 +36,17 @@ class Reason(StrEnum):
     UNSCHEDULABLE = "Unschedulable"
     IMAGE_UNAVAILABLE = "ImageUnavailable"
     START_FAILED = "StartFailed"
+    NAME_CONFLICT = "NameConflict"
     INTERNAL_ERROR = "InternalError"
     # output validation
     OUTPUT_VALID = "OutputValid"
     OUTPUT_INVALID = "OutputInvalid"
-    NOT_VALIDATED = "NotValidated"
 
 
 # Reasons that say the platform failed, not the program: never reused by the result cache.
 INFRASTRUCTURE_REASONS = frozenset({
     Reason.POD_DELETED, Reason.UNSCHEDULABLE, Reason.IMAGE_UNAVAILABLE,
-    Reason.START_FAILED, Reason.INTERNAL_ERROR,
+    Reason.START_FAILED, Reason.NAME_CONFLICT, Reason.INTERNAL_ERROR,
 })
 
 

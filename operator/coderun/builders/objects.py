@@ -23,6 +23,9 @@ POD_DEADLINE_MARGIN_SECONDS = 60
 LOG_STORAGE_MARGIN = "32Mi"
 # A stream that keeps flooding far beyond what the status keeps is stopped, not drained forever.
 FLOOD_FACTOR = 16
+# The runner keeps this much beyond spec.limits.outputBytes, so the operator redacts before it cuts and a
+# secret straddling the cut is matched whole instead of leaking its head.
+REDACTION_MARGIN_BYTES = 2048
 
 
 def owner_reference(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,8 +64,11 @@ def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
         "command": list(runtime.command),
         "codeFile": runtime.code_file,
         "timeoutSeconds": limits.timeout_seconds,
-        "outputBytes": limits.output_bytes,
+        "outputBytes": limits.output_bytes + REDACTION_MARGIN_BYTES,
         "floodBytes": limits.output_bytes * FLOOD_FACTOR,
+        "diskBytes": int(parse_quantity(limits.disk)),
+        "maxProcesses": policy.max_processes,
+        "maxInodes": policy.max_inodes,
         "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
                       "maxTotalBytes": policy.artifact_max_total_bytes},
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],

@@ -37,6 +37,9 @@ class Policy:
     artifact_max_file_bytes: int = 256 * 1024
     artifact_max_total_bytes: int = 512 * 1024
     redaction_patterns: tuple[str, ...] = field(default_factory=tuple)
+    # Enforced by the runner inside the sandbox (the kubelet's podPidsLimit is the backstop outside it).
+    max_processes: int = 128
+    max_inodes: int = 16384
 
 
 @dataclass(frozen=True)

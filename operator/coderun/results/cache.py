@@ -1,7 +1,8 @@
 """The result cache, pure: which earlier run has the same inputs and a result worth reusing.
 
-The key covers everything that decides what the program does and sees: language, the pinned image and
-command, code, stdin, files and the effective limits. Runs are looked up in the same namespace only, so a
+The key covers everything that decides what the program does and sees: language, the image by digest (a tag
+can be rebuilt; a result of the old image must not answer for the new one), command, code, stdin, files and
+the effective limits. Without a known digest there is no key, and the run simply runs. Runs are looked up in the same namespace only, so a
 cached result never crosses a tenancy boundary.
 """
 from __future__ import annotations
@@ -22,12 +23,29 @@ from .validate import validate_output
 CACHE_LABEL = "coderun.io/cache-key"
 # Result fields copied from the earlier run; timings of the program itself come along, the rest is ours.
 _COPIED = ("exitCode", "signal", "stdout", "stderr", "stdoutBytes", "stderrBytes", "stdoutTruncated",
-           "stderrTruncated", "stdoutSha256", "stderrSha256", "redactions", "error", "artifactsSkipped", "image",
+           "stderrTruncated", "stdoutSha256", "stderrSha256", "redactions", "error", "artifactsSkipped",
+           "artifactsSkippedUnlisted", "image",
            "runtimeClass", "policy", "effectiveLimits", "codeHash")
 
 
-def cache_key(spec: CodeRunSpec, decision: Decision) -> str:
-    payload = {"inputs": code_hash(spec), "image": decision.runtime.image, "command": decision.runtime.command,
+def image_digest(image: str, node_images: Iterable[Mapping[str, Any]] = ()) -> str | None:
+    """sha256:... of the image a run would get: pinned in the reference, or a node's record of the tag."""
+    if "@sha256:" in image:
+        return image[image.rindex("@") + 1:]
+    repository = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
+    for entry in node_images:
+        names = entry.get("names") or ()
+        if image in names:
+            for name in names:
+                if name.startswith(repository + "@sha256:"):
+                    return name[len(repository) + 1:]
+    return None
+
+
+def cache_key(spec: CodeRunSpec, decision: Decision, digest: str | None) -> str | None:
+    if not digest:
+        return None
+    payload = {"inputs": code_hash(spec), "image": digest, "command": decision.runtime.command,
                "codeFile": decision.runtime.code_file, "limits": asdict(decision.limits)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
@@ -67,7 +85,7 @@ def reused_outcome(source: Mapping[str, Any], spec: CodeRunSpec, artifacts: list
     fields["metrics"] = {k: metrics[k] for k in ("wallMillis", "cpuMillis", "maxRSSBytes") if k in metrics}
     fields["cachedFrom"] = source["metadata"]["name"]
     validation = validate_output(spec.expect, status.get("exitCode"), status.get("stdout") or "",
-                                 bool(status.get("stdoutTruncated")))
+                                 bool(status.get("stdoutTruncated")))  # stdout here is already redacted
     if validation is not None:
         fields["validation"] = validation.model_dump()
     age = round((now - parse_time(status["completionTime"])).total_seconds())

@@ -3,15 +3,21 @@
 The runner prints `CODERUN-RESULT-V1 <json>` as the last line of the container log and writes the sha256 of
 that JSON to the termination message after every other process in the sandbox is dead. A program that prints
 a forged frame (even straight to the container's stdout) cannot make it the last line with a matching digest.
+
+Everything inside a vouched frame is still the program's doing (its output, its exception, its file names),
+so the model bounds rather than refuses: long strings are cut, integers outside int64 become null. A frame
+is only rejected when it is not the runner's, never because of what the program printed.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 PREFIX = "CODERUN-RESULT-V1 "
+INT64_MAX = 2**63 - 1
 
 
 class FrameError(Exception):
@@ -22,63 +28,93 @@ class FrameError(Exception):
         self.truncated = truncated
 
 
+def _capped(limit: int):
+    def cut(value: Any) -> Any:
+        return value[:limit - 1] + "…" if isinstance(value, str) and len(value) > limit else value
+    return BeforeValidator(cut)
+
+
+def _int64(value: Any) -> Any:
+    """An integer the API server can store (int64), else null: a program must not make the status unwritable."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX <= value <= INT64_MAX:
+        return None
+    return value
+
+
+Int = Annotated[int | None, BeforeValidator(_int64)]
+Size = Annotated[int, BeforeValidator(lambda v: min(max(v, 0), INT64_MAX) if isinstance(v, int) else v)]
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
 class ProgramError(_Lenient):
-    type: str = Field(max_length=256)
-    message: str = Field(max_length=4096)
-    line: int | None = None
+    type: Annotated[str, _capped(256)]
+    message: Annotated[str, _capped(4096)]
+    line: Int = None
 
 
 class FrameMetrics(_Lenient):
-    wallMillis: int | None = None
-    cpuMillis: int | None = None
-    maxRSSBytes: int | None = None
+    wallMillis: Int = None
+    cpuMillis: Int = None
+    maxRSSBytes: Int = None
 
 
 class FrameArtifact(_Lenient):
-    name: str = Field(max_length=1024)
-    size: int
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    name: Annotated[str, _capped(1024)]
+    size: Size
+    sha256: str
     contentBase64: str
 
 
 class FrameSkipped(_Lenient):
-    name: str = Field(max_length=1024)
-    why: str = Field(max_length=64)
+    name: Annotated[str, _capped(1024)]
+    why: Annotated[str, _capped(64)]
+
+
+class FrameLimit(_Lenient):
+    """Which sandbox limit the runner enforced: disk, inodes, processes or termination-log."""
+    kind: Annotated[str, _capped(32)]
+    limit: Int = None
+    observed: Int = None
 
 
 class RunnerFrame(_Lenient):
     version: int
-    reason: str = Field(max_length=64)
-    message: str = Field("", max_length=4096)
-    exitCode: int | None = None
-    signal: int | None = None
+    reason: Annotated[str, _capped(64)]
+    message: Annotated[str, _capped(4096)] = ""
+    exitCode: Int = None
+    signal: Int = None
     oomKilled: bool = False
     stdout: str = ""
     stderr: str = ""
-    stdoutBytes: int = 0
-    stderrBytes: int = 0
+    stdoutBytes: Size = 0
+    stderrBytes: Size = 0
     stdoutTruncated: bool = False
     stderrTruncated: bool = False
     stdoutSha256: str | None = None
     stderrSha256: str | None = None
     error: ProgramError | None = None
     metrics: FrameMetrics = FrameMetrics()
-    startedAtMillis: int | None = None
+    startedAtMillis: Int = None
     artifacts: list[FrameArtifact] = []
     artifactsSkipped: list[FrameSkipped] = []
+    artifactsSkippedUnlisted: Size = 0
+    limit: FrameLimit | None = None
+
+
+def _last_frame_line(log: str) -> str | None:
+    # Split on "\n" only: str.splitlines() also splits on U+2028, U+0085 and friends, which a program may print.
+    for line in reversed(log.split("\n")):
+        if line.startswith(PREFIX):
+            return line[len(PREFIX):].rstrip("\r")
+    return None
 
 
 def parse_frame(log: str, termination_message: str | None, log_complete: bool = True) -> RunnerFrame:
     """The last frame line of the log, if the runner's termination message vouches for it."""
-    frame_line = None
-    for line in reversed(log.splitlines()):
-        if line.startswith(PREFIX):
-            frame_line = line[len(PREFIX):]
-            break
+    frame_line = _last_frame_line(log)
     if frame_line is None:
         raise FrameError("the sandbox printed no result frame" +
                          ("" if log_complete else " within the log bytes read"), truncated=not log_complete)
@@ -91,13 +127,13 @@ def parse_frame(log: str, termination_message: str | None, log_complete: bool = 
                          truncated=not log_complete)
     try:
         return RunnerFrame.model_validate(json.loads(frame_line))
-    except (ValueError, ValidationError) as e:
+    except (ValueError, RecursionError, ValidationError) as e:
         raise FrameError(f"the result frame is not valid: {str(e)[:300]}") from e
 
 
 def _vouched_digest(termination_message: str | None) -> str | None:
     try:
         digest = json.loads(termination_message or "").get("frameSha256")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return digest if isinstance(digest, str) else None

@@ -34,7 +34,7 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def is_running(pod: Mapping[str, Any]) -> bool:
-    return bool(((container_status(pod) or {}).get("state") or {}).get("running"))
+    return ((container_status(pod) or {}).get("state") or {}).get("running") is not None
 
 
 def image_with_digest(pod: Mapping[str, Any], fallback: str) -> str:
@@ -46,11 +46,28 @@ def image_with_digest(pod: Mapping[str, Any], fallback: str) -> str:
     return f"{image.split('@')[0]}@{digest}" if digest else image
 
 
+def eviction(pod: Mapping[str, Any], effective_limits: Mapping[str, Any] | None) -> Outcome | None:
+    """The kubelet evicted the sandbox: over its disk (emptyDir or ephemeral storage) or for the node's sake."""
+    status = pod.get("status") or {}
+    if status.get("reason") != "Evicted":
+        return None
+    detail = str(status.get("message") or "")[:512]
+    if any(word in detail for word in ("EmptyDir", "ephemeral", "emptyDir", "ephemeral-storage")):
+        disk = (effective_limits or {}).get("disk", "?")
+        return Outcome(Phase.FAILED, Reason.DISK_LIMIT_EXCEEDED,
+                       f"the program wrote more than its disk limit of {disk} and the kubelet evicted the sandbox "
+                       f"({detail}); write less or raise spec.limits.disk")
+    return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the node evicted the sandbox: {detail}")
+
+
 def pod_level_failure(pod: Mapping[str, Any], effective_limits: Mapping[str, Any] | None) -> Outcome | None:
     """Pod failed without the container reporting (deadline backstop, eviction)."""
     status = pod.get("status") or {}
-    if status.get("phase") != "Failed" or terminated(pod):
+    if status.get("phase") != "Failed":
         return None
+    evicted = eviction(pod, effective_limits)
+    if evicted or terminated(pod):
+        return evicted
     if status.get("reason") == "DeadlineExceeded":
         limit = (effective_limits or {}).get("timeoutSeconds", "?")
         return Outcome(Phase.FAILED, Reason.TIMEOUT,

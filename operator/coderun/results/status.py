@@ -4,11 +4,12 @@ Every writer of status goes through here, so phases, reasons, conditions and mes
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from ..api.models import CodeRunSpec
+from ..api.models import CodeRunSpec, Validation
 from ..api.reasons import ConditionType, Phase, Reason
 from ..policy import Decision
 from .frame import RunnerFrame
@@ -20,10 +21,15 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 time, or None for anything else (annotations are caller-written and may be garbage)."""
+    if not isinstance(value, str) or not value or len(value) > 64:
         return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def created_at(run: Mapping[str, Any]) -> datetime | None:
@@ -79,7 +85,7 @@ def accepted_status(run: Mapping[str, Any], decision: Decision, pod_name: str, i
                                _generation(run), now)
     limits = decision.limits
     return {
-        "phase": Phase.PENDING, "reason": Reason.SCHEDULED,
+        "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
         "message": f"sandbox pod {pod_name} created; waiting for it to start",
         "podName": pod_name, "image": image, "codeHash": hash_, "runtimeClass": decision.policy.runtime_class,
         "policy": decision.policy.name,
@@ -125,70 +131,141 @@ _FAILURE_HINTS = {
     Reason.OOM_KILLED: "the program exceeded its memory limit of {memory}; use less memory or raise spec.limits.memory",
     Reason.OUTPUT_LIMIT_EXCEEDED: "the program wrote far more output than the {output} bytes kept per stream and was "
                                   "stopped; print less or write large results to $CODERUN_OUTPUT_DIR",
+    Reason.DISK_LIMIT_EXCEEDED: "the program wrote more than its disk limit of {disk} to /tmp and was stopped; "
+                                "write less or raise spec.limits.disk",
 }
+# What the runner measured when it enforced a sandbox limit (frame.limit.kind), in words.
+_LIMIT_MESSAGES = {
+    "disk": "the program used {observed} bytes in /tmp, over its disk limit of {limit} bytes, and was stopped; "
+            "write less or raise spec.limits.disk",
+    "inodes": "the program created {observed} files and directories in /tmp, over the limit of {limit}, and was "
+              "stopped; create fewer files",
+    "processes": "the program started {observed} processes and reached the sandbox's limit of {limit}, so it was "
+                 "stopped; start fewer processes",
+    "termination-log": "the program wrote to /dev/termination-log, which belongs to the sandbox runner, and was "
+                       "stopped",
+}
+# The runner's reasons that are the program's own outcome, as they are.
+_PROGRAM_REASONS = {Reason.COMPLETED, Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OOM_KILLED,
+                    Reason.OUTPUT_LIMIT_EXCEEDED, Reason.SIGNALED, Reason.DISK_LIMIT_EXCEEDED,
+                    Reason.PROCESS_LIMIT_EXCEEDED, Reason.SANDBOX_VIOLATION}
 
 
-def failure_message(reason: str, decision_limits: Mapping[str, Any] | None) -> str:
-    limits = decision_limits or {}
+def failure_message(reason: str, limits: Mapping[str, Any] | None) -> str:
+    limits = limits or {}
     template = _FAILURE_HINTS.get(reason, "")
     return template.format(timeout=limits.get("timeoutSeconds", "?"), memory=limits.get("memory", "?"),
-                           output=limits.get("outputBytes", "?"))
+                           output=limits.get("outputBytes", "?"), disk=limits.get("disk", "?"))
+
+
+def head_bytes(text: str, limit: int) -> tuple[str, bool]:
+    """At most `limit` UTF-8 bytes of text (never half a character); whether anything was cut."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode("utf-8", "ignore"), True
+
+
+def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: Mapping[str, Any] | None) -> str:
+    if reason == Reason.COMPLETED:
+        return "the program exited with code 0"
+    if reason == Reason.NON_ZERO_EXIT:
+        where = f" at line {error['line']}" if error and error.get("line") else ""
+        raised = f": {error['type']}{where}: {error['message']}" if error else "; see stderr"
+        return f"the program exited with code {frame.exitCode}{raised}"
+    if frame.limit is not None and frame.limit.kind in _LIMIT_MESSAGES:
+        return _LIMIT_MESSAGES[frame.limit.kind].format(observed=frame.limit.observed, limit=frame.limit.limit)
+    if reason in _FAILURE_HINTS:
+        return failure_message(reason, limits)
+    if reason == Reason.PROCESS_LIMIT_EXCEEDED:
+        return "the program reached the sandbox's process limit and was stopped; start fewer processes"
+    if reason == Reason.SANDBOX_VIOLATION:
+        return "the program touched a file that belongs to the sandbox runner and was stopped"
+    return f"the program was killed by signal {frame.signal}{_signal_name(frame.signal)}"
+
+
+def _signal_name(number: int | None) -> str:
+    try:
+        return f" ({signal.Signals(number).name})"
+    except (ValueError, TypeError):
+        return ""
 
 
 def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor,
                        container_oom: bool, effective_limits: Mapping[str, Any] | None,
-                       pod_created: datetime | None, artifacts: list[dict]) -> Outcome:
-    """Map the runner's report to phase, reason and a message that says what to change."""
+                       pod_created: datetime | None, artifacts: list[dict], skipped: list[dict]) -> Outcome:
+    """Map the runner's report to phase, reason and a message that says what to change.
+
+    Every string that came from the program is redacted: output, the exception, artifact names, and the
+    validation errors (they quote the output). Output is redacted before it is cut to spec.limits.outputBytes
+    (the runner keeps a margin beyond it), so a secret straddling the cut is never shown in part.
+    """
+    limit = int((effective_limits or {}).get("outputBytes") or len(frame.stdout.encode()) + len(frame.stderr.encode()))
     stdout, n_out = redactor.redact(frame.stdout)
     stderr, n_err = redactor.redact(frame.stderr)
+    stdout, cut_out = head_bytes(stdout, limit)
+    stderr, cut_err = head_bytes(stderr, limit)
+    redactions = n_out + n_err
     error = None
     if frame.error is not None:
-        message, _ = redactor.redact(frame.error.message)
-        error = {"type": frame.error.type, "message": message, "line": frame.error.line}
+        type_, n_type = redactor.redact(frame.error.type)
+        message, n_message = redactor.redact(frame.error.message)
+        redactions += n_type + n_message
+        error = {"type": type_, "message": message, "line": frame.error.line}
+    named = []
+    for entry in [*artifacts, *skipped]:
+        name, n = redactor.redact(entry["name"])
+        redactions += n
+        named.append({**entry, "name": name})
+    artifacts, skipped = named[:len(artifacts)], named[len(artifacts):]
     reason = frame.reason
     if container_oom or frame.oomKilled:
         reason = Reason.OOM_KILLED
     if reason == Reason.COMPLETED:
-        phase, message = Phase.SUCCEEDED, "the program exited with code 0"
-    elif reason == Reason.NON_ZERO_EXIT:
+        phase = Phase.SUCCEEDED
+    elif reason in _PROGRAM_REASONS:
         phase = Phase.FAILED
-        where = f" at line {error['line']}" if error and error.get("line") else ""
-        raised = f": {error['type']}{where}: {error['message']}" if error else "; see stderr"
-        message = f"the program exited with code {frame.exitCode}{raised}"
-    elif reason in _FAILURE_HINTS:
-        phase, message = Phase.FAILED, failure_message(reason, effective_limits)
     elif reason == "InvalidInput":
-        phase, reason, message = Phase.FAILED, Reason.INVALID_SPEC, frame.message or "the run's input was refused"
-    elif reason == Reason.SIGNALED:
-        phase, message = Phase.FAILED, f"the program was killed by signal {frame.signal}"
+        phase, reason = Phase.FAILED, Reason.INVALID_SPEC
     else:
         phase, reason = Phase.FAILED, Reason.INTERNAL_ERROR
-        message = f"the sandbox runner failed: {frame.message or frame.reason}"
+    if reason in (Reason.INVALID_SPEC, Reason.INTERNAL_ERROR):
+        detail, _ = redactor.redact(frame.message or frame.reason)
+        message = (detail if reason == Reason.INVALID_SPEC else f"the sandbox runner failed: {detail}")
+    else:
+        message = _message(reason, frame, error, effective_limits)
     started = datetime.fromtimestamp(frame.startedAtMillis / 1000, timezone.utc) if frame.startedAtMillis else None
     fields = {
         "exitCode": frame.exitCode, "signal": frame.signal,
         "stdout": stdout, "stderr": stderr, "stdoutBytes": frame.stdoutBytes, "stderrBytes": frame.stderrBytes,
-        "stdoutTruncated": frame.stdoutTruncated, "stderrTruncated": frame.stderrTruncated,
+        "stdoutTruncated": frame.stdoutTruncated or cut_out, "stderrTruncated": frame.stderrTruncated or cut_err,
         "stdoutSha256": frame.stdoutSha256, "stderrSha256": frame.stderrSha256,
-        "redactions": n_out + n_err, "error": error, "artifacts": artifacts,
-        "artifactsSkipped": [s.model_dump() for s in frame.artifactsSkipped],
+        "redactions": redactions, "error": error, "artifacts": artifacts,
+        "artifactsSkipped": skipped, "artifactsSkippedUnlisted": frame.artifactsSkippedUnlisted or None,
         "metrics": {"wallMillis": frame.metrics.wallMillis, "cpuMillis": frame.metrics.cpuMillis,
                     "maxRSSBytes": frame.metrics.maxRSSBytes, "startupMillis": millis_between(pod_created, started)},
     }
     validation = validate_output(spec.expect, frame.exitCode, frame.stdout, frame.stdoutTruncated)
     if validation is not None:
-        fields["validation"] = validation.model_dump()
+        fields["validation"] = redacted_validation(validation, redactor)
     return Outcome(phase, reason, message, {k: v for k, v in fields.items() if v is not None})
+
+
+def redacted_validation(validation: Validation, redactor: Redactor) -> dict[str, Any]:
+    return {"valid": validation.valid, "errors": [redactor.redact(e)[0] for e in validation.errors]}
 
 
 def outcome_without_frame(problem: str, truncated: bool, container: Mapping[str, Any] | None,
                           effective_limits: Mapping[str, Any] | None) -> Outcome:
-    """No trustworthy frame: the container's own state decides between OOM, output flood and a platform error."""
-    terminated = (container or {}).get("state", {}).get("terminated") or {}
-    if terminated.get("reason") == "OOMKilled" or terminated.get("exitCode") == 137:
+    """No trustworthy frame: the kubelet's word decides between OOM, output flood and a platform error.
+    An exit code of 137 alone is not an OOM: anything that SIGKILLs the sandbox ends it that way."""
+    terminated = ((container or {}).get("state") or {}).get("terminated") or {}
+    if terminated.get("reason") == "OOMKilled":
         return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, effective_limits),
                        {"signal": 9})
     if truncated:
         return Outcome(Phase.FAILED, Reason.OUTPUT_LIMIT_EXCEEDED,
                        failure_message(Reason.OUTPUT_LIMIT_EXCEEDED, effective_limits))
-    return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"no result from the sandbox: {problem}")
+    code = terminated.get("exitCode")
+    ended = f" (the sandbox ended with exit code {code}, {terminated.get('reason') or 'no reason'})" if code else ""
+    return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"no result from the sandbox: {problem}{ended}")
