@@ -1,167 +1,194 @@
-"""The only module that talks to the API server. Everything returns plain dicts; 404/409 have meanings here."""
+"""The only module that talks to the API server. Everything returns plain dicts; API failures become two
+kinds of exception, handled in one place by the controller:
+
+- `Transient`: the API server is away or busy (5xx, 429, a timeout): try again later, the run is unchanged;
+- `Refused`: the API server will not take this object as it is (400, 403, 413, 422): trying the same again
+  cannot help, so the caller changes what it sends (a smaller status) or ends the run saying why.
+
+404 on reads and deletes means "gone" and returns None; 409 on create returns the object that is there, so
+the caller can check who owns it instead of assuming it is its own.
+"""
 from __future__ import annotations
 
 import base64
 import functools
 import json
 import time
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, Callable
 
-import kopf
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .api.models import GROUP, PLURAL, VERSION
 
-SANDBOX_SELECTOR = "app.kubernetes.io/managed-by=coderun,coderun.io/sandbox=true"
-# A transient API failure is retried by kopf after this delay instead of surfacing as a failed run.
-RETRY_DELAY_SECONDS = 2
+# The API server's own requests time out here rather than hanging a worker thread.
+REQUEST_TIMEOUT_SECONDS = 30
+NODE_CACHE_SECONDS = 30
+
+
+class Transient(Exception):
+    """The API server could not answer now; the same call may succeed later."""
+
+
+class Refused(Exception):
+    """The API server refuses the object as it is (quota, admission, validation, size)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
 
 
 @functools.cache
-def _clients() -> tuple[client.CoreV1Api, client.NetworkingV1Api, client.CustomObjectsApi]:
+def _api() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
-    api_client = client.ApiClient()
-    return client.CoreV1Api(api_client), client.NetworkingV1Api(api_client), client.CustomObjectsApi(api_client)
+    return client.ApiClient()
+
+
+def _core() -> client.CoreV1Api:
+    return client.CoreV1Api(_api())
+
+
+def _networking() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(_api())
+
+
+def _custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(_api())
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    return client.ApiClient().sanitize_for_serialization(obj)
+    return _api().sanitize_for_serialization(obj)
 
 
-class Refused(kopf.PermanentError):
-    """The API server will not create this object as it is (quota, admission policy): retrying cannot help."""
-
-
-def _api_message(e: ApiException) -> str:
+def api_message(e: ApiException) -> str:
+    """The API server's own sentence for a failure (it names the field or the quota)."""
     try:
-        return json.loads(e.body)["message"]
+        return str(json.loads(e.body)["message"])[:1024]
     except (ValueError, KeyError, TypeError):
         return f"{e.status} {e.reason}"
 
 
-def _transient(e: ApiException) -> kopf.TemporaryError:
-    return kopf.TemporaryError(f"API server answered {e.status} {e.reason}", delay=RETRY_DELAY_SECONDS)
+def _failure(what: str, e: ApiException) -> Exception:
+    if e.status in (400, 403, 413, 422):
+        return Refused(f"the API server refused {what}: {api_message(e)}", e.status)
+    return Transient(f"{what}: API server answered {e.status} {e.reason}")
 
 
-def _call(call, *args, **kwargs):
-    """The call's result; an API failure becomes a TemporaryError that kopf retries after a delay."""
+def _call(what: str, call: Callable, *args, missing_ok: bool = False, **kwargs):
+    """One API call with the failure kinds above; `missing_ok` turns 404 into None."""
     try:
-        return call(*args, **kwargs)
+        return call(*args, _request_timeout=REQUEST_TIMEOUT_SECONDS, **kwargs)
     except ApiException as e:
-        raise _transient(e) from e
-
-
-def _or_none(call, *args, **kwargs):
-    """The call's result, None when the object does not exist; other failures are transient."""
-    try:
-        return call(*args, **kwargs)
-    except ApiException as e:
-        if e.status == 404:
+        if e.status == 404 and missing_ok:
             return None
-        raise _transient(e) from e
+        raise _failure(what, e) from e
+    except (OSError, ValueError) as e:  # connection refused/reset, timeouts (urllib3 errors are OSErrors)
+        raise Transient(f"{what}: {type(e).__name__}: {str(e)[:200]}") from e
 
 
-def create_if_absent(obj: dict[str, Any]) -> bool:
-    """Create a child; AlreadyExists is success (deterministic names make creation idempotent)."""
-    core, networking, _ = _clients()
-    ns, kind = obj["metadata"]["namespace"], obj["kind"]
-    create = {"Pod": core.create_namespaced_pod, "ConfigMap": core.create_namespaced_config_map,
-              "NetworkPolicy": networking.create_namespaced_network_policy}[kind]
+# ------------------------------------------------------------------------------------------ children
+_READ = {"Pod": lambda: _core().read_namespaced_pod, "ConfigMap": lambda: _core().read_namespaced_config_map,
+         "NetworkPolicy": lambda: _networking().read_namespaced_network_policy}
+_CREATE = {"Pod": lambda: _core().create_namespaced_pod, "ConfigMap": lambda: _core().create_namespaced_config_map,
+           "NetworkPolicy": lambda: _networking().create_namespaced_network_policy}
+
+
+def create_or_get(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """Create a child. None when created; the object already there (whoever made it) on AlreadyExists."""
+    ns, kind, name = obj["metadata"]["namespace"], obj["kind"], obj["metadata"]["name"]
     try:
-        create(ns, obj)
-        return True
+        _CREATE[kind]()(ns, obj, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        return None
     except ApiException as e:
-        if e.status == 409:
-            return False
-        if e.status in (400, 403, 422):
-            raise Refused(f"the API server refused {kind} {obj['metadata']['name']}: {_api_message(e)}") from e
-        raise _transient(e) from e
+        if e.status != 409:
+            raise _failure(f"{kind} {name}", e) from e
+    except (OSError, ValueError) as e:
+        raise Transient(f"{kind} {name}: {type(e).__name__}: {str(e)[:200]}") from e
+    existing = _call(f"{kind} {name}", _READ[kind](), name, ns, missing_ok=True)
+    if existing is None:  # deleted between the two calls: try once more
+        return create_or_get(obj)
+    return _plain(existing)
+
+
+def replace_network_policy(obj: dict[str, Any], resource_version: str) -> None:
+    meta = obj["metadata"]
+    body = {**obj, "metadata": {**meta, "resourceVersion": resource_version}}
+    _call(f"NetworkPolicy {meta['name']}", _networking().replace_namespaced_network_policy, meta["name"],
+          meta["namespace"], body)
 
 
 def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
-    core, _, _ = _clients()
-    pod = _or_none(core.read_namespaced_pod, name, namespace)
+    pod = _call(f"pod {name}", _core().read_namespaced_pod, name, namespace, missing_ok=True)
     return _plain(pod) if pod is not None else None
+
+
+def delete_pod(namespace: str, name: str) -> None:
+    _call(f"pod {name}", _core().delete_namespaced_pod, name, namespace, grace_period_seconds=0, missing_ok=True)
 
 
 def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tuple[str, bool]:
     """The container log from the start, at most limit_bytes; says whether the whole log was read."""
-    core, _, _ = _clients()
-    raw = _call(core.read_namespaced_pod_log, pod, namespace, container=container, limit_bytes=limit_bytes + 1,
-                _preload_content=False).data
+    raw = _call(f"log of pod {pod}", _core().read_namespaced_pod_log, pod, namespace, container=container,
+                limit_bytes=limit_bytes + 1, _preload_content=False).data
     return raw[:limit_bytes].decode("utf-8", "replace"), len(raw) <= limit_bytes
-
-
-def delete_pod(namespace: str, name: str) -> None:
-    core, _, _ = _clients()
-    _or_none(core.delete_namespaced_pod, name, namespace, grace_period_seconds=0)
-
-
-def get_run(namespace: str, name: str) -> dict[str, Any] | None:
-    _, _, custom = _clients()
-    return _or_none(custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
-
-
-def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-    """One merge patch of /status. None values are sent as null, which removes stale fields."""
-    _, _, custom = _clients()
-    try:
-        return custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name,
-                                                            {"status": status})
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        if e.status == 422:
-            raise kopf.PermanentError(f"status of {namespace}/{name} refused by the API server: {e.body}") from e
-        raise _transient(e) from e
-
-
-@functools.lru_cache(maxsize=1)
-def _node_allocatable(ttl_bucket: int) -> tuple[dict[str, str], ...]:
-    core, _, _ = _clients()
-    return tuple(dict(node.status.allocatable or {}) for node in core.list_node().items)
-
-
-def node_allocatable() -> tuple[dict[str, str], ...]:
-    """Allocatable resources of every node, cached for half a minute (nodes change rarely)."""
-    return _call(_node_allocatable, int(time.monotonic() // 30))
-
-
-def label_run(namespace: str, name: str, labels: dict[str, str]) -> None:
-    _, _, custom = _clients()
-    _or_none(custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
-             {"metadata": {"labels": labels}})
 
 
 def read_configmap_bytes(namespace: str, name: str) -> dict[str, bytes] | None:
     """binaryData of a ConfigMap, decoded; None when it is gone."""
-    core, _, _ = _clients()
-    cm = _or_none(core.read_namespaced_config_map, name, namespace)
+    cm = _call(f"ConfigMap {name}", _core().read_namespaced_config_map, name, namespace, missing_ok=True)
     if cm is None:
         return None
     return {key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()}
 
 
-def delete_run(namespace: str, name: str) -> None:
-    _, _, custom = _clients()
-    _or_none(custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
+# ------------------------------------------------------------------------------------------ runs
+def get_run(namespace: str, name: str) -> dict[str, Any] | None:
+    return _call(f"CodeRun {name}", _custom().get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                 name, missing_ok=True)
 
 
-def list_all_runs() -> list[dict[str, Any]]:
-    _, _, custom = _clients()
-    return _call(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)["items"]
+def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    """One merge patch of /status (null removes a field); the run as it is now, None if it is gone."""
+    return _call(f"the status of CodeRun {name}", _custom().patch_namespaced_custom_object_status, GROUP, VERSION,
+                 namespace, PLURAL, name, {"status": status}, missing_ok=True)
 
 
-def list_sandbox_pods() -> list[dict[str, Any]]:
-    core, _, _ = _clients()
-    return [_plain(p) for p in _call(core.list_pod_for_all_namespaces, label_selector=SANDBOX_SELECTOR).items]
+def label_run(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
+    return _call(f"CodeRun {name}", _custom().patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+                 name, {"metadata": {"labels": labels}}, missing_ok=True)
 
 
-def list_runs(namespace: str, label_selector: str = "") -> list[dict[str, Any]]:
-    _, _, custom = _clients()
-    return _call(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                 label_selector=label_selector)["items"]
+def delete_run(namespace: str, name: str, uid: str) -> None:
+    """Delete this run, only if it is still the same object (a new run may have taken the name)."""
+    _call(f"CodeRun {name}", _custom().delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+          body={"preconditions": {"uid": uid}}, missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ nodes, events
+@functools.lru_cache(maxsize=1)
+def _nodes(ttl_bucket: int) -> tuple[dict[str, Any], ...]:
+    return tuple(_plain(n) for n in _call("nodes", _core().list_node).items)
+
+
+def nodes() -> tuple[dict[str, Any], ...]:
+    """Every node, cached for half a minute (nodes change rarely)."""
+    return _nodes(int(time.monotonic() // NODE_CACHE_SECONDS))
+
+
+def post_event(obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """A core/v1 Event about a CodeRun (kubectl describe shows it). Best effort: callers ignore failures."""
+    meta = obj["metadata"]
+    now = datetime.now(timezone.utc)
+    event = {
+        "metadata": {"generateName": f"{meta['name'][:200]}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": obj.get("apiVersion", f"{GROUP}/{VERSION}"), "kind": obj.get("kind", "CodeRun"),
+                           "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "firstTimestamp": now.isoformat(), "lastTimestamp": now.isoformat(), "count": 1,
+        "source": {"component": "coderun"}, "reportingComponent": "coderun.io/operator",
+    }
+    _call(f"event for {meta['name']}", _core().create_namespaced_event, meta["namespace"], event)

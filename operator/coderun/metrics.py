@@ -1,9 +1,11 @@
 """Prometheus metrics: runs by outcome, latency histograms, active runs. Fed from the statuses we write."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from .policy import DEFAULT_POLICY
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 21, 34, 60, 120, 300)
 
@@ -15,21 +17,22 @@ QUEUE_SECONDS = Histogram("coderun_run_queue_seconds", "CodeRun created -> sandb
 STARTUP_SECONDS = Histogram("coderun_run_startup_seconds", "Sandbox pod created -> program started", ["language"],
                             buckets=_LATENCY_BUCKETS)
 CACHE_HITS = Counter("coderun_cache_hits_total", "Runs answered from an identical earlier result", ["language"])
-_active: set[str] = set()
 ACTIVE = Gauge("coderun_active_runs", "Runs accepted and not yet finished")
-ACTIVE.set_function(lambda: len(_active))
+OTHER_LANGUAGE = "other"
 
 
-def serve(port: int) -> None:
+def language_label(language: object) -> str:
+    """A caller writes spec.language: only languages a policy offers become label values, so no caller can
+    create new time series."""
+    return language if isinstance(language, str) and language in DEFAULT_POLICY.runtimes else OTHER_LANGUAGE
+
+
+def serve(port: int, active_runs: Callable[[], int]) -> None:
+    ACTIVE.set_function(active_runs)
     start_http_server(port)
 
 
-def track_active(uid: str, active: bool) -> None:
-    (_active.add if active else _active.discard)(uid)
-
-
-def observe_finished(uid: str, status: Mapping[str, Any], language: str) -> None:
-    track_active(uid, False)
+def observe_finished(status: Mapping[str, Any], language: str) -> None:
     RUNS.labels(status.get("phase", ""), status.get("reason", ""), language).inc()
     times: Mapping[str, Any] = status.get("metrics") or {}
     for histogram, field in ((TOTAL_SECONDS, "totalMillis"), (QUEUE_SECONDS, "queueMillis"),

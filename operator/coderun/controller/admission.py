@@ -1,0 +1,130 @@
+"""Admission: policy check, the cache, then the run's children, then the Pending status that names the pod.
+
+Order matters for "nothing is lost": children are created before the status names them, so a crash at any
+point is repaired by the next reconcile (creation is idempotent). A child that already exists but is not
+this run's (someone created it first under the deterministic name) is never adopted: the run ends with
+NameConflict instead of reporting a squatter's output as its own.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from ..api.models import CodeRunSpec
+from ..api.reasons import Phase, Reason
+from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
+                        build_network_policy, build_pod, code_hash)
+from ..builders.names import MANAGER
+from ..policy import Decision, Denial, evaluate, select_policy
+from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome
+from ..results.status import Outcome, accepted_status, created_at, millis_between
+from . import core
+from .collection import ArtifactsConflict, copy_artifacts
+
+
+def decide(run: Mapping[str, Any]) -> tuple[CodeRunSpec | None, Decision | Denial]:
+    """The typed spec and the policy's verdict; a spec the model refuses is InvalidSpec, naming the field."""
+    try:
+        spec = CodeRunSpec.model_validate(run.get("spec") or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, Denial(Reason.INVALID_SPEC, "schema", f"spec.{where}: {first['msg']}"[:1024])
+    policy = select_policy(spec.policy_ref, {})
+    if isinstance(policy, Denial):
+        return spec, policy
+    return spec, evaluate(spec, policy)
+
+
+def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
+    meta = run["metadata"]
+    spec, decision = decide(run)
+    if isinstance(decision, Denial):
+        ctl.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, {"policyRule": decision.rule}))
+        return
+    digest = image_digest(decision.runtime.image, _node_images(ctl))
+    key = cache_key(spec, decision, digest)
+    if spec.cache and spec.cache.enabled and key and _answer_from_cache(ctl, run, spec, key):
+        return
+    conflict = _ensure_namespace_default_deny(ctl, meta["namespace"])
+    configmap = build_input_configmap(run, spec, decision)
+    pod = build_pod(run, decision, configmap["metadata"]["name"])
+    try:
+        for child in (configmap, build_network_policy(run), pod):
+            conflict = conflict or not_ours(ctl.api.create_or_get(child), meta["uid"])
+            if conflict:
+                break
+    except ctl.api.Refused as refused:
+        ctl.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or "
+                                "admission policy must allow the sandbox"))
+        return
+    if conflict:
+        ctl.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict))
+        return
+    now = ctl.now()
+    status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
+    status["metrics"] = {"queueMillis": millis_between(created_at(run), now)}
+    if key:
+        status["cacheKey"] = key
+    if ctl.write_status(run, status) is not None:
+        ctl.event(run, "Normal", Reason.POD_CREATED, f"sandbox pod {pod['metadata']['name']} created")
+
+
+def not_ours(existing: Mapping[str, Any] | None, run_uid: str) -> str | None:
+    """None when the child was just created or is this run's own; else why it cannot be used."""
+    if existing is None:
+        return None
+    owners = existing["metadata"].get("ownerReferences") or ()
+    if any(o.get("uid") == run_uid and o.get("controller") for o in owners):
+        return None
+    kind, name = existing.get("kind") or "object", existing["metadata"]["name"]
+    return (f"a {kind} named {name} already exists in this namespace and does not belong to this run, so the "
+            "sandbox cannot be created; delete that object or create the run under another name")
+
+
+def _ensure_namespace_default_deny(ctl: core.Controller, namespace: str) -> str | None:
+    """The namespace-wide deny-all for sandboxes, created or repaired on every admission (it may have been
+    deleted or edited since); a same-named policy that is not coderun's is a conflict, never trusted."""
+    wanted = build_namespace_network_policy(namespace)
+    existing = ctl.api.create_or_get(wanted)
+    if existing is None:
+        return None
+    if (existing["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) != MANAGER:
+        return not_ours(existing, "")
+    if not _same_rules(existing.get("spec") or {}, wanted["spec"]):
+        ctl.api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
+    return None
+
+
+def _same_rules(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    # The API server omits empty rule lists when it answers; missing and [] mean the same: deny.
+    fields = ("podSelector", "policyTypes", "ingress", "egress")
+    return all((have.get(f) or None) == (want.get(f) or None) for f in fields)
+
+
+def _node_images(ctl: core.Controller) -> list[Mapping[str, Any]]:
+    """What the nodes say they hold (repo digests on a registry-backed cluster), then the digest of the image
+    last seen on a sandbox pod, for images imported without a repo digest."""
+    images = [image for node in ctl.api.nodes() for image in (node.get("status") or {}).get("images") or ()]
+    return images + [{"names": [tag, f"{tag.rsplit(':', 1)[0]}@{digest}"]} for tag, digest in ctl.seen_digests.items()]
+
+
+def _answer_from_cache(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, key: str) -> bool:
+    """A finished run with the same inputs within the TTL answers this one: no pod at all."""
+    meta, now = run["metadata"], ctl.now()
+    candidates = (r for r in ctl.store.finished_in(meta["namespace"], key) if r["metadata"]["uid"] != meta["uid"])
+    source = pick_reusable(candidates, key, spec.cache.ttl_seconds, now)
+    if source is None:
+        return False
+    try:
+        artifacts = copy_artifacts(ctl, run, source)
+    except ArtifactsConflict:
+        return False  # run for real; collection then reports the conflict with the program's own result
+    if artifacts is None:
+        return False  # the earlier run's artifacts are gone: run again rather than answer half
+    outcome = reused_outcome(source, spec, artifacts, now)
+    outcome.fields["cacheKey"] = key
+    if ctl.finish(run, outcome) is not None:
+        core.metrics.CACHE_HITS.labels(core.metrics.language_label(spec.language)).inc()
+    return True

@@ -1,0 +1,185 @@
+"""The controller: one reconcile per run, driven by watch events and a timer, over the in-memory store.
+
+Stages live beside this file: `admission` (policy, children, the Pending status), `collection` (follow the
+pod, read the result, finish). This module holds what every stage shares: the per-run lock, the one
+terminal-status writer (with its ladder of smaller statuses when the API server refuses one), Events and
+metrics, and the one place API failures are handled:
+
+- `k8s.Transient`: logged in one line; the next event or tick reconciles again;
+- anything else: a bug or an object we cannot handle. After `MAX_FAILURES` attempts the run ends Failed /
+  InternalError with the exception named, so no run is left without a terminal status.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
+
+from .. import k8s as real_k8s
+from .. import metrics
+from ..api.models import CodeRunStatus
+from ..api.reasons import Phase, Reason
+from ..results.budget import smaller_statuses, status_budget
+from ..results.lifecycle import expiry_time
+from ..results.status import Outcome, terminal_status
+from .store import Store, is_terminal
+
+log = logging.getLogger("coderun")
+
+MAX_FAILURES = 3
+EXPIRY_RETRY_SECONDS = 30
+
+
+def to_wire(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The status through the model that generates the CRD: a misspelt or undeclared field fails here, loudly,
+    instead of being pruned by the API server. Fields set to None stay, as null, to clear stale values."""
+    return CodeRunStatus.model_validate(dict(status)).model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+class Controller:
+    def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+        self.api = api
+        self.now = clock
+        self.store = Store()
+        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+        self._failures: dict[str, int] = {}
+        # image (as the policy names it) -> sha256 digest the kubelet last reported for it on a sandbox pod
+        self.seen_digests: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ entry points (handlers call these)
+    def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
+        uid = run["metadata"]["uid"]
+        if deleted:
+            self.store.forget_run(uid)
+            with self._locks_guard:
+                self._locks.pop(uid, None)
+            self._failures.pop(uid, None)
+            return
+        self.store.put_run(run)
+        self.reconcile(uid)
+
+    def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        self._note_digest(pod)
+        uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
+        if uid is not None:
+            self.reconcile(uid, pod_event_deleted=deleted)
+
+    def tick(self) -> None:
+        """Level-based pass (every few seconds): deadlines of unfinished runs, retries, due expiries."""
+        for uid in self.store.unfinished():
+            self.reconcile(uid)
+        for uid in self.store.due_expiries(self.now()):
+            run = self.store.run(uid)
+            if run is not None:
+                self._guarded(uid, run, lambda: self._expire(run))
+
+    def _note_digest(self, pod: Mapping[str, Any]) -> None:
+        for container in (pod.get("status") or {}).get("containerStatuses") or ():
+            image, image_id = container.get("image") or "", container.get("imageID") or ""
+            if "sha256:" in image_id and "@" not in image:
+                self.seen_digests[image] = image_id[image_id.rindex("sha256:"):]
+
+    # ------------------------------------------------------------------ reconcile
+    def reconcile(self, uid: str, pod_event_deleted: bool = False) -> None:
+        with self._lock(uid):
+            run = self.store.run(uid)
+            if run is not None:
+                self._guarded(uid, run, lambda: self._reconcile(run, pod_event_deleted))
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[uid]
+
+    def _guarded(self, uid: str, run: Mapping[str, Any], step: Callable[[], None]) -> None:
+        meta = run["metadata"]
+        try:
+            step()
+            self._failures.pop(uid, None)
+        except real_k8s.Transient as e:
+            log.warning("run %s/%s: %s; will retry", meta.get("namespace"), meta.get("name"), e)
+        except Exception as e:  # noqa: BLE001 - never let one run stop the others, never loop silently
+            failures = self._failures[uid] = self._failures.get(uid, 0) + 1
+            log.error("run %s/%s: %s: %s (attempt %d of %d)", meta.get("namespace"), meta.get("name"),
+                      type(e).__name__, str(e)[:500], failures, MAX_FAILURES)
+            log.debug("details", exc_info=True)
+            if failures >= MAX_FAILURES and not is_terminal(self.store.run(uid) or run):
+                self._give_up(run, e)
+
+    def _give_up(self, run: Mapping[str, Any], error: Exception) -> None:
+        try:
+            self.finish(run, Outcome(Phase.FAILED, Reason.INTERNAL_ERROR,
+                                     f"the operator could not process this run ({type(error).__name__}: "
+                                     f"{str(error)[:300]}); this is a coderun bug, please report it"))
+        except Exception as e:  # noqa: BLE001
+            log.error("run %s: could not record the failure: %s: %s", run["metadata"].get("name"),
+                      type(e).__name__, str(e)[:300])
+
+    def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
+        from . import admission, collection  # the stages import this module
+        uid = run["metadata"]["uid"]
+        if is_terminal(run):
+            pod = self.store.pod(uid)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                self.api.delete_pod(run["metadata"]["namespace"], pod["metadata"]["name"])
+            self._schedule_expiry(run)
+            return
+        if not (run.get("status") or {}).get("podName"):
+            admission.admit(self, run)
+        else:
+            collection.advance(self, run, self.store.pod(uid), pod_event_deleted)
+
+    # ------------------------------------------------------------------ writing status
+    def write_status(self, run: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
+        """Patch /status; when the API server refuses it, ever smaller versions. The status written, or None
+        when the run is gone. The store takes the API server's answer, so no stale event undoes it."""
+        meta, refusals = run["metadata"], []
+        for candidate in smaller_statuses(status, status_budget(run), refusals):
+            try:
+                written = self.api.patch_run_status(meta["namespace"], meta["name"], to_wire(candidate))
+            except real_k8s.Refused as e:
+                refusals.append(str(e))
+                log.warning("run %s/%s: status refused (%s); writing a smaller one", meta["namespace"],
+                            meta["name"], str(e)[:300])
+                continue
+            if written is None:
+                return None
+            self.store.put_run(written)
+            return candidate
+        raise real_k8s.Refused(f"every status for this run was refused: {refusals[-1]}", 422)
+
+    def finish(self, run: Mapping[str, Any], outcome: Outcome) -> dict[str, Any] | None:
+        """The one writer of terminal statuses: write, tell people (an Event), count (metrics)."""
+        meta = run["metadata"]
+        written = self.write_status(run, terminal_status(run, outcome, self.now()))
+        if written is None:
+            return None
+        self.event(run, "Normal" if outcome.phase == Phase.SUCCEEDED else "Warning", outcome.reason,
+                   written.get("message") or outcome.message)
+        metrics.observe_finished(written, metrics.language_label((run.get("spec") or {}).get("language")))
+        log.info("run %s/%s %s/%s", meta["namespace"], meta["name"], outcome.phase, outcome.reason)
+        self._schedule_expiry(self.store.run(meta["uid"]) or run)
+        return written
+
+    def event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        try:
+            self.api.post_event(run, type_, reason, message)
+        except (real_k8s.Transient, real_k8s.Refused) as e:  # an Event is a courtesy, never a reason to retry
+            log.warning("run %s: event not posted: %s", run["metadata"].get("name"), e)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _schedule_expiry(self, run: Mapping[str, Any]) -> None:
+        when = expiry_time(run)
+        if when is not None:
+            self.store.expire_at(when, run["metadata"]["uid"])
+
+    def _expire(self, run: Mapping[str, Any]) -> None:
+        meta = run["metadata"]
+        try:
+            self.api.delete_run(meta["namespace"], meta["name"], meta["uid"])
+        except real_k8s.Transient:
+            self.store.expire_at(self.now() + timedelta(seconds=EXPIRY_RETRY_SECONDS), meta["uid"])
+            raise
+        log.info("run %s/%s deleted after its ttlSecondsAfterFinished", meta["namespace"], meta["name"])

@@ -1,0 +1,117 @@
+"""What the operator knows of the cluster: runs and sandbox pods as the watches and its own writes left them.
+
+Fed by kopf's watch events and by the answers to our own writes, so decisions never wait for the API
+server and the idle cost does not grow with the number of finished runs: nothing is listed or polled.
+A watch event older than what we already hold (a lagging stream, our own write seen first) is ignored.
+"""
+from __future__ import annotations
+
+import heapq
+import threading
+from datetime import datetime
+from typing import Any, Iterator, Mapping
+
+from ..api.reasons import TERMINAL_PHASES
+
+
+def _version(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int(obj["metadata"].get("resourceVersion"))
+    except (TypeError, ValueError):
+        return None
+
+
+def owner_uid(pod: Mapping[str, Any]) -> str | None:
+    for owner in pod["metadata"].get("ownerReferences") or ():
+        if owner.get("kind") == "CodeRun" and owner.get("controller"):
+            return owner.get("uid")
+    return None
+
+
+def is_terminal(run: Mapping[str, Any]) -> bool:
+    return (run.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+class Store:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, Any]] = {}  # by the owning run's uid
+        self._expiries: list[tuple[datetime, str]] = []
+        self._scheduled: set[str] = set()
+
+    # ---- runs
+    def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
+        """Keep the newer of what we hold and `run`; returns what we hold now."""
+        uid = run["metadata"]["uid"]
+        with self._lock:
+            held = self._runs.get(uid)
+            if held is not None and (_version(held) or 0) > (_version(run) or 0):
+                return held
+            self._runs[uid] = dict(run)
+            return self._runs[uid]
+
+    def forget_run(self, uid: str) -> None:
+        with self._lock:
+            self._runs.pop(uid, None)
+            self._pods.pop(uid, None)
+            self._scheduled.discard(uid)
+
+    def run(self, uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._runs.get(uid)
+
+    def unfinished(self) -> list[str]:
+        with self._lock:
+            return [uid for uid, run in self._runs.items() if not is_terminal(run)]
+
+    def active_count(self) -> int:
+        with self._lock:
+            return sum(1 for run in self._runs.values() if not is_terminal(run))
+
+    def finished_in(self, namespace: str, cache_key: str) -> Iterator[dict[str, Any]]:
+        """Finished runs of a namespace with this cache key (the cache answers from memory, not a list call)."""
+        with self._lock:
+            found = [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
+                     and (r.get("status") or {}).get("cacheKey") == cache_key and is_terminal(r)]
+        return iter(found)
+
+    # ---- pods
+    def put_pod(self, pod: Mapping[str, Any]) -> str | None:
+        uid = owner_uid(pod)
+        if uid is not None:
+            with self._lock:
+                held = self._pods.get(uid)
+                if held is None or held["metadata"].get("uid") != pod["metadata"].get("uid") or \
+                        (_version(held) or 0) <= (_version(pod) or 0):
+                    self._pods[uid] = dict(pod)
+        return uid
+
+    def forget_pod(self, pod: Mapping[str, Any]) -> str | None:
+        uid = owner_uid(pod)
+        with self._lock:
+            held = self._pods.get(uid)
+            if held is not None and held["metadata"].get("uid") == pod["metadata"].get("uid"):
+                del self._pods[uid]
+        return uid
+
+    def pod(self, run_uid: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._pods.get(run_uid)
+
+    # ---- expiry: a heap of (when, run uid), so nothing scans finished runs
+    def expire_at(self, when: datetime, uid: str) -> None:
+        """Schedule a finished run's deletion, once."""
+        with self._lock:
+            if uid not in self._scheduled:
+                self._scheduled.add(uid)
+                heapq.heappush(self._expiries, (when, uid))
+
+    def due_expiries(self, now: datetime) -> list[str]:
+        due = []
+        with self._lock:
+            while self._expiries and self._expiries[0][0] <= now:
+                uid = heapq.heappop(self._expiries)[1]
+                self._scheduled.discard(uid)
+                due.append(uid)
+        return due

@@ -1,0 +1,120 @@
+"""An in-memory stand-in for coderun.k8s, the controller's only seam to the API server.
+
+It keeps objects by (kind, namespace, name), answers like the real module (None when created, the existing
+object on AlreadyExists, None for a missing object) and can be told to refuse or fail calls, so controller
+tests exercise every verdict and every refusal without a cluster.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any, Callable
+
+from coderun.k8s import Refused, Transient
+
+__all__ = ["FakeK8s", "Refused", "Transient"]
+
+
+class FakeK8s:
+    Refused = Refused
+    Transient = Transient
+
+    def __init__(self):
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.events: list[tuple[str, str, str]] = []
+        self.logs: dict[str, tuple[str, bool]] = {}
+        self.calls: list[str] = []
+        self.nodes_ = [{"status": {"allocatable": {"cpu": "2", "memory": "8Gi"},
+                                   "images": [{"names": ["coderun.local/sandbox-python:v1",
+                                                         "coderun.local/sandbox-python@sha256:" + "f" * 64]}]}}]
+        # call name -> function(args) that may raise, to simulate the API server refusing or failing
+        self.fail: dict[str, Callable[..., None]] = {}
+        self._versions = itertools.count(100)
+
+    def _hook(self, name: str, *args) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            self.fail[name](*args)
+
+    def _stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
+        obj["metadata"]["resourceVersion"] = str(next(self._versions))
+        return obj
+
+    # ---- children
+    def create_or_get(self, obj):
+        self._hook("create_or_get", obj)
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in self.objects:
+            return copy.deepcopy(self.objects[key])
+        self.objects[key] = self._stamp(copy.deepcopy(obj))
+        return None
+
+    def replace_network_policy(self, obj, resource_version):
+        self._hook("replace_network_policy", obj)
+        self.objects[("NetworkPolicy", obj["metadata"]["namespace"], obj["metadata"]["name"])] = \
+            self._stamp(copy.deepcopy(obj))
+
+    def get_pod(self, namespace, name):
+        self._hook("get_pod", namespace, name)
+        return copy.deepcopy(self.objects.get(("Pod", namespace, name)))
+
+    def delete_pod(self, namespace, name):
+        self._hook("delete_pod", namespace, name)
+        self.objects.pop(("Pod", namespace, name), None)
+
+    def read_log(self, namespace, pod, container, limit_bytes):
+        self._hook("read_log", namespace, pod)
+        return self.logs.get(pod, ("", True))
+
+    def read_configmap_bytes(self, namespace, name):
+        self._hook("read_configmap_bytes", namespace, name)
+        cm = self.objects.get(("ConfigMap", namespace, name))
+        if cm is None:
+            return None
+        import base64
+        return {k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()}
+
+    # ---- runs
+    def add_run(self, run):
+        run = self._stamp(copy.deepcopy(run))
+        self.objects[("CodeRun", run["metadata"]["namespace"], run["metadata"]["name"])] = run
+        return copy.deepcopy(run)
+
+    def run(self, namespace, name):
+        return self.objects.get(("CodeRun", namespace, name))
+
+    def get_run(self, namespace, name):
+        self._hook("get_run", namespace, name)
+        return copy.deepcopy(self.run(namespace, name))
+
+    def patch_run_status(self, namespace, name, status):
+        self._hook("patch_run_status", namespace, name, status)
+        run = self.run(namespace, name)
+        if run is None:
+            return None
+        merged = {**(run.get("status") or {}), **status}
+        run["status"] = {k: v for k, v in merged.items() if v is not None}
+        return copy.deepcopy(self._stamp(run))
+
+    def label_run(self, namespace, name, labels):
+        self._hook("label_run", namespace, name, labels)
+        run = self.run(namespace, name)
+        if run is None:
+            return None
+        run["metadata"].setdefault("labels", {}).update(labels)
+        return copy.deepcopy(self._stamp(run))
+
+    def delete_run(self, namespace, name, uid):
+        self._hook("delete_run", namespace, name, uid)
+        run = self.run(namespace, name)
+        if run is not None and run["metadata"]["uid"] == uid:
+            del self.objects[("CodeRun", namespace, name)]
+
+    # ---- nodes, events
+    def nodes(self):
+        self._hook("nodes")
+        return copy.deepcopy(self.nodes_)
+
+    def post_event(self, obj, type_, reason, message):
+        self._hook("post_event", obj, type_, reason, message)
+        self.events.append((type_, reason, message))

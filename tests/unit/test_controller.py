@@ -1,0 +1,300 @@
+"""The controller against a fake of k8s.py: admission, collection, every verdict, refusals, expiry, the cache."""
+import copy
+import hashlib
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from coderun.controller import Controller
+from fake_k8s import FakeK8s, Refused, Transient
+
+T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
+NS = "team-a"
+
+
+class Clock:
+    def __init__(self):
+        self.now = T0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def env():
+    api, clock = FakeK8s(), Clock()
+    return api, clock, Controller(api=api, clock=clock)
+
+
+def make_run(name="demo", uid="uid-1", **spec):
+    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
+            "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1,
+                         "creationTimestamp": "2026-11-22T10:00:00Z"},
+            "spec": {"language": "python", "code": "print(6*7)", **spec}}
+
+
+def submit(env, run):
+    api, _, ctl = env
+    ctl.on_run(api.add_run(run), deleted=False)
+    return api.run(NS, run["metadata"]["name"])
+
+
+def frame_log(**fields):
+    frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
+             "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000}, **fields}
+    text = json.dumps(frame, separators=(",", ":"))
+    return f"CODERUN-RESULT-V1 {text}\n", json.dumps({"frameSha256": hashlib.sha256(text.encode()).hexdigest()})
+
+
+def pod_of(api, run_name="demo"):
+    return copy.deepcopy(api.objects[("Pod", NS, f"{run_name}-sandbox")])
+
+
+def terminate(env, run_name="demo", log=None, termination=None, reason="Completed", exit_code=0):
+    """The kubelet reports the container terminated; the runner left `log` and `termination`."""
+    api, _, ctl = env
+    pod = pod_of(api, run_name)
+    if log is None:
+        log, termination = frame_log()
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"] = {"phase": "Running", "containerStatuses": [{
+        "name": "run", "image": "coderun.local/sandbox-python:v1",
+        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
+        "state": {"terminated": {"reason": reason, "exitCode": exit_code, "message": termination}}}]}
+    ctl.on_pod(pod, deleted=False)
+    return api.run(NS, run_name)
+
+
+# ------------------------------------------------------------------ admission
+def test_admission_creates_the_children_then_the_pending_status(env):
+    api, _, _ = env
+    run = submit(env, make_run())
+    kinds = sorted(k for (k, _, _) in api.objects)
+    assert kinds == ["CodeRun", "ConfigMap", "NetworkPolicy", "NetworkPolicy", "Pod"]
+    assert run["status"]["phase"] == "Pending" and run["status"]["podName"] == "demo-sandbox"
+    assert run["status"]["cacheKey"] and run["status"]["effectiveLimits"]["timeoutSeconds"] == 5
+    assert ("Normal", "PodCreated", "sandbox pod demo-sandbox created") in api.events
+
+
+@pytest.mark.parametrize("spec,reason,says", [
+    ({"language": "cobol"}, "PolicyDenied", "language 'cobol' is not offered"),
+    ({"limits": {"memory": "64Gi"}}, "PolicyDenied", "spec.limits.memory=64Gi is above the maximum"),
+    ({"files": [{"path": "a.bin", "contentBase64": "abc"}]}, "InvalidSpec", "spec.files.0.contentBase64"),
+    ({"code": None}, "InvalidSpec", "spec.code"),
+])
+def test_refused_runs_end_rejected_without_a_pod(env, spec, reason, says):
+    api, _, _ = env
+    run = submit(env, make_run(**spec))
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Rejected", reason)
+    assert says in run["status"]["message"]
+    assert not any(k == "Pod" for (k, _, _) in api.objects)
+    assert api.events[-1][:2] == ("Warning", reason)
+
+
+def test_a_squatted_child_name_is_a_conflict_never_adopted(env):
+    api, _, _ = env
+    api.objects[("ConfigMap", NS, "demo-input")] = {"kind": "ConfigMap", "metadata": {
+        "name": "demo-input", "namespace": NS, "resourceVersion": "1"}, "data": {"code": "print('squatter')"}}
+    run = submit(env, make_run())
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "NameConflict")
+    assert "ConfigMap named demo-input already exists" in run["status"]["message"]
+    assert ("Pod", NS, "demo-sandbox") not in api.objects
+
+
+def test_the_namespace_deny_all_is_repaired_or_refused_when_foreign(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    key = ("NetworkPolicy", NS, "coderun-sandbox-default-deny")
+    api.objects[key]["spec"]["egress"] = [{}]  # someone opened it
+    submit(env, make_run(name="second", uid="uid-2"))
+    assert api.objects[key]["spec"]["egress"] == [] and "replace_network_policy" in api.calls
+    del api.objects[key]  # deleted: created again on the next admission
+    submit(env, make_run(name="third", uid="uid-3"))
+    assert key in api.objects
+    api.objects[key]["metadata"]["labels"] = {}  # not ours any more
+    run = submit(env, make_run(name="fourth", uid="uid-4"))
+    assert run["status"]["reason"] == "NameConflict"
+
+
+def test_quota_refusal_fails_the_run_with_the_api_servers_message(env):
+    api, _, _ = env
+    def refuse_pods(obj):
+        if obj["kind"] == "Pod":
+            raise Refused("the API server refused Pod demo-sandbox: exceeded quota: pods=0", 403)
+    api.fail["create_or_get"] = refuse_pods
+    run = submit(env, make_run())
+    assert run["status"]["reason"] == "StartFailed" and "exceeded quota" in run["status"]["message"]
+
+
+# ------------------------------------------------------------------ progress and collection
+def test_running_then_collected_then_pod_deleted_and_cache_labelled(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Running", "containerStatuses": [{"name": "run", "state": {"running": {}}}]}
+    ctl.on_pod(pod, deleted=False)
+    assert api.run(NS, "demo")["status"]["phase"] == "Running"
+    run = terminate(env)
+    assert (run["status"]["phase"], run["status"]["reason"], run["status"]["stdout"]) == \
+        ("Succeeded", "Completed", "42\n")
+    assert ("Pod", NS, "demo-sandbox") not in api.objects
+    assert run["metadata"]["labels"]["coderun.io/cache-key"] == run["status"]["cacheKey"][:63]
+    assert run["status"]["image"].endswith("@sha256:" + "f" * 64)
+
+
+@pytest.mark.parametrize("log,termination,container_reason,reason", [
+    ("no frame at all\n", None, "Error", "InternalError"),
+    ("no frame at all\n", None, "OOMKilled", "OOMKilled"),
+    (frame_log()[0], json.dumps({"frameSha256": "0" * 64}), "Completed", "InternalError"),
+])
+def test_without_a_vouched_frame_the_kubelet_decides(env, log, termination, container_reason, reason):
+    submit(env, make_run())
+    run = terminate(env, log=log, termination=termination, reason=container_reason, exit_code=137)
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", reason)
+
+
+def test_hostile_frame_values_still_end_the_run(env):
+    log, termination = frame_log(reason="NonZeroExit", exitCode=1, stdout="\u2028x\u0085y\n",
+                                 error={"type": "E" * 1000, "message": "m" * 10000, "line": 10**30})
+    submit(env, make_run())
+    run = terminate(env, log=log, termination=termination, reason="Error", exit_code=1)
+    status = run["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "NonZeroExit")
+    assert status["error"]["line"] is None and len(status["error"]["type"]) == 256
+    assert len(status["error"]["message"]) == 4096 and status["stdout"] == "\u2028x\u0085y\n"
+
+
+def test_a_deleted_pod_fails_the_run(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    pod = pod_of(api)
+    del api.objects[("Pod", NS, "demo-sandbox")]
+    ctl.on_pod(pod, deleted=True)
+    assert api.run(NS, "demo")["status"]["reason"] == "PodDeleted"
+
+
+def test_a_pod_that_never_starts_gets_a_verdict_from_the_tick(env):
+    api, clock, ctl = env
+    submit(env, make_run())
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Pending", "containerStatuses": [{
+        "name": "run", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}]}
+    ctl.on_pod(pod, deleted=False)
+    assert api.run(NS, "demo")["status"]["phase"] == "Pending"
+    clock.now += timedelta(seconds=31)
+    ctl.tick()
+    run = api.run(NS, "demo")
+    assert run["status"]["reason"] == "ImageUnavailable" and ("Pod", NS, "demo-sandbox") not in api.objects
+    assert api.events[-1][:2] == ("Warning", "ImageUnavailable")  # events work from the tick too
+
+
+def test_an_evicted_sandbox_reports_the_disk_limit(env):
+    api, _, ctl = env
+    submit(env, make_run(limits={"disk": "16Mi"}))
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Failed", "reason": "Evicted",
+                     "message": 'Usage of EmptyDir volume "tmp" exceeds the limit "16Mi". '}
+    ctl.on_pod(pod, deleted=False)
+    status = api.run(NS, "demo")["status"]
+    assert status["reason"] == "DiskLimitExceeded" and "disk limit of 16Mi" in status["message"]
+
+
+# ------------------------------------------------------------------ refusals and failures
+def test_a_refused_status_is_retried_smaller_never_the_same(env):
+    api, _, _ = env
+    sent = []
+    def refuse_big(namespace, name, status):
+        sent.append(len(json.dumps(status)))
+        if status.get("phase") == "Succeeded" and len(json.dumps(status)) > 20_000:
+            raise Refused("the API server refused the status: etcdserver: request is too large", 413)
+    submit(env, make_run())
+    api.fail["patch_run_status"] = refuse_big
+    log, termination = frame_log(stdout="x" * 200_000)
+    run = terminate(env, log=log, termination=termination)
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["stdoutTruncated"] is True
+    assert len(run["status"]["stdout"]) <= 4096 and sent[-1] < sent[-2]
+
+
+def test_when_every_full_status_is_refused_the_minimal_one_says_why(env):
+    api, _, _ = env
+    def refuse_unless_minimal(namespace, name, status):
+        if status.get("phase") == "Succeeded" and "stdout" in status and status["stdout"] is not None:
+            raise Refused("the API server refused the status: spec.status.x: Invalid value", 422)
+    submit(env, make_run())
+    api.fail["patch_run_status"] = refuse_unless_minimal
+    run = terminate(env)
+    assert run["status"]["phase"] == "Succeeded" and "refused by the API server" in run["status"]["message"]
+    assert "stdout" not in run["status"]
+
+
+def test_an_unexpected_error_ends_the_run_after_three_attempts(env):
+    api, _, ctl = env
+    def boom(*_):
+        raise RuntimeError("something nobody expected")
+    api.fail["read_log"] = boom
+    submit(env, make_run())
+    terminate(env)
+    ctl.tick()
+    assert api.run(NS, "demo")["status"]["phase"] == "Running" or \
+        api.run(NS, "demo")["status"]["phase"] == "Pending"
+    ctl.tick()
+    status = api.run(NS, "demo")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InternalError")
+    assert "RuntimeError: something nobody expected" in status["message"]
+
+
+def test_transient_failures_are_retried_and_never_end_the_run(env):
+    api, _, ctl = env
+    def away(*_):
+        raise Transient("API server answered 503")
+    api.fail["read_log"] = away
+    submit(env, make_run())
+    terminate(env)
+    for _ in range(5):
+        ctl.tick()
+    assert api.run(NS, "demo")["status"]["phase"] == "Pending"
+    del api.fail["read_log"]
+    ctl.tick()
+    assert api.run(NS, "demo")["status"]["phase"] == "Succeeded"
+
+
+def test_a_spec_that_fills_the_object_leaves_a_smaller_status_budget(env):
+    api, _, _ = env
+    submit(env, make_run(code="x = 1\n" + "#" * 120_000, stdin="s" * 120_000,
+                         files=[{"path": f"f{i}", "content": "c" * 60_000} for i in range(8)]))
+    log, termination = frame_log(stdout="\x01" * 200_000)  # escapes to six bytes each
+    run = terminate(env, log=log, termination=termination)
+    size = len(json.dumps(run).encode())
+    assert run["status"]["phase"] == "Succeeded" and size < 1536 * 1024 - 32 * 1024
+    assert len(run["status"]["stdout"]) > 10_000  # trimmed by its escaped size, not emptied
+
+
+# ------------------------------------------------------------------ lifecycle and the cache
+def test_finished_runs_expire_on_schedule_without_scanning(env):
+    api, clock, ctl = env
+    submit(env, make_run(ttlSecondsAfterFinished=60))
+    terminate(env)
+    ctl.tick()
+    assert api.run(NS, "demo") is not None
+    clock.now += timedelta(seconds=61)
+    calls = len(api.calls)
+    ctl.tick()
+    assert api.run(NS, "demo") is None and api.calls[calls:] == ["delete_run"]
+
+
+def test_an_identical_run_is_answered_from_the_cache_without_a_pod(env):
+    api, _, ctl = env
+    submit(env, make_run(cache={"enabled": True}))
+    ctl.on_run(copy.deepcopy(terminate(env)), deleted=False)
+    second = submit(env, make_run(name="again", uid="uid-2", cache={"enabled": True}))
+    assert second["status"]["cachedFrom"] == "demo" and second["status"]["stdout"] == "42\n"
+    assert ("Pod", NS, "again-sandbox") not in api.objects
+
+
+def test_deleted_runs_leave_no_lock_and_no_active_count(env):
+    api, _, ctl = env
+    run = submit(env, make_run())
+    assert ctl.store.active_count() == 1
+    ctl.on_run(run, deleted=True)
+    assert ctl.store.active_count() == 0 and "uid-1" not in ctl._locks
