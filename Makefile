@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 
-.PHONY: help venv crds cluster-up cluster-down cluster-status up down demo test test-unit test-e2e bench
+.PHONY: help venv crds cluster-up cluster-down cluster-status up down demo test test-unit test-e2e bench bench-idle
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
 	@echo "make test   - unit, runner and e2e tests (starts the local cluster if needed)"
-	@echo "make up | down | cluster-up | cluster-down | cluster-status | crds | bench"
+	@echo "make up | down | cluster-up | cluster-down | cluster-status | crds | bench | bench-idle"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -54,3 +54,6 @@ test: test-unit test-e2e
 
 bench: up
 	$(PY) e2e/bench_latency.py
+
+bench-idle: up
+	$(PY) e2e/bench_idle.py

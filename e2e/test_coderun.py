@@ -161,7 +161,17 @@ def test_finished_run_is_deleted_after_its_ttl(operator, namespace):
 
 
 def test_children_are_owned_hardened_and_cleaned_up(operator, namespace):
-    name = operator.create_run(namespace, {"language": PY, "code": "print(1)"})
+    name = operator.create_run(namespace, {"language": PY, "code": "import time; time.sleep(3)"})
+    pod = operator.core.read_namespaced_pod(operator.wait_running(namespace, name), namespace)
+    spec, container = pod.spec, pod.spec.containers[0]
+    assert spec.runtime_class_name == "gvisor" and spec.automount_service_account_token is False
+    assert spec.enable_service_links is False and not (spec.host_network or spec.host_pid or spec.host_ipc)
+    assert spec.security_context.run_as_non_root and spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    hardening = container.security_context
+    assert hardening.read_only_root_filesystem and hardening.allow_privilege_escalation is False
+    assert hardening.capabilities.drop == ["ALL"] and not container.env
+    assert container.resources.requests == container.resources.limits
+    assert [v.name for v in spec.volumes if v.host_path] == [] and spec.active_deadline_seconds
     status = operator.wait_run(namespace, name)["status"]
     cms = operator.core.list_namespaced_config_map(namespace, label_selector=f"coderun.io/run={name}").items
     policies = operator.networking.list_namespaced_network_policy(namespace).items

@@ -2,6 +2,8 @@
 import re
 import urllib.request
 
+from conftest import wait_for
+
 
 def fetch(url):
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -20,7 +22,7 @@ def test_metrics_liveness_events_and_printer_columns(operator, namespace):
     assert re.search(r'coderun_runs_total\{language="python",phase="Failed",reason="NonZeroExit"\} [1-9]', metrics)
     for histogram in ("coderun_run_total_seconds", "coderun_run_queue_seconds", "coderun_run_startup_seconds"):
         assert re.search(rf'{histogram}_count\{{language="python"\}} [1-9]', metrics), histogram
-    assert "coderun_active_runs" in metrics and "coderun_cache_hits_total" in metrics
+    assert "coderun_cache_hits_total" in metrics
 
     events = operator.core.list_namespaced_event(namespace).items
     by_run = {(e.involved_object.name, e.reason) for e in events if e.involved_object.kind == "CodeRun"}
@@ -31,3 +33,18 @@ def test_metrics_liveness_events_and_printer_columns(operator, namespace):
     table = operator.kubectl("get", "crun", "-n", namespace).stdout
     assert re.search(rf'{ok["metadata"]["name"]}\s+Succeeded\s+Completed\s+0\s+\d+', table), table
     assert re.search(rf'{bad["metadata"]["name"]}\s+Failed\s+NonZeroExit\s+1\s+\d+', table), table
+
+
+def active_runs():
+    return float(re.search(r"^coderun_active_runs (\S+)$", fetch("http://127.0.0.1:9108/metrics")[1], re.M).group(1))
+
+
+def test_the_active_runs_gauge_follows_runs_and_forgets_deleted_ones(operator, namespace):
+    name = operator.create_run(namespace, {"language": "python", "code": "import time; time.sleep(60)",
+                                           "limits": {"timeoutSeconds": 90}})
+    operator.wait_running(namespace, name)
+    assert active_runs() >= 1
+    before = active_runs()
+    operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+    # A run deleted before it finished must not stay counted (the gauge used to grow forever).
+    wait_for(lambda: active_runs() <= before - 1, 30, "the deleted run to leave the active gauge")

@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from .api.models import GROUP, PLURAL, VERSION
+from .metrics import API_REQUESTS
 
 # The API server's own requests time out here rather than hanging a worker thread.
 REQUEST_TIMEOUT_SECONDS = 30
@@ -80,6 +81,7 @@ def _failure(what: str, e: ApiException) -> Exception:
 
 def _call(what: str, call: Callable, *args, missing_ok: bool = False, **kwargs):
     """One API call with the failure kinds above; `missing_ok` turns 404 into None."""
+    API_REQUESTS.labels(call.__name__).inc()
     try:
         return call(*args, _request_timeout=REQUEST_TIMEOUT_SECONDS, **kwargs)
     except ApiException as e:
@@ -100,6 +102,7 @@ _CREATE = {"Pod": lambda: _core().create_namespaced_pod, "ConfigMap": lambda: _c
 def create_or_get(obj: dict[str, Any]) -> dict[str, Any] | None:
     """Create a child. None when created; the object already there (whoever made it) on AlreadyExists."""
     ns, kind, name = obj["metadata"]["namespace"], obj["kind"], obj["metadata"]["name"]
+    API_REQUESTS.labels(f"create_{kind.lower()}").inc()
     try:
         _CREATE[kind]()(ns, obj, _request_timeout=REQUEST_TIMEOUT_SECONDS)
         return None

@@ -17,6 +17,8 @@ QUEUE_SECONDS = Histogram("coderun_run_queue_seconds", "CodeRun created -> sandb
 STARTUP_SECONDS = Histogram("coderun_run_startup_seconds", "Sandbox pod created -> program started", ["language"],
                             buckets=_LATENCY_BUCKETS)
 CACHE_HITS = Counter("coderun_cache_hits_total", "Runs answered from an identical earlier result", ["language"])
+API_REQUESTS = Counter("coderun_api_requests_total", "Requests the operator sent to the API server (watches not "
+                       "included: kopf keeps one per resource)", ["call"])
 ACTIVE = Gauge("coderun_active_runs", "Runs accepted and not yet finished")
 OTHER_LANGUAGE = "other"
 

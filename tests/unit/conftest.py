@@ -1,7 +1,5 @@
 import pytest
 
-from coderun.api.models import CodeRunSpec
-
 
 @pytest.fixture
 def run_body():
@@ -14,8 +12,3 @@ def run_body():
             "spec": spec or {"language": "python", "code": "print(6*7)"},
         }
     return make
-
-
-@pytest.fixture
-def spec_of():
-    return lambda body: CodeRunSpec.model_validate(body["spec"])

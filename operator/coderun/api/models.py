@@ -124,7 +124,7 @@ class CodeRunSpec(ApiModel):
              f"code, stdin and files together must stay under {MAX_INPUT_TOTAL_CHARS // 1024} KiB"),
     ]})
     language: str = Field(pattern=LANGUAGE_PATTERN, description=(
-        "The runtime to use, e.g. python. The policy maps it to a pinned image and command."))
+        "The runtime to use, e.g. python. The policy maps it to an image and command."))
     code: str = Field(min_length=1, max_length=MAX_CODE_BYTES, description="The program's source code.")
     stdin: str | None = Field(None, max_length=MAX_STDIN_BYTES, description="Text passed on standard input.")
     files: list[FileInput] | None = Field(None, max_length=MAX_FILES, description=(
@@ -189,7 +189,8 @@ class Condition(ApiModel):
 
 
 class CodeRunStatus(ApiModel):
-    """The result of the run. Written once when the run ends; every field is declared so none is pruned."""
+    """The run as the operator reports it: Pending and Running on the way, the result when it ends. Only the
+    operator writes it, through this model; every field is declared so none is pruned."""
     phase: Phase | None = Field(None, description="Pending, Running, Succeeded, Failed or Rejected.")
     reason: str | None = Field(None, description="Why the run is in this phase, a CamelCase word.")
     message: str | None = Field(None, description="What happened and, on failure, what to change.")

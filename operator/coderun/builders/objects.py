@@ -118,7 +118,7 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
 
 
 def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
-    """The hardened sandbox pod of DESIGN.md. Nothing here is the caller's to switch off."""
+    """The hardened sandbox pod (README, "What every run gets"). Nothing here is the caller's to switch off."""
     limits = decision.limits
     ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN))
     resources = {"cpu": limits.cpu, "memory": limits.memory, "ephemeral-storage": ephemeral}

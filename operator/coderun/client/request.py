@@ -6,7 +6,6 @@ Anthropic tool definitions (coderun.tools), so the three cannot drift apart.
 from __future__ import annotations
 
 import base64
-import binascii
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any, Mapping
@@ -64,14 +63,6 @@ def file_input(path: str, content: str | bytes) -> FileInput:
     except UnicodeDecodeError:
         return FileInput(path=path, content_base64=base64.b64encode(content).decode("ascii"))
 
-
-def file_bytes(file: FileInput) -> bytes:
-    if file.content is not None:
-        return file.content.encode("utf-8")
-    try:
-        return base64.b64decode(file.content_base64 or "", validate=False)
-    except binascii.Error as e:
-        raise ValueError(f"file {file.path}: contentBase64 is not valid base64") from e
 
 
 def sandbox_path(local_path: str) -> str:

@@ -1,4 +1,4 @@
-"""Policy data: runtimes with pinned images, default and maximum limits. Frozen, so a decision cannot drift."""
+"""Policy data: runtimes (image, command), default and maximum limits. Frozen, so a decision cannot drift."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Runtime:
-    """How one language runs: a pinned image, the command the runner starts, the file the code goes to."""
+    """How one language runs: the image (pin it by digest in production; the built-in policy names the local
+    cluster's tag), the command the runner starts, the file the code goes to."""
     language: str
     image: str
     command: tuple[str, ...]
