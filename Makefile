@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 crds: venv
-	cd operator && ../$(PY) -m coderun.api.crd > ../crds/coderun.io_coderuns.yaml
+	$(PY) -m coderun.api.crd > crds/coderun.io_coderuns.yaml
 
 cluster-up: venv
 	bash e2e/cluster/cluster.sh up

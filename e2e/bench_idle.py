@@ -19,10 +19,11 @@ from pathlib import Path
 
 from kubernetes import client, config
 
+from coderun.api.models import GROUP, PLURAL, VERSION
+
 REPO = Path(__file__).resolve().parents[1]
 PID_FILE = REPO / ".cluster" / "pids" / "operator.pid"
 METRICS = "http://127.0.0.1:{port}/metrics"
-GROUP, VERSION, PLURAL = "coderun.io", "v1alpha1", "coderuns"
 
 
 def operator_cpu_seconds() -> float:

@@ -20,10 +20,11 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
-from coderun.api.models import CodeRunSpec  # noqa: E402
-from coderun.builders import build_input_configmap, build_pod  # noqa: E402
-from coderun.policy import DEFAULT_POLICY, evaluate  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from coderun.api.models import GROUP, PLURAL, VERSION, CodeRunSpec  # noqa: E402
+from coderun.api.reasons import TERMINAL_PHASES  # noqa: E402
+from coderun.controlplane.builders import build_input_configmap, build_pod  # noqa: E402
+from coderun.controlplane.policy import DEFAULT_POLICY, evaluate  # noqa: E402
 
 KUBECONFIG = Path(__file__).resolve().parents[1] / ".cluster" / "kubeconfig"
 CODE = "print(1)"
@@ -55,10 +56,10 @@ class Stopwatch:
                 self._mark(("pod-succeeded", pod.metadata.name))
 
     def _runs(self, custom, namespace):
-        for event in watch.Watch().stream(custom.list_namespaced_custom_object, "coderun.io", "v1alpha1",
-                                          namespace, "coderuns", timeout_seconds=3600):
+        for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                          namespace, PLURAL, timeout_seconds=3600):
             run = event["object"]
-            if (run.get("status") or {}).get("phase") in ("Succeeded", "Failed", "Rejected"):
+            if (run.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 self._mark(("run-finished", run["metadata"]["name"]))
 
     def wait(self, key: tuple[str, str], timeout: float = 120) -> float:
@@ -78,10 +79,10 @@ def bench_coderuns(custom, stopwatch, namespace, n):
                     .replace("+00:00", "Z")}},
                 "spec": {"language": "python", "code": CODE}}
         start = time.monotonic()
-        custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", body)
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
         to_pod.append(stopwatch.wait(("pod-created", f"{name}-sandbox")) - start)
         to_result.append(stopwatch.wait(("run-finished", name)) - start)
-        run = custom.get_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+        run = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         assert run["status"]["stdout"] == "1\n", run["status"]
     return to_pod, to_result
 
@@ -111,11 +112,11 @@ def bench_concurrent(custom, stopwatch, namespace, n):
     start = time.monotonic()
     names = [f"burst-{i}" for i in range(n)]
     for name in names:
-        custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", {
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
             "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "metadata": {"name": name},
             "spec": {"language": "python", "code": CODE, "limits": {"cpu": "250m", "timeoutSeconds": 30}}})
     finished = [stopwatch.wait(("run-finished", name), timeout=600) - start for name in names]
-    phases = {custom.get_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+    phases = {custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
               ["status"]["phase"] for name in names}
     assert phases == {"Succeeded"}, phases
     return max(finished), finished

@@ -18,8 +18,8 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
-GROUP, VERSION, PLURAL = "coderun.io", "v1alpha1", "coderuns"
-TERMINAL = {"Succeeded", "Failed", "Rejected"}
+from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402 - the API constants, never re-declared
+from coderun.api.reasons import TERMINAL_PHASES as TERMINAL  # noqa: E402
 
 
 def _kubectl_path() -> str:

@@ -4,6 +4,8 @@ import json
 import pytest
 import yaml
 
+from coderun.api.models import GROUP, PLURAL, VERSION
+
 
 def manifest(spec: dict, name: str = "bad") -> str:
     return yaml.safe_dump({"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
@@ -36,7 +38,7 @@ def test_kubectl_apply_refuses_bad_spec_naming_the_field(operator, namespace, sp
     result = operator.kubectl("apply", "-n", namespace, "-f", "-", input=manifest(spec), check=False)
     assert result.returncode != 0, "the API server accepted a bad spec"
     assert field in result.stderr, result.stderr
-    assert not operator.custom.list_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns")["items"]
+    assert not operator.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
 
 
 def test_spec_is_immutable_once_created(operator, namespace):

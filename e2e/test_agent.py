@@ -7,7 +7,7 @@ import re
 from openai import OpenAI
 
 from coderun.agent import ANSWERED, Agent, AgentConfig
-from coderun.agent.testing import ScriptedChatServer, call_run_code, last_message, say
+from scripted_chat import ScriptedChatServer, call_run_code, last_message, say
 from coderun.client import CodeRunClient
 from conftest import KUBECONFIG
 

@@ -2,6 +2,8 @@
 import json
 import textwrap
 
+from coderun.api.models import GROUP, PLURAL, VERSION
+
 
 PROBE = textwrap.dedent("""
     import json, os, socket
@@ -70,7 +72,7 @@ def test_hostile_code_is_contained(operator, namespace):
     assert report["runner_stdout"] == "PermissionError" and report["runner_memory"] == "PermissionError"
     for target in ("api_service", "node_apiserver", "node_kubelet", "other_run"):
         assert report[target] != "open", (target, report[target])
-    operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", listener)
+    operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, listener)
 
 
 def test_forged_result_frame_cannot_replace_the_real_one(operator, namespace):

@@ -4,6 +4,8 @@ import urllib.request
 
 from conftest import wait_for
 
+from coderun.api.models import GROUP, PLURAL, VERSION
+
 
 def fetch(url):
     with urllib.request.urlopen(url, timeout=5) as response:
@@ -45,6 +47,6 @@ def test_the_active_runs_gauge_follows_runs_and_forgets_deleted_ones(operator, n
     operator.wait_running(namespace, name)
     assert active_runs() >= 1
     before = active_runs()
-    operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+    operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     # A run deleted before it finished must not stay counted (the gauge used to grow forever).
     wait_for(lambda: active_runs() <= before - 1, 30, "the deleted run to leave the active gauge")

@@ -7,6 +7,8 @@ from kubernetes import watch
 
 from conftest import REPO, wait_for
 
+from coderun.api.models import GROUP, PLURAL, VERSION
+
 
 def _operator(action: str) -> None:
     subprocess.run(["bash", "e2e/operator.sh", action], cwd=REPO, check=True, capture_output=True)
@@ -71,7 +73,7 @@ def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
     assert not operator.get_run(namespace, name)["metadata"].get("finalizers")
     _operator("stop")
     try:
-        operator.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+        operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         wait_for(lambda: name not in operator.run_names(namespace), 10, "the run to be gone without the operator")
     finally:
         _operator("start")

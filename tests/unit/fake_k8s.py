@@ -1,4 +1,4 @@
-"""An in-memory stand-in for coderun.k8s, the controller's only seam to the API server.
+"""An in-memory stand-in for coderun.controlplane.k8s, the controller's only seam to the API server.
 
 It keeps objects by (kind, namespace, name), answers like the real module (None when created, the existing
 object on AlreadyExists, None for a missing object) and can be told to refuse or fail calls, so controller
@@ -10,7 +10,7 @@ import copy
 import itertools
 from typing import Any, Callable
 
-from coderun.k8s import Refused, Transient
+from coderun.controlplane.k8s import Refused, Transient
 
 __all__ = ["FakeK8s", "Refused", "Transient"]
 

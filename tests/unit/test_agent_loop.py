@@ -5,7 +5,7 @@ from openai import OpenAI
 from coderun.agent import (ANSWERED, CIRCUIT_OPEN, EXECUTION_BUDGET_EXHAUSTED, GAVE_UP, MODEL_ERROR,
                            TOKEN_BUDGET_EXHAUSTED, Agent, AgentConfig, CircuitBreaker)
 from coderun.agent.prompts import code_from_text, retry_prompt, verify
-from coderun.agent.testing import ScriptedChatServer, call_run_code, last_message, say
+from scripted_chat import ScriptedChatServer, call_run_code, last_message, say
 from coderun.client import CodeRunError, PolicyDenied
 from coderun.client.result import result_from_object
 

@@ -2,9 +2,9 @@ import base64
 import json
 
 from coderun.api.models import CodeRunSpec
-from coderun.builders import (build_input_configmap, build_namespace_network_policy, build_network_policy, build_pod,
+from coderun.controlplane.builders import (build_input_configmap, build_namespace_network_policy, build_network_policy, build_pod,
                               child_name, code_hash)
-from coderun.policy import DEFAULT_POLICY, evaluate
+from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
 
 
 def decide(body):

@@ -1,8 +1,8 @@
 from datetime import datetime, timedelta, timezone
 
 from coderun.api.models import CodeRunSpec
-from coderun.policy import DEFAULT_POLICY, evaluate
-from coderun.results.cache import cache_key, image_digest, is_reusable, pick_reusable, reused_outcome
+from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
+from coderun.controlplane.results.cache import cache_key, image_digest, is_reusable, pick_reusable, reused_outcome
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from coderun.controller import Controller
+from coderun.controlplane.controller import Controller
 from fake_k8s import FakeK8s, Refused, Transient
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
@@ -228,32 +228,25 @@ def test_when_every_full_status_is_refused_the_minimal_one_says_why(env):
     assert "stdout" not in run["status"]
 
 
-def test_an_unexpected_error_ends_the_run_after_three_attempts(env):
+@pytest.mark.parametrize("error,ticks,ends_as", [
+    (RuntimeError("something nobody expected"), 2, ("Failed", "InternalError")),  # 3 attempts: event + 2 ticks
+    (Transient("API server answered 503"), 5, None),  # retried for as long as it takes, never a verdict
+])
+def test_failures_end_the_run_only_when_retrying_cannot_help(env, error, ticks, ends_as):
     api, _, ctl = env
-    def boom(*_):
-        raise RuntimeError("something nobody expected")
-    api.fail["read_log"] = boom
+    def fail(*_):
+        raise error
+    api.fail["read_log"] = fail
     submit(env, make_run())
     terminate(env)
-    ctl.tick()
-    assert api.run(NS, "demo")["status"]["phase"] == "Running" or \
-        api.run(NS, "demo")["status"]["phase"] == "Pending"
-    ctl.tick()
-    status = api.run(NS, "demo")["status"]
-    assert (status["phase"], status["reason"]) == ("Failed", "InternalError")
-    assert "RuntimeError: something nobody expected" in status["message"]
-
-
-def test_transient_failures_are_retried_and_never_end_the_run(env):
-    api, _, ctl = env
-    def away(*_):
-        raise Transient("API server answered 503")
-    api.fail["read_log"] = away
-    submit(env, make_run())
-    terminate(env)
-    for _ in range(5):
+    for _ in range(ticks):
+        assert api.run(NS, "demo")["status"]["phase"] == "Pending"
         ctl.tick()
-    assert api.run(NS, "demo")["status"]["phase"] == "Pending"
+    status = api.run(NS, "demo")["status"]
+    if ends_as:
+        assert (status["phase"], status["reason"]) == ends_as and str(error) in status["message"]
+        return
+    assert status["phase"] == "Pending"
     del api.fail["read_log"]
     ctl.tick()
     assert api.run(NS, "demo")["status"]["phase"] == "Succeeded"

@@ -3,9 +3,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from coderun.api.models import CodeRunSpec
-from coderun.results.frame import RunnerFrame
-from coderun.results.redact import Redactor
-from coderun.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
+from coderun.controlplane.results.frame import RunnerFrame
+from coderun.controlplane.results.redact import Redactor
+from coderun.controlplane.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
                                     terminal_status)
 
 NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)

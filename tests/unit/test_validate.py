@@ -1,5 +1,5 @@
 from coderun.api.models import Expect
-from coderun.results.validate import validate_output
+from coderun.controlplane.results.validate import validate_output
 
 SCHEMA = {"type": "object", "required": ["rate"], "properties": {"rate": {"type": "number", "maximum": 1}}}
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping
 
 from .. import k8s as real_k8s
 from .. import metrics
-from ..api.models import CodeRunStatus
-from ..api.reasons import Phase, Reason
+from coderun.api.models import CodeRunStatus
+from coderun.api.reasons import Phase, Reason
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
 from ..results.status import Outcome, terminal_status

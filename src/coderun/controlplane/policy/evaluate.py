@@ -1,16 +1,14 @@
 """evaluate(spec, policy) -> Decision | Denial, with messages that say what to change."""
 from __future__ import annotations
 
-from dataclasses import fields
-
 from kubernetes.utils import parse_quantity
 
-from ..api.models import CodeRunSpec
-from ..api.reasons import Reason
-from .model import DEFAULT_POLICY, Decision, Denial, Policy, ResourceLimits
+from coderun.api.models import CodeRunSpec
+from coderun.api.reasons import Reason
+from coderun.api.models import ResourceLimits
+from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy
 
 _QUANTITY_FIELDS = {"memory", "cpu", "disk"}
-_CAMEL = {"timeout_seconds": "timeoutSeconds", "output_bytes": "outputBytes"}
 
 
 def _exceeds(name: str, asked, maximum) -> bool:
@@ -31,17 +29,17 @@ def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
                       f"spec.files must not use the path {runtime.code_file!r}: the code itself is written there")
     asked = spec.limits.model_dump() if spec.limits else {}
     effective = {}
-    for f in fields(ResourceLimits):
-        value = asked.get(f.name)
+    for name, info in ResourceLimits.model_fields.items():
+        value = asked.get(name)
         if value is None:
-            value = getattr(policy.defaults, f.name)
-        maximum = getattr(policy.maximums, f.name)
-        if _exceeds(f.name, value, maximum):
-            wire = _CAMEL.get(f.name, f.name)
+            value = getattr(policy.defaults, name)
+        maximum = getattr(policy.maximums, name)
+        if _exceeds(name, value, maximum):
+            wire = info.alias or name
             return Denial(Reason.POLICY_DENIED, f"maximums.{wire}",
                           f"spec.limits.{wire}={value} is above the maximum {maximum} of policy "
                           f"{policy.name!r}; ask for at most {maximum}")
-        effective[f.name] = value
+        effective[name] = value
     return Decision(policy=policy, runtime=runtime, limits=ResourceLimits(**effective))
 
 

@@ -11,7 +11,7 @@ import binascii
 import hashlib
 from typing import Any, Mapping
 
-from ..api.reasons import Phase, Reason
+from coderun.api.reasons import Phase, Reason
 from ..builders import build_artifacts_configmap
 from ..builders.objects import CONTAINER_NAME
 from ..policy import DEFAULT_POLICY, Decision

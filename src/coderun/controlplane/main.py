@@ -7,7 +7,7 @@ from kopf import cli
 
 def main() -> None:
     liveness = os.environ.get("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
-    sys.argv = ["kopf", "run", "--module", "coderun.handlers", "--all-namespaces", "--liveness", liveness,
+    sys.argv = ["kopf", "run", "--module", "coderun.controlplane.handlers", "--all-namespaces", "--liveness", liveness,
                 *sys.argv[1:]]
     cli.main()
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .models import ResourceLimits
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -13,15 +15,6 @@ class Runtime:
     command: tuple[str, ...]
     code_file: str
     env: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class ResourceLimits:
-    timeout_seconds: int
-    memory: str
-    cpu: str
-    disk: str
-    output_bytes: int
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from .api.models import GROUP, PLURAL, VERSION
+from coderun.api.models import GROUP, PLURAL, VERSION
 from .metrics import API_REQUESTS
 
 # The API server's own requests time out here rather than hanging a worker thread.

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
 from datetime import datetime
 from typing import Any, Iterable, Mapping
 
-from ..api.models import CodeRunSpec
-from ..api.reasons import INFRASTRUCTURE_REASONS, Phase
+from coderun.api.models import CodeRunSpec
+from coderun.api.reasons import INFRASTRUCTURE_REASONS, Phase
 from ..builders import code_hash
 from ..policy import Decision
 from .status import Outcome, parse_time
@@ -46,7 +45,7 @@ def cache_key(spec: CodeRunSpec, decision: Decision, digest: str | None) -> str 
     if not digest:
         return None
     payload = {"inputs": code_hash(spec), "image": digest, "command": decision.runtime.command,
-               "codeFile": decision.runtime.code_file, "limits": asdict(decision.limits)}
+               "codeFile": decision.runtime.code_file, "limits": decision.limits.model_dump()}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from ..api.models import CodeRunSpec
-from ..api.reasons import Phase, Reason
+from coderun.api.models import CodeRunSpec
+from coderun.api.reasons import Phase, Reason
 from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
                         build_network_policy, build_pod, code_hash)
 from ..builders.names import MANAGER

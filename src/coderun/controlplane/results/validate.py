@@ -13,7 +13,7 @@ import multiprocessing
 import resource
 from typing import Any
 
-from ..api.models import Expect, Validation
+from coderun.api.models import Expect, Validation
 
 SCHEMA_CHECK_SECONDS = 2.0
 SCHEMA_CHECK_MEMORY_BYTES = 512 * 1024 * 1024

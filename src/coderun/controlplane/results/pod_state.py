@@ -6,7 +6,7 @@ from typing import Any, Iterable, Mapping
 
 from kubernetes.utils import parse_quantity
 
-from ..api.reasons import Phase, Reason
+from coderun.api.reasons import Phase, Reason
 from .status import Outcome
 
 CONTAINER = "run"

@@ -11,7 +11,7 @@ import threading
 from datetime import datetime
 from typing import Any, Iterator, Mapping
 
-from ..api.reasons import TERMINAL_PHASES
+from coderun.api.reasons import TERMINAL_PHASES
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:

@@ -1,4 +1,4 @@
-"""kopf wiring only: each handler hands the object to the controller. Run with `kopf run -m coderun.handlers`.
+"""kopf wiring only: each handler hands the object to the controller. Run with `kopf run -m coderun.controlplane.handlers`.
 
 Only low-level event handlers: kopf keeps no state on the objects (no progress or diff-base annotations, which
 would have to hold the whole spec), adds no finalizers, and does not retry them; the controller's own tick
@@ -13,7 +13,7 @@ import os
 import kopf
 
 from . import metrics
-from .api.models import GROUP, PLURAL, VERSION
+from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders import LABEL_MANAGED_BY, LABEL_SANDBOX
 from .controller import Controller
 

@@ -1,12 +1,10 @@
 """What the sandbox offers: languages with their images and limits, from the policy the operator applies."""
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from pydantic import BaseModel
 
-from ..api.models import Limits
-from ..policy.model import DEFAULT_POLICY, Policy, ResourceLimits
+from ..api.models import ResourceLimits
+from ..api.policy import DEFAULT_POLICY, Policy
 
 
 class RuntimeInfo(BaseModel):
@@ -26,4 +24,4 @@ def offered_runtimes(policy: Policy = DEFAULT_POLICY) -> list[RuntimeInfo]:
 
 def _wire(limits: ResourceLimits) -> dict[str, str | int]:
     """camelCase, as spec.limits spells them."""
-    return Limits(**asdict(limits)).model_dump(by_alias=True, exclude_none=True)
+    return limits.model_dump(by_alias=True)

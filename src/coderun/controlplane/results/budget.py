@@ -62,12 +62,16 @@ def fit(status: dict[str, Any], budget: int) -> dict[str, Any]:
         status[field] = escaped_prefix(status[field], max(0, sizes[field] - share))
         status[f"{field}Truncated"] = True
     if json_size(status) > budget:
-        for field in _STREAMS:
-            if status.get(field):
-                status[field] = escaped_prefix(status[field], REDUCED_STREAM_BYTES)
-                status[f"{field}Truncated"] = True
+        _cut_streams(status, REDUCED_STREAM_BYTES)
         _cut_lists(status, 8)
     return status
+
+
+def _cut_streams(status: dict[str, Any], max_bytes: int) -> None:
+    for field in _STREAMS:
+        if status.get(field) and json_size(status[field]) > max_bytes:
+            status[field] = escaped_prefix(status[field], max_bytes)
+            status[f"{field}Truncated"] = True
 
 
 def _cut_lists(status: dict[str, Any], keep: int) -> None:
@@ -92,10 +96,7 @@ def smaller_statuses(status: dict[str, Any], budget: int, refusals: list[str]) -
     appends each refusal to `refusals` (read lazily) so the minimal status can say why it is minimal."""
     yield fit(status, budget)
     reduced = fit(status, min(budget, 64 * 1024))
-    for field in _STREAMS:
-        if reduced.get(field):
-            reduced[field] = escaped_prefix(reduced[field], REDUCED_STREAM_BYTES)
-            reduced[f"{field}Truncated"] = True
+    _cut_streams(reduced, REDUCED_STREAM_BYTES)
     _cut_lists(reduced, 3)
     yield reduced
     minimal = {k: copy.deepcopy(status[k]) for k in _MINIMAL if k in status}

@@ -1,73 +1,11 @@
-"""Tool definitions for models, generated from the SDK's input model, and the tool result text.
-
-`run_code`'s parameters are RunRequest's JSON schema (the same model the SDK's `run` and the MCP server take),
-cleaned for model APIs: `$ref`s inlined, titles and Kubernetes-only keys (CEL rules) dropped. `render_result`
-turns a RunResult into the compact text a model reads: outcome first, then the error and its line, then the
-streams with byte counts when they were cut.
-"""
+"""The tool result text: how a model reads a run. Outcome first, then the error and its line, then the
+streams with byte counts when they were cut."""
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
-
-from .client.request import RunRequest
-from .client.result import RunResult
-from .client.runtimes import RuntimeInfo
-
-RUN_CODE = "run_code"
-LIST_RUNTIMES = "list_runtimes"
-
-
-class ListRuntimesInput(BaseModel):
-    """List the languages the sandbox offers, with their default and maximum limits."""
-
-
-TOOL_INPUTS: dict[str, type[BaseModel]] = {RUN_CODE: RunRequest, LIST_RUNTIMES: ListRuntimesInput}
-
-
-def _inline(node: Any, defs: dict[str, Any]) -> Any:
-    """Resolve local $refs and drop what model tool APIs do not want (titles, x-kubernetes-* rules)."""
-    if isinstance(node, list):
-        return [_inline(item, defs) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        return _inline({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
-    options = node.get("anyOf")
-    if options and len(options) == 2 and {"type": "null"} in options and node.get("default", 0) is None:
-        # Optional[X] = None is just "X, not required" to a model; the null branch only adds noise.
-        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
-        return _inline({**next(o for o in options if o != {"type": "null"}), **rest}, defs)
-    return {key: _inline(value, defs) for key, value in node.items()
-            if key not in ("title", "$defs") and not key.startswith("x-kubernetes-")}
-
-
-def input_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """A self-contained JSON schema (no $defs) for a tool's arguments."""
-    schema = model.model_json_schema(by_alias=True)
-    cleaned = _inline(schema, schema.get("$defs", {}))
-    cleaned.pop("description", None)  # it is the tool's description, not the arguments'
-    cleaned.setdefault("properties", {})
-    return cleaned
-
-
-def tool_description(name: str) -> str:
-    return " ".join((TOOL_INPUTS[name].__doc__ or "").split())
-
-
-def openai_tools(names: tuple[str, ...] = (RUN_CODE, LIST_RUNTIMES)) -> list[dict[str, Any]]:
-    """For the Chat Completions `tools=` parameter (any OpenAI-compatible endpoint)."""
-    return [{"type": "function", "function": {"name": name, "description": tool_description(name),
-                                              "parameters": input_schema(TOOL_INPUTS[name])}}
-            for name in names]
-
-
-def anthropic_tools(names: tuple[str, ...] = (RUN_CODE, LIST_RUNTIMES)) -> list[dict[str, Any]]:
-    """For the Anthropic Messages API `tools=` parameter."""
-    return [{"name": name, "description": tool_description(name), "input_schema": input_schema(TOOL_INPUTS[name])}
-            for name in names]
+from ..client.result import RunResult
+from ..client.runtimes import RuntimeInfo
 
 
 def _stream_section(label: str, text: str | None, total: int | None, truncated: bool | None) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 from kubernetes.utils import parse_quantity
 
-from ..api.models import API_VERSION, KIND, CodeRunSpec
+from coderun.api.models import API_VERSION, KIND, CodeRunSpec
 from ..policy import Decision
 from .names import LABEL_RUN_UID, LABEL_SANDBOX, child_name, run_labels
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from ..api.models import CodeRunSpec, Validation
-from ..api.reasons import ConditionType, Phase, Reason
+from coderun.api.models import CodeRunSpec, Validation
+from coderun.api.reasons import ConditionType, Phase, Reason
 from ..policy import Decision
 from .frame import RunnerFrame
 from .redact import Redactor
@@ -83,14 +83,12 @@ def accepted_status(run: Mapping[str, Any], decision: Decision, pod_name: str, i
     conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
                                Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
                                _generation(run), now)
-    limits = decision.limits
     return {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
         "message": f"sandbox pod {pod_name} created; waiting for it to start",
         "podName": pod_name, "image": image, "codeHash": hash_, "runtimeClass": decision.policy.runtime_class,
         "policy": decision.policy.name,
-        "effectiveLimits": {"timeoutSeconds": limits.timeout_seconds, "memory": limits.memory, "cpu": limits.cpu,
-                            "disk": limits.disk, "outputBytes": limits.output_bytes},
+        "effectiveLimits": decision.limits.model_dump(by_alias=True),
         "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": conditions,
     }
 

@@ -72,6 +72,17 @@ class Limits(ApiModel):
         "(stdoutTruncated/stderrTruncated); a flood far beyond it stops the program with OutputLimitExceeded."))
 
 
+class ResourceLimits(Limits):
+    """Limits with every field set: a policy's defaults and maximums, and a run's effective limits. The one
+    shape of limits everywhere (spec, policy, status, SDK), so no conversion can drop or misspell one."""
+    model_config = ConfigDict(frozen=True)
+    timeout_seconds: int
+    memory: str
+    cpu: str
+    disk: str
+    output_bytes: int
+
+
 class FileInput(ApiModel):
     """A small input file materialised in the program's working directory before it starts."""
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
