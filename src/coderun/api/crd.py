@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from . import models
+from .schema import resolve
 
 _DROPPED_KEYS = {"title", "default", "additionalProperties", "$defs"}
 
@@ -28,19 +29,9 @@ PRINTER_COLUMNS = [
 
 def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """Inline $refs, collapse Optional[X] to X, keep descriptions, CEL rules and bounds."""
-    if "$ref" in schema:
-        target = structural(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
-        extra = {k: v for k, v in schema.items() if k != "$ref" and k not in _DROPPED_KEYS}
-        return {**target, **extra}
+    schema = resolve(schema, defs)
     if "anyOf" in schema:
-        options = [s for s in schema["anyOf"] if s.get("type") != "null"]
-        if len(options) != 1:
-            raise ValueError(f"cannot express a union in a structural schema: {schema}")
-        outer = {k: v for k, v in schema.items() if k != "anyOf" and k not in _DROPPED_KEYS}
-        inner = structural(options[0], defs)
-        if "x-kubernetes-validations" in outer and "x-kubernetes-validations" in inner:
-            outer["x-kubernetes-validations"] = inner["x-kubernetes-validations"] + outer["x-kubernetes-validations"]
-        return {**inner, **outer}
+        raise ValueError(f"cannot express a union in a structural schema: {schema}")
     out: dict[str, Any] = {}
     for key, value in schema.items():
         if key in _DROPPED_KEYS:

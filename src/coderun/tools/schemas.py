@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..api.schema import resolve
 from ..client.request import RunRequest
 
 RUN_CODE = "run_code"
@@ -23,21 +24,16 @@ TOOL_INPUTS: dict[str, type[BaseModel]] = {RUN_CODE: RunRequest, LIST_RUNTIMES: 
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
-    """Resolve local $refs and drop what model tool APIs do not want (titles, x-kubernetes-* rules)."""
+    """Resolve local $refs and Optional[X] (to a model, "X, not required": the null branch only adds noise),
+    and drop what model tool APIs do not want (titles, x-kubernetes-* rules, a default of None)."""
     if isinstance(node, list):
         return [_inline(item, defs) for item in node]
     if not isinstance(node, dict):
         return node
-    if "$ref" in node:
-        target = defs[node["$ref"].rsplit("/", 1)[-1]]
-        return _inline({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
-    options = node.get("anyOf")
-    if options and len(options) == 2 and {"type": "null"} in options and node.get("default", 0) is None:
-        # Optional[X] = None is just "X, not required" to a model; the null branch only adds noise.
-        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
-        return _inline({**next(o for o in options if o != {"type": "null"}), **rest}, defs)
+    node = resolve(node, defs)
     return {key: _inline(value, defs) for key, value in node.items()
-            if key not in ("title", "$defs") and not key.startswith("x-kubernetes-")}
+            if key not in ("title", "$defs") and not key.startswith("x-kubernetes-")
+            and not (key == "default" and value is None)}
 
 
 def input_schema(model: type[BaseModel]) -> dict[str, Any]:
