@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-RUNNER_PATH = Path(__file__).resolve().parents[2] / "sandbox-images" / "runner" / "runner.py"
+RUNNER_PATH = Path(__file__).resolve().parents[2] / "src" / "coderun" / "sandbox" / "runner.py"
 FRAME_PREFIX = b"CODERUN-RESULT-V1 "
 
 

@@ -2,7 +2,7 @@
 # numpy, pandas and matplotlib from Debian, and the coderun runner as entrypoint.
 # The versions Debian gave are written to sandbox-images/python/packages.lock.
 IMAGE_REF=coderun.local/sandbox-python:v1
-RECIPE_INPUTS=(sandbox-images/runner/runner.py)
+RECIPE_INPUTS=(src/coderun/sandbox/runner.py)
 MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:65532 --workdir /tmp
     --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)
 # fonttools (via matplotlib) depends on "python3-scipy | python3-munkres":
@@ -24,7 +24,7 @@ make_rootfs() {
     "${apt[@]}" install "${PYTHON_PACKAGES_FIRST[@]}" >&2
     "${apt[@]}" install "${PYTHON_PACKAGES[@]}" >&2
     cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
-    install -D -m 0644 "$REPO/sandbox-images/runner/runner.py" "$rootfs/opt/coderun/runner.py"
+    install -D -m 0644 "$REPO/src/coderun/sandbox/runner.py" "$rootfs/opt/coderun/runner.py"
     echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
     echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
     chmod 1777 "$rootfs/tmp"
