@@ -291,3 +291,25 @@ def test_deleted_runs_leave_no_lock_and_no_active_count(env):
     assert ctl.store.active_count() == 1
     ctl.on_run(run, deleted=True)
     assert ctl.store.active_count() == 0 and "uid-1" not in ctl._locks
+
+
+def test_a_child_with_a_forged_owner_reference_but_other_content_is_refused(env):
+    # Someone who watched the run appear and raced the operator can copy its uid into an ownerReference,
+    # but cannot make the input hold the run's own code.
+    api, _, _ = env
+    owner = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "name": "demo", "uid": "uid-1", "controller": True}
+    api.objects[("ConfigMap", NS, "demo-input")] = {"kind": "ConfigMap", "metadata": {
+        "name": "demo-input", "namespace": NS, "ownerReferences": [owner]}, "data": {"code": "print('squatter')"}}
+    run = submit(env, make_run())
+    assert run["status"]["reason"] == "NameConflict" and ("Pod", NS, "demo-sandbox") not in api.objects
+
+
+def test_a_run_resumed_after_a_crash_reuses_its_own_children(env):
+    api, _, ctl = env
+    run = submit(env, make_run())
+    pod_before = api.objects[("Pod", NS, "demo-sandbox")]["metadata"]["resourceVersion"]
+    api.patch_run_status(NS, "demo", {"podName": None, "phase": None})  # as if the status write was lost
+    ctl.on_run(api.get_run(NS, "demo"), deleted=False)
+    status = api.run(NS, "demo")["status"]
+    assert status["phase"] == "Pending" and status["podName"] == "demo-sandbox"
+    assert api.objects[("Pod", NS, "demo-sandbox")]["metadata"]["resourceVersion"] == pod_before

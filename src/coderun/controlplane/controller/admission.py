@@ -52,7 +52,7 @@ def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
     pod = build_pod(run, decision, configmap["metadata"]["name"])
     try:
         for child in (configmap, build_network_policy(run), pod):
-            conflict = conflict or not_ours(ctl.api.create_or_get(child), meta["uid"])
+            conflict = conflict or not_ours(ctl.api.create_or_get(child), meta["uid"], child)
             if conflict:
                 break
     except ctl.api.Refused as refused:
@@ -71,16 +71,35 @@ def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
         ctl.event(run, "Normal", Reason.POD_CREATED, f"sandbox pod {pod['metadata']['name']} created")
 
 
-def not_ours(existing: Mapping[str, Any] | None, run_uid: str) -> str | None:
-    """None when the child was just created or is this run's own; else why it cannot be used."""
+def not_ours(existing: Mapping[str, Any] | None, run_uid: str, wanted: Mapping[str, Any] | None = None) -> str | None:
+    """None when the child was just created or is this run's own; else why it cannot be used. Own means
+    controlled by this run's uid and, where we know what it must hold, holding exactly that: an owner
+    reference can be forged by anyone who can create objects in the namespace, the content cannot."""
     if existing is None:
         return None
     owners = existing["metadata"].get("ownerReferences") or ()
-    if any(o.get("uid") == run_uid and o.get("controller") for o in owners):
+    if any(o.get("uid") == run_uid and o.get("controller") for o in owners) and \
+            (wanted is None or _same_content(existing, wanted)):
         return None
     kind, name = existing.get("kind") or "object", existing["metadata"]["name"]
     return (f"a {kind} named {name} already exists in this namespace and does not belong to this run, so the "
             "sandbox cannot be created; delete that object or create the run under another name")
+
+
+def _same_content(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """What decides what the sandbox runs and reaches, compared field by field (the API server adds defaults
+    elsewhere, so whole objects never compare equal)."""
+    kind = wanted["kind"]
+    if kind == "ConfigMap":
+        return all((existing.get(f) or {}) == (wanted.get(f) or {}) for f in ("data", "binaryData"))
+    if kind == "NetworkPolicy":
+        return _same_rules(existing.get("spec") or {}, wanted["spec"])
+    have, want = existing.get("spec") or {}, wanted["spec"]
+    pick = lambda c: (c.get("image"), c.get("command"), c.get("args"), c.get("env") or [])  # noqa: E731
+    return (have.get("runtimeClassName") == want.get("runtimeClassName")
+            and [pick(c) for c in have.get("containers") or ()] == [pick(c) for c in want["containers"]]
+            and [v.get("configMap", {}).get("name") for v in have.get("volumes") or ()]
+            == [v.get("configMap", {}).get("name") for v in want["volumes"]])
 
 
 def _ensure_namespace_default_deny(ctl: core.Controller, namespace: str) -> str | None:
