@@ -16,7 +16,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-PREFIX = "CODERUN-RESULT-V1 "
+from coderun.sandbox.runner import FRAME_PREFIX
+
+PREFIX = FRAME_PREFIX  # the runner spells the protocol; the operator reads it
 INT64_MAX = 2**63 - 1
 
 

@@ -1,0 +1,46 @@
+"""Both sides of the runner protocol, spelt once: the builders' input ConfigMap goes through the runner's own
+parser, and the operator reads the runner's constants instead of repeating them."""
+import base64
+import json
+
+from coderun.api.models import CodeRunSpec
+from coderun.api.reasons import Reason
+from coderun.controlplane.builders import build_input_configmap
+from coderun.controlplane.builders.objects import REDACTION_MARGIN_BYTES
+from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
+from coderun.controlplane.results import frame
+from coderun.sandbox import runner
+
+
+def test_the_builders_input_is_what_the_runner_parses_and_materialises(run_body, tmp_path):
+    spec = CodeRunSpec.model_validate({
+        "language": "python", "code": "print(open('data/in.csv').read())", "stdin": "hello",
+        "files": [{"path": "data/in.csv", "content": "a,b\n1,2\n"},
+                  {"path": "blob.bin", "contentBase64": base64.b64encode(b"\x00\xff").decode()}],
+        "limits": {"timeoutSeconds": 7, "disk": "16Mi", "outputBytes": 4096}})
+    decision = evaluate(spec, DEFAULT_POLICY)
+    configmap = build_input_configmap(run_body(), spec, decision)
+    input_dir, work_dir = tmp_path / "input", tmp_path / "work"
+    input_dir.mkdir()
+    for key, value in configmap["data"].items():
+        (input_dir / key).write_text(value)
+    for key, value in (configmap.get("binaryData") or {}).items():
+        (input_dir / key).write_bytes(base64.b64decode(value))
+
+    parsed = runner.load_run_spec(str(input_dir))
+    runner.materialise_inputs(parsed, str(input_dir), str(work_dir))
+
+    assert parsed["command"] == list(decision.runtime.command) and parsed["timeoutSeconds"] == 7
+    assert parsed["outputBytes"] == 4096 + REDACTION_MARGIN_BYTES  # the margin the operator redacts within
+    assert json.loads(configmap["data"]["run.json"])["diskBytes"] == 16 * 1024 * 1024
+    assert (work_dir / "main.py").read_text() == spec.code
+    assert (work_dir / "data/in.csv").read_text() == "a,b\n1,2\n"
+    assert (work_dir / "blob.bin").read_bytes() == b"\x00\xff"
+    assert (input_dir / parsed["stdinKey"]).read_text() == "hello"
+
+
+def test_the_operator_speaks_the_runners_words():
+    assert frame.PREFIX == runner.FRAME_PREFIX
+    runner_reasons = {value for name, value in vars(runner).items()
+                      if name.isupper() and isinstance(value, str) and value[:1].isupper() and value.isalpha()}
+    assert runner_reasons - {r.value for r in Reason} <= {"InvalidInput", "RunnerError"}
