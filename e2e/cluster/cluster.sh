@@ -22,6 +22,8 @@ POD_CIDR=10.88.0.0/16
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
 API_PORT=6443
+POD_BRIDGE=cni-coderun0
+L2_TABLE=coderun-l2
 NODE_NAME=$(hostname)
 # Components in start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
@@ -130,18 +132,59 @@ pick_gvisor_platform() {
   die "gVisor runs on none of: ${GVISOR_PLATFORM:-systrap ptrace}"
 }
 
+# The pod network is IPv4 only, and IPv6 must not be a way around NetworkPolicy (a sandbox once reached the
+# API server, the kubelet and a deny-all pod over link-local addresses). Three layers below the enforcer's
+# own (netpol.py drops IPv6 from or to pod addresses it does not know, i.e. all of it here):
+#  - the bridge exists before the first pod, with IPv6 disabled: the node has no address on it and drops
+#    IPv6 arriving on it;
+#  - an nftables bridge table lets only IPv4 and ARP frames in or out of a bridge port (pod veths), so no
+#    IPv6 (nor anything else: VLAN-tagged, PPPoE, ...) passes between pods or to and from the node. This
+#    kernel lacks NFT_BRIDGE_META (`meta ibrname`), so ports are matched by the bridge plugin's veth names;
+#    the pod bridge is the only bridge the harness expects on the machine;
+#  - the CNI chain's tuning plugin disables IPv6 on the pod's interface (see the conflist).
+setup_ipv4_only_pod_network() {
+  ip link show "$POD_BRIDGE" >/dev/null 2>&1 || ip link add "$POD_BRIDGE" type bridge
+  echo 1 > "/proc/sys/net/ipv6/conf/$POD_BRIDGE/disable_ipv6"
+  ip link set "$POD_BRIDGE" up
+  # Declaring then deleting the table in one transaction replaces it atomically (idempotent `up`).
+  nft -f - <<EOF
+table bridge $L2_TABLE
+delete table bridge $L2_TABLE
+table bridge $L2_TABLE {
+  chain forward {
+    type filter hook forward priority -200; policy accept;
+    iifname "veth*" ether type != { ip, arp } counter drop comment "pod port to pod port: IPv4 and ARP only"
+  }
+  chain input {
+    type filter hook input priority -200; policy accept;
+    iifname "veth*" ether type != { ip, arp } counter drop comment "pod port to the node: IPv4 and ARP only"
+  }
+  chain output {
+    type filter hook output priority -200; policy accept;
+    oifname "veth*" ether type != { ip, arp } counter drop comment "node to a pod port: IPv4 and ARP only"
+  }
+}
+EOF
+}
+
 setup_host() {
   local platform; platform=$(pick_gvisor_platform)
   echo "$platform" > "$CLUSTER_DIR/gvisor-platform"
-  # Pod traffic crosses a Linux bridge: make bridged packets visible to iptables/nftables (kube-proxy, netpol).
+  # Pod traffic crosses a Linux bridge: make bridged packets, IPv4 and IPv6, visible to iptables/nftables
+  # (kube-proxy, netpol: its inet table then polices pod-to-pod IPv6 on the bridge too).
   echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
+  echo 1 > /proc/sys/net/bridge/bridge-nf-call-ip6tables
   echo 1 > /proc/sys/net/ipv4/ip_forward
+  setup_ipv4_only_pod_network
   mkdir -p "$CLUSTER_DIR/cni/net.d"
+  # tuning: no IPv6 on the pod's interface (CNI_IFNAME is eth0 under containerd's CRI), so neither runc nor
+  # gVisor (which copies the netns' addresses at start) gives a pod a link-local address to use.
   cat > "$CLUSTER_DIR/cni/net.d/10-coderun.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "coderun", "plugins": [
-  {"type": "bridge", "bridge": "cni-coderun0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+  {"type": "bridge", "bridge": "$POD_BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}],
             "dataDir": "$CLUSTER_DIR/cni/ipam"}},
+  {"type": "tuning", "sysctl": {"net.ipv6.conf.eth0.disable_ipv6": "1"}},
   {"type": "portmap", "capabilities": {"portMappings": true}},
   {"type": "loopback"}]}
 EOF
@@ -204,6 +247,16 @@ localStorageCapacityIsolation: true
 containerLogMaxSize: 10Mi
 maxPods: 110
 resolvConf: /etc/resolv.conf
+# PIDs (cgroup v1 pids controller, cgroupfs driver: kubelet writes pids.max of each pod's cgroup, and of
+# kubepods from the reservation below). A gVisor pod's Sentry and Gofer live in the pod's cgroup: measured
+# here, an idle gVisor pod holds ~45 host tasks and each sandboxed process ~2 more under systrap (50 -> 140,
+# 200 -> 440, 400 -> 840 tasks), so 1024 leaves a program ~490 processes, far above real workloads and far
+# below this machine's kernel.pid_max of 32768. Measured: a fork bomb stops at exactly 1024 tasks and its
+# gVisor sandbox then exits (the pod fails, exit code 128); the node and other pods are untouched.
+podPidsLimit: 1024
+# Keep PIDs for the node's own processes (kubelet, containerd, shims, apiserver): kubepods.pids.max becomes
+# capacity minus this, so even many pods at their limit cannot exhaust the node's PID space.
+systemReserved: {pid: "4096"}
 EOF
 }
 
@@ -264,7 +317,8 @@ start_kubelet() {
 }
 
 start_netpol() {
-  start netpol "$repo/.venv/bin/python" "$here/netpol.py" --kubeconfig "$KUBECONFIG_ADMIN" --node "$NODE_NAME"
+  start netpol "$repo/.venv/bin/python" "$here/netpol.py" --kubeconfig "$KUBECONFIG_ADMIN" --node "$NODE_NAME" \
+    --pod-cidr "$POD_CIDR" --bridge "$POD_BRIDGE"
 }
 
 apply_cluster_objects() {
@@ -333,9 +387,10 @@ cmd_down() {
   { grep -o " $CLUSTER_DIR[^ ]*\| /run/coderun/runsc[^ ]*\| /run/netns/cni-[^ ]*" /proc/mounts || true; } | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null || true; done
   rm -f /run/netns/cni-* 2>/dev/null || true
-  ip link delete cni-coderun0 2>/dev/null || true
+  ip link delete "$POD_BRIDGE" 2>/dev/null || true
   rm -rf "$CLUSTER_DIR/cni/ipam"
   nft delete table inet coderun-netpol 2>/dev/null || true
+  nft delete table bridge "$L2_TABLE" 2>/dev/null || true
   log "cluster down"
 }
 
@@ -348,6 +403,7 @@ cmd_verify_down() {
   procs=$(find /sys/fs/cgroup/pids/kubepods* -name cgroup.procs -exec cat {} + 2>/dev/null || true)
   [ -z "$procs" ] || { log "processes left in pod cgroups: $(echo $procs)"; left=1; }
   if grep -q " $CLUSTER_DIR" /proc/mounts; then log "mounts left: $(grep " $CLUSTER_DIR" /proc/mounts)"; left=1; fi
+  if nft list tables 2>/dev/null | grep -qE "coderun-netpol|$L2_TABLE"; then log "nftables tables left"; left=1; fi
   [ $left = 0 ] && log "nothing of the cluster is left running or mounted"
   return $left
 }
