@@ -347,6 +347,13 @@ import_images() {
     "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
     echo "$archive" >> "$imported"
   done
+  # Also name each image by its digest (repo@sha256:...), as a registry pull would: the kubelet then lists the
+  # digest in the node's status.images, and the operator's result cache keys on what a tag means now.
+  "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images ls |
+    awk '$1 ~ /^coderun\.local\/[^@]*:[^@:]*$/ {print $1, $3}' | while read -r ref digest; do
+      "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images tag --force "$ref" "${ref%:*}@$digest" \
+        >/dev/null
+    done
 }
 
 cmd_up() {
