@@ -37,12 +37,29 @@ NON_ZERO_EXIT = "NonZeroExit"
 TIMEOUT = "Timeout"
 OUTPUT_LIMIT_EXCEEDED = "OutputLimitExceeded"
 SIGNALED = "Signaled"
+DISK_LIMIT_EXCEEDED = "DiskLimitExceeded"
+PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
+SANDBOX_VIOLATION = "SandboxViolation"
 INVALID_INPUT = "InvalidInput"
 RUNNER_ERROR = "RunnerError"
 
 DEFAULT_OUTPUT_BYTES = 65536
 DEFAULT_FLOOD_BYTES = 1048576
 DEFAULT_ARTIFACT_CAPS = {"maxFiles": 16, "maxFileBytes": 262144, "maxTotalBytes": 524288}
+DEFAULT_MAX_INODES = 16384
+DEFAULT_MAX_PROCESSES = 128
+# Caps on what the program controls in the frame (the operator's model cuts them too).
+MAX_ERROR_TYPE_CHARS = 256
+MAX_ERROR_MESSAGE_CHARS = 4096
+MAX_NAME_CHARS = 1024
+MAX_LINE_NUMBER = 2**31 - 1
+# How often the sandbox's limits are checked while the program runs; a big /tmp tree is walked less often so
+# the walk costs at most 1/GUARD_COST_RATIO of the time.
+GUARD_INTERVAL_SECONDS = 0.2
+GUARD_COST_RATIO = 20
+# Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
+# the program would inherit) keeps the runner alive to report.
+SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 # A program can create thousands of unwanted files; listing every one would
 # bloat the frame, so only this many skipped entries are reported.
 MAX_SKIPPED_LISTED = 64
@@ -141,7 +158,11 @@ def parse_run_spec(raw: dict) -> dict:
         seen.add(path)
         checked_files.append({"path": path, "key": key})
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
+    disk = raw.get("diskBytes")
     return {
+        "diskBytes": None if disk is None else _non_negative_int(disk, "diskBytes"),
+        "maxInodes": _non_negative_int(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes"),
+        "maxProcesses": _non_negative_int(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses"),
         "language": raw.get("language"),
         "command": command,
         "codeFile": code_file,
@@ -323,16 +344,109 @@ def kill_all_other_processes(max_seconds: float = 2.0) -> None:
         reap_zombies()
 
 
+# ---------------------------------------------------------------- sandbox limits
+
+
+def scratch_usage(root: str, max_inodes: int) -> tuple[int, int]:
+    """(bytes allocated, inodes) under root, never following links; stops counting past max_inodes."""
+    used, inodes, pending = 0, 0, [root]
+    while pending and inodes <= max_inodes:
+        try:
+            entries = os.scandir(pending.pop())
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                inodes += 1
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                used += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    pending.append(entry.path)
+                if inodes > max_inodes:
+                    break
+    return used, inodes
+
+
+def count_processes(own_pid: int, session: int | None) -> int:
+    """Live processes: all but us (as PID 1 of the sandbox), else those of the program's session."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own_pid:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in (b"Z", b"X") and (session is None or int(fields[3]) == session):
+            count += 1
+    return count
+
+
+class Guards:
+    """The sandbox's own limits, checked while the program runs and once more when it is gone: /tmp bytes
+    and inodes (the kubelet would evict only a minute later), the process count, and the termination log
+    (a host file outside disk accounting that belongs to the runner)."""
+
+    def __init__(self, scratch_dir: str, disk_bytes: int | None, max_inodes: int, max_processes: int,
+                 termination_fd: int | None, is_pid1: bool):
+        self.scratch_dir, self.disk_bytes, self.max_inodes = scratch_dir, disk_bytes, max_inodes
+        self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
+        self.session: int | None = None
+        self.next_check = 0.0
+
+    def child_limits(self) -> None:
+        """In the child before exec: the kernel stops a single file at the disk limit and forks at the cap
+        (RLIMIT_NPROC counts the uid's processes: the runner is one of them)."""
+        if self.disk_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.disk_bytes + 4096, self.disk_bytes + 4096))
+        if self.is_pid1:
+            resource.setrlimit(resource.RLIMIT_NPROC, (self.max_processes + 1, self.max_processes + 1))
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_check
+
+    def check(self, now: float) -> tuple[str, dict] | None:
+        """(reason, limit) when a limit is broken, else None; schedules the next check."""
+        started = time.monotonic()
+        verdict = self._check()
+        cost = time.monotonic() - started
+        self.next_check = now + max(GUARD_INTERVAL_SECONDS, cost * GUARD_COST_RATIO)
+        return verdict
+
+    def _check(self) -> tuple[str, dict] | None:
+        if self.termination_fd is not None:
+            try:
+                written = os.fstat(self.termination_fd).st_size
+            except OSError:
+                written = 0
+            if written > 0:
+                return SANDBOX_VIOLATION, {"kind": "termination-log", "limit": 0, "observed": written}
+        processes = count_processes(os.getpid(), None if self.is_pid1 else self.session)
+        if processes >= self.max_processes:
+            return PROCESS_LIMIT_EXCEEDED, {"kind": "processes", "limit": self.max_processes, "observed": processes}
+        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes)
+        if inodes > self.max_inodes:
+            return DISK_LIMIT_EXCEEDED, {"kind": "inodes", "limit": self.max_inodes, "observed": inodes}
+        if self.disk_bytes is not None and used > self.disk_bytes:
+            return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
+        return None
+
+
 # How the child ended. runner_kill_reason is TIMEOUT or OUTPUT_LIMIT_EXCEEDED
 # when the runner killed it, else None. (A namedtuple, not a dataclass: the
 # dataclasses import costs ~10 ms on every run.)
 ChildOutcome = collections.namedtuple(
-    "ChildOutcome", ["returncode", "runner_kill_reason", "wall_seconds", "stdout", "stderr"])
+    "ChildOutcome", ["returncode", "runner_kill_reason", "wall_seconds", "stdout", "stderr", "limit"],
+    defaults=(None,))
 
 
 def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
               timeout_seconds: float, output_bytes: int, flood_bytes: int,
-              is_pid1: bool) -> ChildOutcome:
+              is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
     """Run the program, enforcing the deadline and the output flood cap.
 
     One selector loop drains both pipes (a blocking read in a thread could not
@@ -346,7 +460,10 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
         started = time.monotonic()
         proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True,
+                                preexec_fn=guards.child_limits if guards else None)
+    if guards is not None:
+        guards.session = proc.pid
     wake_read, wake_write = os.pipe()
     exited_at: list[float] = []
 
@@ -366,12 +483,17 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
     open_streams = 2
     deadline = started + timeout_seconds
     runner_kill_reason = None
+    limit = None
     drain_until = None
     try:
         while True:
             now = time.monotonic()
             if drain_until is None and runner_kill_reason is None:
-                if stdout.total + stderr.total > flood_bytes:
+                broken = guards.check(now) if guards is not None and guards.due(now) else None
+                if broken:
+                    (runner_kill_reason, limit) = broken
+                    kill_process_group(proc.pid)  # escaped processes die with everything else at exit
+                elif stdout.total + stderr.total > flood_bytes:
                     runner_kill_reason = OUTPUT_LIMIT_EXCEEDED
                     kill_process_group(proc.pid)
                 elif not exited_at and now >= deadline:
@@ -392,6 +514,8 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                 wait = drain_until - now
             elif runner_kill_reason is None:
                 wait = deadline - now
+                if guards is not None:
+                    wait = min(wait, guards.next_check - now)
             else:
                 wait = None  # killed: the waiter thread will wake us
             for key, _ in selector.select(None if wait is None else max(wait, 0)):
@@ -414,7 +538,15 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
             os.close(fd)
         proc.stdout.close()
         proc.stderr.close()
-    return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr)
+    if runner_kill_reason is None and guards is not None:
+        # The program may have broken a limit just before it ended (e.g. filled /tmp, then exited on EFBIG).
+        broken = guards.check(time.monotonic())
+        if broken:
+            runner_kill_reason, limit = broken
+    if runner_kill_reason is None and returncode == -signal.SIGXFSZ:
+        runner_kill_reason, limit = DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": guards.disk_bytes if guards
+                                                          else None, "observed": None}
+    return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
 
 
 def child_metrics(wall_seconds: float) -> dict:
@@ -470,7 +602,7 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
     SyntaxError in the main script has no "Traceback" header: its block
     starts at the `File "...", line N` line instead.
     """
-    lines = stderr_text.splitlines()
+    lines = stderr_text.split("\n")  # not splitlines(): a message may hold U+2028 or U+0085
     starts = [i for i, line in enumerate(lines) if line == TRACEBACK_HEADER]
     if starts:
         start = starts[-1] + 1
@@ -484,7 +616,8 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
         frame = FRAME_LINE.match(line)
         if frame:
             if _names_code_file(frame["file"], code_file):
-                user_line = int(frame["line"])
+                digits = frame["line"]  # the program can print any number here; int() refuses > 4300 digits
+                user_line = int(digits) if len(digits) <= 10 and 0 < int(digits) <= MAX_LINE_NUMBER else None
             continue
         if not line or line[0].isspace():
             continue  # source excerpt, caret markers, blank separators
@@ -492,8 +625,8 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
         if not exception:
             return None
         return {
-            "type": exception["type"],
-            "message": (exception["message"] or "").strip(),
+            "type": cap(exception["type"], MAX_ERROR_TYPE_CHARS),
+            "message": cap((exception["message"] or "").strip(" \t\r"), MAX_ERROR_MESSAGE_CHARS),
             "line": user_line,
         }
     return None
@@ -502,9 +635,14 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
 # ---------------------------------------------------------------- artifacts
 
 
+def cap(text: str, limit: int) -> str:
+    """The head of text, marked with an ellipsis when cut: the program decides how long its strings are."""
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
 def _display_name(relative: bytes) -> str:
-    """File names may be any bytes; the frame must stay valid UTF-8."""
-    return relative.decode("utf-8", errors="replace")
+    """File names may be any bytes; the frame must stay valid UTF-8 and bounded."""
+    return cap(relative.decode("utf-8", errors="replace"), MAX_NAME_CHARS)
 
 
 def walk_outputs(root: bytes):
@@ -636,6 +774,8 @@ def describe(reason: str, exit_code: int | None, signal_number: int | None,
     if reason == TIMEOUT:
         return (f"the program was killed after the {spec['timeoutSeconds']:g} s time limit; "
                 "make it faster or raise limits.timeoutSeconds")
+    if reason in (DISK_LIMIT_EXCEEDED, PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION):
+        return f"the program was stopped: {reason}"
     if reason == OUTPUT_LIMIT_EXCEEDED:
         return (f"stdout and stderr together exceeded {spec['floodBytes']} bytes, so the "
                 "program was stopped; print less or write large results to CODERUN_OUTPUT_DIR")
@@ -669,7 +809,8 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
     message = describe(reason, exit_code, signal_number, oom_killed, error, spec)
     if unlisted_skipped:
         message += f"; {unlisted_skipped} more output files were skipped"
-    return {
+    frame_limit = {"limit": outcome.limit} if outcome.limit else {}
+    return {**frame_limit,
         "version": FRAME_VERSION,
         "reason": reason,
         "message": message,
@@ -688,13 +829,14 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
         "metrics": metrics,
         "artifacts": artifacts,
         "artifactsSkipped": skipped,
+        "artifactsSkippedUnlisted": unlisted_skipped,
     }
 
 
 def encode_frame(frame: dict) -> bytes:
     """The frame's JSON text as UTF-8: the bytes printed and the bytes hashed."""
-    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", errors="replace")
+    # ASCII only: no U+2028, U+0085 or other character a reader might take for a line break.
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
 def termination_summary(frame: dict, frame_json: bytes) -> bytes:
@@ -707,7 +849,7 @@ def termination_summary(frame: dict, frame_json: bytes) -> bytes:
 # ---------------------------------------------------------------- main
 
 
-def execute(args: types.SimpleNamespace, is_pid1: bool) -> dict:
+def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None) -> dict:
     # Absolute, because the program's cwd is the work dir.
     work, outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
     try:
@@ -725,9 +867,11 @@ def execute(args: types.SimpleNamespace, is_pid1: bool) -> dict:
     os.makedirs(home_dir, exist_ok=True)
     os.makedirs(outputs, exist_ok=True)
     env = child_environment(spec["env"], scratch_dir, home_dir, outputs)
+    guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
+                    is_pid1)
     try:
         outcome = run_child(spec["command"], work, env, stdin_path,
-                            spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1)
+                            spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
     except OSError as exc:  # e.g. the image lacks the interpreter
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds)
@@ -766,15 +910,24 @@ def parse_args(argv: list[str]) -> types.SimpleNamespace:
     return types.SimpleNamespace(**paths)
 
 
-def write_termination_log(path: str, summary: bytes) -> None:
-    """Truncate first: the program may have written its own text there."""
+def open_termination_log(path: str) -> int | None:
+    """Held from before the program starts, so the runner notices any write to it and writes it last."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
-        print(f"coderun-runner: cannot write termination log {path}: {exc}", file=sys.stderr)
+        print(f"coderun-runner: cannot open termination log {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def write_termination_log(fd: int | None, summary: bytes) -> None:
+    """Truncate first: the program may have written its own text there."""
+    if fd is None:
         return
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(summary)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, summary, 0)
+    finally:
+        os.close(fd)
 
 
 PR_SET_DUMPABLE = 4
@@ -799,8 +952,11 @@ def main(argv: list[str] | None = None) -> int:
     is_pid1 = os.getpid() == 1
     if is_pid1:
         make_undumpable()
+    for name in SHIELDED_SIGNALS:
+        signal.signal(getattr(signal, name), lambda number, _frame: None)
+    termination_fd = open_termination_log(args.termination_log)
     try:
-        frame = execute(args, is_pid1)
+        frame = execute(args, is_pid1, termination_fd)
     except Exception as exc:  # the frame must still be printed
         frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
     frame["startedAtMillis"] = started_at_millis
@@ -812,7 +968,7 @@ def main(argv: list[str] | None = None) -> int:
     # (via /proc/1/fd/1), so the frame always starts its own line.
     out.write(b"\n" + FRAME_PREFIX.encode("ascii") + frame_json + b"\n")
     out.flush()
-    write_termination_log(args.termination_log, termination_summary(frame, frame_json))
+    write_termination_log(termination_fd, termination_summary(frame, frame_json))
     return 0
 
 
