@@ -26,3 +26,21 @@ def test_non_json_truncated_and_bad_schema_are_explained():
     assert "truncated" in validate_output(Expect(stdout_json_schema=SCHEMA), 0, "{}", True).errors[0]
     bad = validate_output(Expect(stdout_json_schema={"type": "nonsense"}), 0, "{}", False)
     assert "not a valid JSON Schema" in bad.errors[0]
+
+
+def test_a_check_that_burns_cpu_is_stopped_with_a_clear_error():
+    from coderun.controlplane.results import validate
+    # uniqueItems over many distinct unhashable items is quadratic in jsonschema.
+    stdout = "[" + ",".join(f'{{"k": {i}}}' for i in range(40000)) + "]"
+    result = validate_output(Expect(stdout_json_schema={"type": "array", "uniqueItems": True}), 0, stdout, False)
+    assert not result.valid and "CPU" in result.errors[0] and "simplify the schema" in result.errors[0]
+    assert validate.SCHEMA_CHECK_CPU_SECONDS <= 2
+
+
+def test_hostile_documents_and_schemas_get_answers_not_crashes():
+    cases = [({"type": "integer"}, "9" * 5000, "not accept"), ({"type": "array"}, "[" * 100000, "not accept"),
+             ({"$ref": "http://169.254.169.254/x"}, "1", "$ref"),
+             ({"type": "string", "pattern": "^(a+)+$"}, '"' + "a" * 40 + '!"', "does not match")]
+    for schema, stdout, says in cases:
+        result = validate_output(Expect(stdout_json_schema=schema), 0, stdout, False)
+        assert not result.valid and says in result.errors[0], (schema, result.errors)

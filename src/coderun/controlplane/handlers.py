@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 
 import kopf
 
@@ -24,7 +25,10 @@ controller = Controller()
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.enabled = False  # the controller posts its own Events
-    settings.execution.max_workers = int(os.environ.get("CODERUN_WORKERS", "16"))
+    # Few worker threads and a short GIL switch interval: the event loop (watches, /healthz) stays responsive
+    # while handlers parse and redact large outputs.
+    settings.execution.max_workers = int(os.environ.get("CODERUN_WORKERS", "8"))
+    sys.setswitchinterval(0.001)
     settings.watching.server_timeout = 300
     settings.networking.error_backoffs = [1, 2, 5]
     metrics.serve(int(os.environ.get("CODERUN_METRICS_PORT", "9108")), controller.store.active_count)
