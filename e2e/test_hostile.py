@@ -154,8 +154,8 @@ PROGRAMS: list[Hostile] = [
     # ---- resources
     # A shell fork bomb: small processes, so the process cap is met before the memory limit.
     Hostile("fork-bomb", "os.execl('/bin/sh', 'sh', '-c', 'f() { f | f & }; f; sleep 30')",
-            "ProcessLimitExceeded", lambda s, f: "processes" in s["message"] and s["metrics"]["wallMillis"] < 8000,
-            limits={"memory": "512Mi", "cpu": "250m"}),
+            "ProcessLimitExceeded", lambda s, f: "processes" in s["message"] and s["metrics"]["wallMillis"] < 10000,
+            limits={"memory": "512Mi", "cpu": "250m", "timeoutSeconds": 20}),
     Hostile("memory-bomb", "x = []\nwhile True:\n    x.append(b'x' * 10_000_000)", "OOMKilled",
             limits={"memory": "64Mi"}),
     Hostile("tmp-fill", "f = open('/tmp/fill', 'wb')\nwhile True:\n    f.write(b'x' * 1048576); f.flush()",
