@@ -2,6 +2,12 @@
 # Build one registry-free image archive from a recipe under recipes/, cached by
 # the hash of everything the recipe reads, so it is rebuilt only on change.
 #
+# A recipe may split its root filesystem in two: make_base_rootfs (the slow
+# part, e.g. Debian packages) is cached on its own as a tar under OUTDIR/base,
+# keyed by the build scripts and the recipe without RECIPE_INPUTS; make_rootfs
+# then adds what RECIPE_INPUTS bring (e.g. the runner) to a fresh copy of it.
+# So a change to the runner rebuilds the image in seconds, not minutes.
+#
 #   e2e/images/build.sh NAME [OUTDIR]
 #
 # NAME is pause, busybox or python. The archive lands in OUTDIR (default
@@ -27,6 +33,33 @@ recipe_key() {
         ${RECIPE_INPUTS[@]+"${RECIPE_INPUTS[@]}"}) | sha256sum | cut -c1-16
 }
 
+base_key() {
+    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh") |
+        sha256sum | cut -c1-16
+}
+
+# Fill the empty dir $1 with the recipe's base rootfs: unpacked from its cache, or built and then cached.
+base_rootfs() {
+    local rootfs=$1 key base
+    key=$(base_key)
+    base=$OUTDIR/base/$NAME-$key.tar
+    mkdir -p "$OUTDIR/base" "$rootfs"
+    if [ -s "$base" ]; then
+        echo "build.sh: base of $NAME from $base" >&2
+        tar --numeric-owner -xpf "$base" -C "$rootfs"
+        return
+    fi
+    echo "build.sh: building the base of $NAME" >&2
+    make_base_rootfs "$rootfs"
+    tar --numeric-owner -cf "$WORK/base.tar" -C "$rootfs" .
+    if [ "$(base_key)" != "$key" ]; then
+        echo "build.sh: recipe changed during the build; not caching it, run again" >&2
+        exit 1
+    fi
+    mv "$WORK/base.tar" "$base"
+    find "$OUTDIR/base" -maxdepth 1 -name "$NAME-*.tar" ! -path "$base" -delete  # stale keys
+}
+
 mkdir -p "$OUTDIR"
 KEY=$(recipe_key)
 ARCHIVE=$OUTDIR/$NAME-$KEY.tar
@@ -37,6 +70,9 @@ if [ ! -s "$ARCHIVE" ]; then
     WORK=$(mktemp -d "$OUTDIR/.build-$NAME.XXXXXX")
     trap 'rm -rf "$WORK"' EXIT
     echo "build.sh: building $IMAGE_REF from recipes/$NAME.sh" >&2
+    if declare -F make_base_rootfs >/dev/null; then
+        base_rootfs "$WORK/rootfs"
+    fi
     make_rootfs "$WORK/rootfs"
     digest=$(python3 "$HERE/mkimage.py" --rootfs "$WORK/rootfs" --ref "$IMAGE_REF" --out "$WORK/image.tar" \
         "${MKIMAGE_ARGS[@]}")

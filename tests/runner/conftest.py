@@ -1,7 +1,10 @@
 """Fixtures for the runner tier: the real runner, run as a subprocess."""
 
 import os
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +35,25 @@ def as_pid1():
     if probe.returncode != 0:
         pytest.skip(f"unshare cannot make a PID namespace here: {probe.stderr.decode().strip()}")
     return PID1_WRAPPER
+
+
+NOBODY = 65534
+# The runner and the program run as nobody with this interpreter (the test's own may live under /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def as_nobody():
+    """(run, PID-1 wrapper) for the runner as an unprivileged uid, as in the pod: no root override of file
+    modes, RLIMIT_NPROC enforced, /proc of a non-dumpable PID 1 closed to the program. Everything lives in
+    a directory nobody owns (pytest's tmp_path is private to root)."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs root, setpriv and a system python3 to drop to an unprivileged uid")
+    base = Path(tempfile.mkdtemp(prefix="coderun-runner-"))
+    os.chmod(base, 0o755)
+    os.chown(base, NOBODY, NOBODY)
+    drop = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups")
+    try:
+        yield runner_in(base, owner=NOBODY, interpreter=SYSTEM_PYTHON), drop
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

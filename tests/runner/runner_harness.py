@@ -77,9 +77,10 @@ def last_frame_line(raw_stdout: bytes) -> bytes:
     return frames[-1][len(FRAME_PREFIX):]
 
 
-def runner_in(tmp_path: Path):
+def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.executable):
     """A function run(code, input_files={path: bytes}, stdin=bytes, runner_env={}, raw_run_json=bytes,
-    wrapper=(command prefix), **run.json overrides) that runs the runner with everything under tmp_path."""
+    wrapper=(command prefix), **run.json overrides) that runs the runner with everything under tmp_path.
+    With owner (a uid), the termination log belongs to that uid, as the runner runs as it (see as_nobody)."""
 
     def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
             runner_env: dict | None = None, raw_run_json: bytes | None = None, wrapper: tuple = (),
@@ -100,9 +101,11 @@ def runner_in(tmp_path: Path):
         termination_log = tmp_path / "termination-log"
         if not termination_log.exists():
             termination_log.write_text("")
+            if owner is not None:
+                os.chown(termination_log, owner, owner)
         started = time.monotonic()
         proc = subprocess.run(
-            [*wrapper, sys.executable, str(RUNNER_PATH), "--input", str(input_dir), "--work", str(work),
+            [*wrapper, interpreter, str(RUNNER_PATH), "--input", str(input_dir), "--work", str(work),
              "--outputs", str(outputs), "--termination-log", str(termination_log)],
             capture_output=True, timeout=subprocess_timeout,
             env={**os.environ, **(runner_env or {})},

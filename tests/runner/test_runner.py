@@ -91,12 +91,13 @@ def test_outcome(run_runner, code, spec, expected):
     assert_well_formed(run)
     for field, value in expected.items():
         assert run.frame[field] == value, (field, run.frame)
-    assert run.frame["message"]
+    # The operator writes the words; the frame carries facts, and details only when the runner itself failed.
+    assert bool(run.frame["message"]) == (run.frame["reason"] in ("RunnerError", "InvalidInput"))
 
 
-def test_non_zero_exit_message_names_the_error(run_runner):
+def test_non_zero_exit_reports_the_error_as_data(run_runner):
     run = run_runner("x = 1\ny = 0\nprint(x / y)\n")
-    assert "ZeroDivisionError: division by zero (line 3)" in run.frame["message"]
+    assert run.frame["error"] == {"type": "ZeroDivisionError", "message": "division by zero", "line": 3}
 
 
 def test_runner_environment_does_not_leak_into_the_program(run_runner):
@@ -123,7 +124,6 @@ def test_infinite_loop_times_out(run_runner):
     assert run.frame["signal"] == signal.SIGKILL and run.frame["exitCode"] is None
     assert run.elapsed < 1.0 + 2.0
     assert 900 <= run.frame["metrics"]["wallMillis"] < 2500
-    assert "timeoutSeconds" in run.frame["message"]
 
 
 ESCAPING_GRANDCHILD = """
@@ -223,7 +223,6 @@ def test_stdout_flood_is_stopped_quickly_and_reported(run_runner):
     assert frame["stderr"] == ""
     assert run.elapsed < 5
     assert len(run.raw_stdout) < 20000
-    assert "CODERUN_OUTPUT_DIR" in frame["message"]
 
 
 def test_stderr_counts_towards_the_flood_limit(run_runner):
@@ -397,7 +396,7 @@ def test_skipped_list_is_bounded(run_runner, runner):
     code = "import os\nfor i in range(200):\n    os.symlink('/etc/passwd', os.path.join(os.environ['CODERUN_OUTPUT_DIR'], f'l{i:03}'))\n"
     run = run_runner(code)
     assert len(run.frame["artifactsSkipped"]) == runner.MAX_SKIPPED_LISTED
-    assert f"{200 - runner.MAX_SKIPPED_LISTED} more output files were skipped" in run.frame["message"]
+    assert run.frame["artifactsSkippedUnlisted"] == 200 - runner.MAX_SKIPPED_LISTED
 
 
 # ------------------------------------------------------------------ forged frames and the termination log

@@ -12,7 +12,8 @@ def program(source: str) -> str:
     return textwrap.dedent(source).lstrip()
 
 
-@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM"])
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                                  "SIGPIPE"])
 def test_signals_to_pid1_leave_the_runner_standing(run_runner, as_pid1, name):
     code = program(f"""
         import os, signal

@@ -171,3 +171,68 @@ def test_parse_args_rejects(runner, argv):
     with pytest.raises(SystemExit) as exited:
         runner.parse_args(argv)
     assert exited.value.code == 2
+
+
+def minimal_run_json(**fields) -> dict:
+    return {"version": 1, "command": ["python3", "main.py"], "codeFile": "main.py", "timeoutSeconds": 5, **fields}
+
+
+def test_sandbox_limits_default_when_absent(runner):
+    spec = runner.parse_run_spec(minimal_run_json())
+    assert (spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"]) == (None, 16384, 128)
+    spec = runner.parse_run_spec(minimal_run_json(diskBytes=1 << 20, maxInodes=10, maxProcesses=1))
+    assert (spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"]) == (1 << 20, 10, 1)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("diskBytes", 0), ("diskBytes", -1), ("diskBytes", 2**64), ("diskBytes", "1Mi"), ("diskBytes", 1.5),
+    ("maxInodes", 0), ("maxInodes", True), ("maxInodes", 2**31), ("maxProcesses", 0),
+    ("maxProcesses", 2**40), ("maxProcesses", None),
+])
+def test_sandbox_limits_out_of_range_are_invalid_input(runner, field, value):
+    with pytest.raises(runner.InvalidInput, match=field):
+        runner.parse_run_spec(minimal_run_json(**{field: value}))
+
+
+def test_protocol_constants_are_exported(runner):
+    assert runner.FRAME_PREFIX == "CODERUN-RESULT-V1 "
+    assert {"DiskLimitExceeded", "ProcessLimitExceeded", "SandboxViolation"} <= set(runner.REASONS)
+    assert len(set(runner.REASONS)) == len(runner.REASONS) == 10
+    assert runner.LIMIT_KINDS == ("disk", "inodes", "processes", "termination-log")
+    assert (runner.MAX_ERROR_TYPE_CHARS, runner.MAX_ERROR_MESSAGE_CHARS, runner.MAX_NAME_CHARS) == (256, 4096, 1024)
+
+
+def test_scratch_usage_counts_blocks_once_and_follows_no_link(runner, tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "data").write_bytes(b"x" * 100000)
+    (tmp_path / "a" / "hard").hardlink_to(tmp_path / "a" / "b" / "data")
+    (tmp_path / "up").symlink_to("/usr")
+    used, inodes = runner.scratch_usage(str(tmp_path), 1000)
+    data_blocks = (tmp_path / "a" / "b" / "data").stat().st_blocks * 512
+    dirs_and_link = sum(p.lstat().st_blocks * 512 for p in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "up"))
+    assert (used, inodes) == (data_blocks + dirs_and_link, 5)
+    assert runner.scratch_usage(str(tmp_path), 1000, with_bytes=False) == (0, 5)
+    assert runner.scratch_usage(str(tmp_path), 2)[1] == 3  # stops counting once past the cap
+    assert runner.scratch_usage(str(tmp_path / "missing"), 10) == (0, 0)
+
+
+def test_scratch_usage_reaches_below_path_max(runner, tmp_path):
+    import os
+    levels = runner.WALK_HELD_DIRS + 30  # 94 levels of 200 characters: far past PATH_MAX and the held dirs
+    fd = os.open(tmp_path, os.O_RDONLY)
+    for _ in range(levels):
+        os.mkdir("d" * 200, dir_fd=fd)
+        parent, fd = fd, os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(parent)
+    hidden = os.open("hidden", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(hidden, b"x" * 1000000)
+    os.close(hidden)
+    os.close(fd)
+    used, inodes = runner.scratch_usage(str(tmp_path), 10**6)
+    assert inodes == levels + 1 and used >= 1000000
+
+
+def test_failure_frames_carry_a_capped_message_and_every_field(runner):
+    frame = runner.failure_frame(runner.RUNNER_ERROR, "y" * 100000)
+    assert len(frame["message"]) == runner.MAX_ERROR_MESSAGE_CHARS and frame["message"].endswith("\u2026")
+    assert frame["artifactsSkippedUnlisted"] == 0 and frame["artifactsSkipped"] == []

@@ -12,7 +12,8 @@ PYTHON_PACKAGES_FIRST=(python3-munkres)
 PYTHON_PACKAGES=(python3-numpy python3-pandas python3-matplotlib)
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
-make_rootfs() {
+# The packages: slow (debootstrap, ~2 min), so build.sh caches them apart from the runner.
+make_base_rootfs() {
     local rootfs=$1 debs=$CACHE_DIR/debs/bookworm
     command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
     mkdir -p "$debs"
@@ -24,15 +25,21 @@ make_rootfs() {
     "${apt[@]}" install "${PYTHON_PACKAGES_FIRST[@]}" >&2
     "${apt[@]}" install "${PYTHON_PACKAGES[@]}" >&2
     cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
-    install -D -m 0644 "$REPO/src/coderun/sandbox/runner.py" "$rootfs/opt/coderun/runner.py"
     echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
     echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
     chmod 1777 "$rootfs/tmp"
     slim_rootfs "$rootfs"
-    verify_python_rootfs "$rootfs"
     chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort \
         >"$REPO/sandbox-images/python/packages.lock"
-    rm -rf "$rootfs"/dev/* "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+}
+
+# The runner on top of the cached packages (the only RECIPE_INPUT), checked by a real run.
+make_rootfs() {
+    local rootfs=$1
+    install -D -m 0644 "$REPO/src/coderun/sandbox/runner.py" "$rootfs/opt/coderun/runner.py"
+    verify_python_rootfs "$rootfs"  # needs the base's /dev/null, so before /dev is emptied
+    rm -rf "${rootfs:?}"/dev/*  # the runtime provides these
 }
 
 # The libraries import (after slimming), and the runner runs a plotting

@@ -42,6 +42,11 @@ PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
 SANDBOX_VIOLATION = "SandboxViolation"
 INVALID_INPUT = "InvalidInput"
 RUNNER_ERROR = "RunnerError"
+# Every reason a frame can carry; only the last two come with a `message` (the operator words the others).
+REASONS = (COMPLETED, NON_ZERO_EXIT, TIMEOUT, OUTPUT_LIMIT_EXCEEDED, SIGNALED, DISK_LIMIT_EXCEEDED,
+           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR)
+# limit.kind in a frame that ended on one of the sandbox's own limits.
+LIMIT_KINDS = ("disk", "inodes", "processes", "termination-log")
 
 DEFAULT_OUTPUT_BYTES = 65536
 DEFAULT_FLOOD_BYTES = 1048576
@@ -53,13 +58,18 @@ MAX_ERROR_TYPE_CHARS = 256
 MAX_ERROR_MESSAGE_CHARS = 4096
 MAX_NAME_CHARS = 1024
 MAX_LINE_NUMBER = 2**31 - 1
+# Accepted ranges of the sandbox limits in run.json (an RLIMIT must fit the kernel's type; PID_MAX_LIMIT).
+MAX_DISK_BYTES = 2**62
+MAX_INODES = 2**31 - 1
+MAX_PROCESSES = 4194304
 # How often the sandbox's limits are checked while the program runs; a big /tmp tree is walked less often so
 # the walk costs at most 1/GUARD_COST_RATIO of the time.
 GUARD_INTERVAL_SECONDS = 0.2
+NPROC_HEADROOM = 64
 GUARD_COST_RATIO = 20
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
-SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
 # A program can create thousands of unwanted files; listing every one would
 # bloat the frame, so only this many skipped entries are reported.
 MAX_SKIPPED_LISTED = 64
@@ -118,6 +128,13 @@ def _non_negative_int(value: object, field: str) -> int:
     return value  # type: ignore[return-value]
 
 
+def _limit(value: object, field: str, maximum: int) -> int:
+    """A sandbox limit: 0 would stop every program at once, and an RLIMIT must fit the kernel's type."""
+    _require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= maximum,
+             f"run.json: {field} must be an integer from 1 to {maximum}")
+    return value  # type: ignore[return-value]
+
+
 def parse_run_spec(raw: dict) -> dict:
     """Validate run.json and fill defaults; raise InvalidInput on anything odd."""
     _require(isinstance(raw, dict), "run.json must be a JSON object")
@@ -160,9 +177,9 @@ def parse_run_spec(raw: dict) -> dict:
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
     disk = raw.get("diskBytes")
     return {
-        "diskBytes": None if disk is None else _non_negative_int(disk, "diskBytes"),
-        "maxInodes": _non_negative_int(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes"),
-        "maxProcesses": _non_negative_int(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses"),
+        "diskBytes": None if disk is None else _limit(disk, "diskBytes", MAX_DISK_BYTES),
+        "maxInodes": _limit(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes", MAX_INODES),
+        "maxProcesses": _limit(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses", MAX_PROCESSES),
         "language": raw.get("language"),
         "command": command,
         "codeFile": code_file,
@@ -327,11 +344,17 @@ def reap_zombies() -> None:
 def kill_all_other_processes(max_seconds: float = 2.0) -> None:
     """Only when PID 1 of the sandbox: no escaped daemon may outlive the frame.
 
-    Repeats because a process may fork between listing and killing.
+    kill(-1) reaches every process of the PID namespace but its init in one pass that a fork cannot slip
+    through (a fork racing the signal fails); the listing loop then reaps and confirms, and is the fallback.
     """
     own_pid = os.getpid()
     give_up = time.monotonic() + max_seconds
     while time.monotonic() < give_up:
+        if own_pid == 1:  # never outside a PID namespace of our own: kill(-1) there would hit the whole host
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:  # ESRCH: nothing left
+                pass
         alive = live_process_ids(own_pid)
         if not alive:
             return
@@ -347,32 +370,186 @@ def kill_all_other_processes(max_seconds: float = 2.0) -> None:
 # ---------------------------------------------------------------- sandbox limits
 
 
-def scratch_usage(root: str, max_inodes: int) -> tuple[int, int]:
-    """(bytes allocated, inodes) under root, never following links; stops counting past max_inodes."""
-    used, inodes, pending = 0, 0, [root]
-    while pending and inodes <= max_inodes:
+# The walk of the scratch dir holds one open directory per level down to this depth; deeper directories are
+# opened by their path below the deepest one held, in pieces well under PATH_MAX (a path the program made
+# longer than PATH_MAX cannot hide what is below it).
+WALK_HELD_DIRS = 64
+PATH_PIECE_CHARS = 1000
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_program_dir(path: str, dir_fd: int) -> int | None:
+    """Open a directory of the program's below dir_fd, never through a symlink at its end.
+
+    The runner has the program's uid, not root's override: a directory the program made unreadable or
+    unsearchable to hide what is in it gets its owner's rwx bits back (only the program's own files can be
+    changed so, and only their mode)."""
+    try:
+        fd = os.open(path, DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        return _reopen_with_owner_access(path, dir_fd)
+    except OSError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o500 != 0o500:
+            os.fchmod(fd, stat.S_IMODE(mode) | 0o700)
+    except OSError:
+        pass
+    return fd
+
+
+def _reopen_with_owner_access(path: str, dir_fd: int) -> int | None:
+    try:
+        handle = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(os.fstat(handle).st_mode) | 0o700)
+        return os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+def open_dir_by_pieces(path: str, anchor_fd: int) -> int | None:
+    """open_program_dir for a relative path of any length: PATH_PIECE_CHARS at a time."""
+    fd: int | None = anchor_fd
+    try:
+        while fd is not None and len(path) > PATH_PIECE_CHARS:
+            cut = path.rfind("/", 0, PATH_PIECE_CHARS)  # a name is at most 255 bytes: there is one
+            parent, fd = fd, open_program_dir(path[:cut], fd) if cut > 0 else None
+            path = path[cut + 1:]
+            if parent != anchor_fd:
+                os.close(parent)
+        return None if fd is None else open_program_dir(path, fd)
+    finally:
+        if fd is not None and fd != anchor_fd:
+            os.close(fd)
+
+
+class ScratchWalk:
+    """One bounded walk of a directory tree: bytes allocated (st_blocks, a hard-linked file once) and inodes
+    (directory entries), never following a symlink, stopping once the count passes max_inodes. Without bytes
+    it needs no stat() at all (the directory entry says what is a directory): about 15x cheaper."""
+
+    def __init__(self, max_inodes: int, with_bytes: bool):
+        self.max_inodes, self.with_bytes = max_inodes, with_bytes
+        self.used = self.inodes = 0
+        self.linked: set[tuple[int, int]] = set()
+
+    @property
+    def done(self) -> bool:
+        return self.inodes > self.max_inodes
+
+    def subdirs(self, fd: int) -> list[str]:
+        """Count the entries of the open directory fd; the names of its subdirectories."""
+        names = []
         try:
-            entries = os.scandir(pending.pop())
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    self.inodes += 1
+                    try:
+                        if self.with_bytes:
+                            info = entry.stat(follow_symlinks=False)
+                            if info.st_nlink < 2 or stat.S_ISDIR(info.st_mode) or self._first_link(info):
+                                self.used += info.st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            names.append(entry.name)
+                    except OSError:
+                        pass
+                    if self.done:
+                        break
+        except OSError:
+            pass
+        return names
+
+    def _first_link(self, info: os.stat_result) -> bool:
+        key = (info.st_dev, info.st_ino)
+        if key in self.linked:
+            return False
+        self.linked.add(key)
+        return True
+
+    def tree(self, root: str) -> None:
+        try:
+            root_fd = os.open(root, DIR_FLAGS)
+        except OSError:
+            return
+        stack = [(root_fd, self.subdirs(root_fd))]  # (open directory, its subdirectories still to walk)
+        try:
+            while stack and not self.done:
+                fd, names = stack[-1]
+                if not names:
+                    stack.pop()
+                    os.close(fd)
+                elif len(stack) < WALK_HELD_DIRS:
+                    child = open_program_dir(names.pop(), fd)
+                    if child is not None:
+                        stack.append((child, self.subdirs(child)))
+                else:
+                    self._below(fd, names.pop())
+        finally:
+            for fd, _ in stack:
+                os.close(fd)
+
+    def _below(self, anchor_fd: int, top: str) -> None:
+        """A subtree deeper than the held directories, walked by paths relative to anchor_fd."""
+        pending = [top]
+        while pending and not self.done:
+            path = pending.pop()
+            fd = open_dir_by_pieces(path, anchor_fd)
+            if fd is None:
+                continue
+            try:
+                pending.extend(f"{path}/{name}" for name in self.subdirs(fd))
+            finally:
+                os.close(fd)
+
+
+def scratch_usage(root: str, max_inodes: int, with_bytes: bool = True) -> tuple[int, int]:
+    """(bytes allocated, inodes) under root; see ScratchWalk."""
+    walk = ScratchWalk(max_inodes, with_bytes)
+    walk.tree(root)
+    return walk.used, walk.inodes
+
+
+def unlinked_open_bytes(pids: list[int], root: str) -> int:
+    """Bytes of files under root that the program deleted but still holds open: their blocks stay allocated
+    and no walk sees them (open, unlink, write is the classic way to hide disk use). A process that made
+    itself undumpable hides its fds from us; its files still count against the pod's own limit."""
+    prefix = root.rstrip("/") + "/"
+    used, seen = 0, set()
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
         except OSError:
             continue
-        with entries:
-            for entry in entries:
-                inodes += 1
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except OSError:
+        for fd in fds:
+            try:
+                if not os.readlink(f"{fd_dir}/{fd}").startswith(prefix):
                     continue
+                info = os.stat(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            key = (info.st_dev, info.st_ino)
+            if info.st_nlink == 0 and stat.S_ISREG(info.st_mode) and key not in seen:
+                seen.add(key)
                 used += info.st_blocks * 512
-                if stat.S_ISDIR(info.st_mode):
-                    pending.append(entry.path)
-                if inodes > max_inodes:
-                    break
-    return used, inodes
+    return used
 
 
-def count_processes(own_pid: int, session: int | None) -> int:
-    """Live processes: all but us (as PID 1 of the sandbox), else those of the program's session."""
-    count = 0
+def program_processes(own_pid: int, session: int | None, child: int | None = None) -> list[int]:
+    """Processes, zombies included (they hold a PID and count against RLIMIT_NPROC until reaped, so a fork
+    bomb of short-lived processes is seen too): all but us as PID 1 of the sandbox, else the program's session.
+
+    As PID 1 the runner is the init that orphans are handed to: their zombies are reaped here (all but the
+    program's own process, `child`, whose exit status the run loop collects). They still count this once, so
+    a bomb of short-lived processes meets the cap within one check, while orphans that come and go over a long
+    run never add up to it."""
+    pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == own_pid:
             continue
@@ -381,9 +558,28 @@ def count_processes(own_pid: int, session: int | None) -> int:
                 fields = handle.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[0] not in (b"Z", b"X") and (session is None or int(fields[3]) == session):
-            count += 1
-    return count
+        pid = int(name)
+        if session is None and fields[0] == b"Z" and int(fields[1]) == own_pid and pid != child:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if session is None or int(fields[3]) == session:
+            pids.append(pid)
+    return pids
+
+
+def count_processes(own_pid: int, session: int | None) -> int:
+    return len(program_processes(own_pid, session))
+
+
+def lower_rlimit(which: int, value: int) -> None:
+    """Set soft and hard limit to value, or leave the hard limit where it is if it is lower already (raising it
+    is not allowed: the run would fail on a policy's generous cap)."""
+    hard = resource.getrlimit(which)[1]
+    if hard != resource.RLIM_INFINITY:
+        value = min(value, hard)
+    resource.setrlimit(which, (value, value))
 
 
 class Guards:
@@ -397,27 +593,37 @@ class Guards:
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
         self.next_check = 0.0
+        self.next_bytes_check = 0.0
 
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit and forks at the cap
         (RLIMIT_NPROC counts the uid's processes: the runner is one of them)."""
         if self.disk_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (self.disk_bytes + 4096, self.disk_bytes + 4096))
+            lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes + 4096)
         if self.is_pid1:
-            resource.setrlimit(resource.RLIMIT_NPROC, (self.max_processes + 1, self.max_processes + 1))
+            # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
+            # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
+            lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
 
     def due(self, now: float) -> bool:
         return now >= self.next_check
 
-    def check(self, now: float) -> tuple[str, dict] | None:
-        """(reason, limit) when a limit is broken, else None; schedules the next check."""
+    def check(self, now: float, final: bool = False) -> tuple[str, dict] | None:
+        """(reason, limit) when a limit is broken, else None; schedules the next check. Counting files is
+        cheap and done every time; summing their bytes (a stat each) backs off on big trees."""
         started = time.monotonic()
-        verdict = self._check()
+        with_bytes = final or now >= self.next_bytes_check
+        verdict = self._check(with_bytes)
         cost = time.monotonic() - started
+        # Every check waits GUARD_COST_RATIO times its own cost before the next one, so the checks together take
+        # at most 1/(GUARD_COST_RATIO + 1) of a core; the costlier bytes walk comes every other such pause at most,
+        # the cheap counts in between.
         self.next_check = now + max(GUARD_INTERVAL_SECONDS, cost * GUARD_COST_RATIO)
+        if with_bytes:
+            self.next_bytes_check = now + max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO)
         return verdict
 
-    def _check(self) -> tuple[str, dict] | None:
+    def _check(self, with_bytes: bool) -> tuple[str, dict] | None:
         if self.termination_fd is not None:
             try:
                 written = os.fstat(self.termination_fd).st_size
@@ -425,19 +631,36 @@ class Guards:
                 written = 0
             if written > 0:
                 return SANDBOX_VIOLATION, {"kind": "termination-log", "limit": 0, "observed": written}
-        processes = count_processes(os.getpid(), None if self.is_pid1 else self.session)
-        if processes >= self.max_processes:
-            return PROCESS_LIMIT_EXCEEDED, {"kind": "processes", "limit": self.max_processes, "observed": processes}
-        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes)
+        pids = self._processes()
+        verdict = self._at_process_cap(pids)
+        if verdict:
+            return verdict
+        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes)
         if inodes > self.max_inodes:
             return DISK_LIMIT_EXCEEDED, {"kind": "inodes", "limit": self.max_inodes, "observed": inodes}
-        if self.disk_bytes is not None and used > self.disk_bytes:
-            return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
+        if with_bytes and self.disk_bytes is not None:
+            used += unlinked_open_bytes(pids, self.scratch_dir)
+            if used > self.disk_bytes:
+                return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
         return None
 
+    def processes_at_cap(self) -> tuple[str, dict] | None:
+        return self._at_process_cap(self._processes())
 
-# How the child ended. runner_kill_reason is TIMEOUT or OUTPUT_LIMIT_EXCEEDED
-# when the runner killed it, else None. (A namedtuple, not a dataclass: the
+    def _processes(self) -> list[int]:
+        return program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
+
+    def _at_process_cap(self, pids: list[int]) -> tuple[str, dict] | None:
+        if len(pids) < self.max_processes:
+            return None
+        return PROCESS_LIMIT_EXCEEDED, {"kind": "processes", "limit": self.max_processes, "observed": len(pids)}
+
+    def disk_used(self) -> int:
+        return scratch_usage(self.scratch_dir, self.max_inodes)[0]
+
+
+# How the child ended. runner_kill_reason is the reason the runner stopped it
+# (TIMEOUT, OUTPUT_LIMIT_EXCEEDED or a sandbox limit, then with `limit`), else None. (A namedtuple, not a dataclass: the
 # dataclasses import costs ~10 ms on every run.)
 ChildOutcome = collections.namedtuple(
     "ChildOutcome", ["returncode", "runner_kill_reason", "wall_seconds", "stdout", "stderr", "limit"],
@@ -500,6 +723,12 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                     runner_kill_reason = TIMEOUT
                     kill_process_group(proc.pid)
             if exited_at and drain_until is None:
+                if runner_kill_reason is None and guards is not None:
+                    # A fork bomb's first process often dies of its own failed fork (EAGAIN at RLIMIT_NPROC)
+                    # before a check: what it left behind says why.
+                    broken = guards.processes_at_cap()
+                    if broken:
+                        runner_kill_reason, limit = broken
                 # Kill the group while the unreaped child still holds its id,
                 # reap the child (its status), and only then, as PID 1, kill
                 # and reap everything else: reaping first would lose the status.
@@ -540,12 +769,14 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
         proc.stderr.close()
     if runner_kill_reason is None and guards is not None:
         # The program may have broken a limit just before it ended (e.g. filled /tmp, then exited on EFBIG).
-        broken = guards.check(time.monotonic())
+        broken = guards.check(time.monotonic(), final=True)
         if broken:
             runner_kill_reason, limit = broken
-    if runner_kill_reason is None and returncode == -signal.SIGXFSZ:
-        runner_kill_reason, limit = DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": guards.disk_bytes if guards
-                                                          else None, "observed": None}
+    if (runner_kill_reason is None and returncode == -signal.SIGXFSZ and guards is not None
+            and guards.disk_bytes is not None):
+        # Killed at RLIMIT_FSIZE: a file reached the disk limit (even if /tmp as a whole is back under it).
+        runner_kill_reason = DISK_LIMIT_EXCEEDED
+        limit = {"kind": "disk", "limit": guards.disk_bytes, "observed": guards.disk_used()}
     return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
 
 
@@ -752,38 +983,6 @@ def classify(outcome: ChildOutcome) -> tuple[str, int | None, int | None]:
     return (COMPLETED if exit_code == 0 else NON_ZERO_EXIT), exit_code, None
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def describe(reason: str, exit_code: int | None, signal_number: int | None,
-             oom_killed: bool, error: dict | None, spec: dict) -> str:
-    """A message that says what happened and, where it helps, what to change."""
-    if reason == COMPLETED:
-        return "the program exited with code 0"
-    if reason == NON_ZERO_EXIT:
-        message = f"the program exited with code {exit_code}"
-        if error:
-            message += f": {error['type']}"
-            message += f": {error['message']}" if error["message"] else ""
-            message += f" (line {error['line']})" if error["line"] else ""
-        return message
-    if reason == TIMEOUT:
-        return (f"the program was killed after the {spec['timeoutSeconds']:g} s time limit; "
-                "make it faster or raise limits.timeoutSeconds")
-    if reason in (DISK_LIMIT_EXCEEDED, PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION):
-        return f"the program was stopped: {reason}"
-    if reason == OUTPUT_LIMIT_EXCEEDED:
-        return (f"stdout and stderr together exceeded {spec['floodBytes']} bytes, so the "
-                "program was stopped; print less or write large results to CODERUN_OUTPUT_DIR")
-    if oom_killed:
-        return "the program was killed by the out-of-memory killer; use less memory or raise limits.memory"
-    return f"the program was killed by {_signal_name(signal_number)}"
-
-
 def empty_stream_fields() -> dict:
     empty = hashlib.sha256(b"").hexdigest()
     return {"stdout": "", "stderr": "", "stdoutBytes": 0, "stderrBytes": 0,
@@ -792,12 +991,12 @@ def empty_stream_fields() -> dict:
 
 
 def failure_frame(reason: str, message: str) -> dict:
-    """The frame for a run whose program never ran (bad input, runner failure)."""
-    return {"version": FRAME_VERSION, "reason": reason, "message": message,
+    """The frame for a run whose program never ran (bad input, runner failure): the only frames with a message."""
+    return {"version": FRAME_VERSION, "reason": reason, "message": cap(message, MAX_ERROR_MESSAGE_CHARS),
             "exitCode": None, "signal": None, "oomKilled": False,
             **empty_stream_fields(), "error": None,
             "metrics": {"wallMillis": 0, "cpuMillis": 0, "maxRSSBytes": 0},
-            "artifacts": [], "artifactsSkipped": []}
+            "artifacts": [], "artifactsSkipped": [], "artifactsSkippedUnlisted": 0}
 
 
 def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: bool,
@@ -806,14 +1005,12 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
     error = None
     if spec["language"] == "python":
         error = parse_python_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
-    message = describe(reason, exit_code, signal_number, oom_killed, error, spec)
-    if unlisted_skipped:
-        message += f"; {unlisted_skipped} more output files were skipped"
+    # The operator writes every human message; the frame carries facts (reason, limit, counts) only.
     frame_limit = {"limit": outcome.limit} if outcome.limit else {}
     return {**frame_limit,
         "version": FRAME_VERSION,
         "reason": reason,
-        "message": message,
+        "message": "",
         "exitCode": exit_code,
         "signal": signal_number,
         "oomKilled": oom_killed,
