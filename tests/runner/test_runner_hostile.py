@@ -138,3 +138,8 @@ def test_a_normal_run_reports_no_limit(run_runner):
     run = run_runner("print(1)\n", diskBytes=64 * 1024 * 1024)
     assert run.frame["reason"] == "Completed" and "limit" not in run.frame
     assert run.frame["artifactsSkippedUnlisted"] == 0
+
+
+def test_the_program_yields_the_cpu_to_the_runner(run_runner):
+    run = run_runner("import os\nprint(os.nice(0))\n")
+    assert run.frame["stdout"] == "10\n"  # the runner stays at 0, so a fork bomb cannot starve its checks

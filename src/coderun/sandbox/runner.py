@@ -65,6 +65,7 @@ MAX_PROCESSES = 4194304
 # How often the sandbox's limits are checked while the program runs; a big /tmp tree is walked less often so
 # the walk costs at most 1/GUARD_COST_RATIO of the time.
 GUARD_INTERVAL_SECONDS = 0.2
+PROGRAM_NICENESS = 10
 NPROC_HEADROOM = 64
 GUARD_COST_RATIO = 20
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
@@ -600,6 +601,9 @@ class Guards:
         (RLIMIT_NPROC counts the uid's processes: the runner is one of them)."""
         if self.disk_bytes is not None:
             lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes + 4096)
+        # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
+        # alone on its CPUs it runs as fast as ever.
+        os.nice(PROGRAM_NICENESS)
         if self.is_pid1:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
@@ -611,10 +615,12 @@ class Guards:
     def check(self, now: float, final: bool = False) -> tuple[str, dict] | None:
         """(reason, limit) when a limit is broken, else None; schedules the next check. Counting files is
         cheap and done every time; summing their bytes (a stat each) backs off on big trees."""
-        started = time.monotonic()
+        # The cost is the runner's own CPU time, not wall time: a fork bomb that starves the runner must not
+        # also stretch the pause before the next check.
+        started = time.process_time()
         with_bytes = final or now >= self.next_bytes_check
         verdict = self._check(with_bytes)
-        cost = time.monotonic() - started
+        cost = time.process_time() - started
         # Every check waits GUARD_COST_RATIO times its own cost before the next one, so the checks together take
         # at most 1/(GUARD_COST_RATIO + 1) of a core; the costlier bytes walk comes every other such pause at most,
         # the cheap counts in between.
@@ -720,7 +726,9 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                     runner_kill_reason = OUTPUT_LIMIT_EXCEEDED
                     kill_process_group(proc.pid)
                 elif not exited_at and now >= deadline:
-                    runner_kill_reason = TIMEOUT
+                    # A limit met by then is what stopped the program (e.g. a fork bomb that starved us of CPU).
+                    broken = guards.check(now) if guards is not None else None
+                    runner_kill_reason, limit = broken or (TIMEOUT, None)
                     kill_process_group(proc.pid)
             if exited_at and drain_until is None:
                 if runner_kill_reason is None and guards is not None:
