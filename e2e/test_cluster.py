@@ -1,27 +1,10 @@
 """The local cluster is real: gVisor isolation, enforced NetworkPolicy, Pod Security admission, garbage collection."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from kubernetes.client.rest import ApiException
 
-
-def _e2e_conftest():
-    """This directory's conftest. `from conftest import ...` would take whichever conftest pytest loaded last,
-    tests/unit's when both tiers run in one session, so it is loaded by path."""
-    import importlib.util
-    path = Path(__file__).resolve().with_name("conftest.py")
-    loaded = sys.modules.get("conftest")
-    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == path:
-        return loaded
-    spec = importlib.util.spec_from_file_location("coderun_e2e_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wait_for = _e2e_conftest().wait_for
+from conftest import wait_for
 
 PROBE_TARGETS = "for t in $TARGETS; do if nc -w 3 ${t%:*} ${t#*:} </dev/null 2>/dev/null; then echo \"$t open\"; " \
                 "else echo \"$t blocked\"; fi; done"

@@ -23,22 +23,7 @@ from pathlib import Path
 
 import pytest
 
-
-def _e2e_conftest():
-    """This directory's conftest. `from conftest import ...` would take whichever conftest pytest loaded last,
-    tests/unit's when both tiers run in one session, so it is loaded by path."""
-    import importlib.util
-    path = Path(__file__).resolve().with_name("conftest.py")
-    loaded = sys.modules.get("conftest")
-    if loaded is not None and Path(getattr(loaded, "__file__", "")).resolve() == path:
-        return loaded
-    spec = importlib.util.spec_from_file_location("coderun_e2e_conftest", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-wait_for = _e2e_conftest().wait_for
+from conftest import wait_for
 
 PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
 NETPOL_TABLE = "coderun-netpol"

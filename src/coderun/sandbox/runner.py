@@ -315,20 +315,21 @@ def kill_process_group(pgid: int) -> None:
         pass
 
 
-def live_process_ids(own_pid: int) -> list[int]:
-    """Every process in /proc except us and zombies (they are already dead)."""
-    pids = []
+def proc_stats(own_pid: int):
+    """(pid, the fields of /proc/<pid>/stat after the command name) for every process but us."""
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == own_pid:
             continue
         try:
             with open(f"/proc/{name}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
+                yield int(name), handle.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if state not in (b"Z", b"X"):
-            pids.append(int(name))
-    return pids
+
+
+def live_process_ids(own_pid: int) -> list[int]:
+    """Every process in /proc except us and zombies (they are already dead)."""
+    return [pid for pid, fields in proc_stats(own_pid) if fields[0] not in (b"Z", b"X")]
 
 
 def reap_zombies() -> None:
@@ -551,15 +552,7 @@ def program_processes(own_pid: int, session: int | None, child: int | None = Non
     a bomb of short-lived processes meets the cap within one check, while orphans that come and go over a long
     run never add up to it."""
     pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own_pid:
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        pid = int(name)
+    for pid, fields in proc_stats(own_pid):
         if session is None and fields[0] == b"Z" and int(fields[1]) == own_pid and pid != child:
             try:
                 os.waitpid(pid, os.WNOHANG)
