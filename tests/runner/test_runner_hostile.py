@@ -2,8 +2,11 @@
 in the frame (lengths, numbers, line separators)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import resource
 import textwrap
+import time
 
 import pytest
 
@@ -31,51 +34,105 @@ def test_the_program_keeps_default_signal_dispositions(run_runner, as_pid1):
     assert (run.frame["reason"], run.frame["signal"]) == ("Signaled", 15)
 
 
-def test_filling_scratch_past_the_disk_limit_ends_the_run_promptly(run_runner):
-    code = program("""
-        import os
-        with open("fill", "wb") as f:
-            while True:
-                f.write(b"x" * 65536)
-                f.flush()
+@pytest.mark.parametrize("where", ["../fill", "../home/fill", "fill"], ids=["scratch", "home", "work"])
+def test_filling_scratch_past_the_disk_limit_ends_the_run_promptly(run_runner, where):
+    # Files below the single-file limit, written forever (errors ignored): only the runner's walk can stop it.
+    # The program says when it has passed the limit; the runner's termination log is written after the kill.
+    code = program(f"""
+        import itertools, time
+        for i in itertools.count():
+            try:
+                with open("{where}" + str(i), "wb") as f:
+                    f.write(b"x" * 262144)
+            except OSError:
+                time.sleep(0.01)
+            if i == 16:  # 17 files of 256 KiB: past 4 MiB
+                print(time.time(), flush=True)
     """)
     run = run_runner(code, diskBytes=4 * 1024 * 1024, timeoutSeconds=20)
-    assert run.frame["reason"] == "DiskLimitExceeded" and run.frame["limit"]["kind"] == "disk"
-    assert run.frame["limit"]["limit"] == 4 * 1024 * 1024 and run.elapsed < 5
+    assert (run.frame["reason"], run.frame["signal"]) == ("DiskLimitExceeded", 9), run.frame
+    assert run.frame["limit"]["kind"] == "disk" and run.frame["limit"]["limit"] == 4 * 1024 * 1024
+    assert run.frame["limit"]["observed"] > 4 * 1024 * 1024
+    assert run.termination_log.stat().st_mtime - float(run.frame["stdout"]) < 2.0
+
+
+def test_the_walk_of_a_big_tree_backs_off(run_runner, runner):
+    # 15000 entries (under the default inode cap) and a byte limit: a walk costs tens of ms, so one every 0.2 s
+    # would take about a fifth of a core; the runner paces them to about 1/20 of its CPU time.
+    code = program("""
+        import os, time
+        for d in range(30):
+            os.mkdir(f"../t{d}")
+            for i in range(500):
+                open(f"../t{d}/f{i}", "w").close()
+        time.sleep(5)
+    """)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    run = run_runner(code, diskBytes=1 << 30, timeoutSeconds=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert run.frame["reason"] == "Completed", run.frame
+    # Everything the runner reaped is in cpuMillis; the rest of what this test reaped is the runner's own CPU.
+    runner_cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+                  - run.frame["metrics"]["cpuMillis"] / 1000)
+    walk = time.process_time()
+    assert runner.scratch_usage(str(run.work.parent), 16384)[1] > 15000
+    walk = time.process_time() - walk
+    # Start-up, the final walk and the artifacts cost a fixed amount; the checks at most ~1/20 of the run.
+    assert runner_cpu < 0.3 + 3 * walk + 0.08 * run.frame["metrics"]["wallMillis"] / 1000, (runner_cpu, walk)
 
 
 def test_many_small_files_count_against_the_inode_cap(run_runner):
-    code = "import os\nfor i in range(100000):\n    open(f'f{i}', 'w').close()\n"
+    code = program("""
+        import itertools, os
+        for i in itertools.count():  # directories in /tmp and files in the work dir: both are inodes
+            os.mkdir(f"../d{i}") if i % 2 else open(f"f{i}", "w").close()
+    """)
     run = run_runner(code, maxInodes=500, timeoutSeconds=20)
-    assert run.frame["reason"] == "DiskLimitExceeded" and run.frame["limit"]["kind"] == "inodes"
-    assert run.frame["limit"]["observed"] > 500 and run.elapsed < 10
+    assert (run.frame["reason"], run.frame["signal"]) == ("DiskLimitExceeded", 9), run.frame
+    assert run.frame["limit"]["kind"] == "inodes" and run.frame["limit"]["limit"] == 500
+    assert run.frame["limit"]["observed"] > 500
+    assert run.frame["metrics"]["wallMillis"] < 2000 and run.elapsed < 4
 
 
 def test_a_fork_bomb_meets_the_process_cap_and_nothing_survives(run_runner, as_pid1):
+    # Every process of the bomb keeps writing to the runner's own stdout (it is PID 1): nothing may write after
+    # the frame, so every one of them was dead before the runner reported (the kernel's own teardown of the
+    # PID namespace only comes after the runner has exited).
     code = program("""
         import os, time
+        runner_stdout = os.open("/proc/1/fd/1", os.O_WRONLY)
         while True:
             try:
                 os.fork()
             except OSError:
-                time.sleep(0.01)
+                pass
+            os.write(runner_stdout, b"LATE\\n")
+            time.sleep(0.005)
     """)
     run = run_runner(code, maxProcesses=40, timeoutSeconds=20, wrapper=as_pid1)
-    assert run.frame["reason"] == "ProcessLimitExceeded" and run.frame["limit"]["limit"] == 40
-    assert run.elapsed < 10  # the runner (PID 1) killed every process before it reported: it returned
+    assert run.frame["reason"] == "ProcessLimitExceeded", run.frame
+    assert run.frame["limit"]["kind"] == "processes" and run.frame["limit"]["limit"] == 40
+    assert run.frame["limit"]["observed"] >= 40 and run.elapsed < 10
+    before_frame, frame_and_after = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)
+    assert b"LATE" in before_frame and b"LATE" not in frame_and_after
 
 
-def test_writing_the_termination_log_is_a_violation_and_the_runner_writes_last(run_runner):
-    code = program("""
-        import sys
-        with open(sys.argv[0].replace("main.py", "") + "../../termination-log", "w") as log:
+@pytest.mark.parametrize("then", ["import time; time.sleep(5)", "pass"], ids=["keeps-running", "exits-at-once"])
+def test_writing_the_termination_log_is_a_violation_and_the_runner_writes_last(run_runner, then):
+    code = program(f"""
+        import os
+        with open(os.path.join(os.getcwd(), "../../termination-log"), "w") as log:
             log.write("x" * 100000)
-        import time; time.sleep(5)
+        {then}
     """)
     run = run_runner(code, timeoutSeconds=10)
-    assert run.frame["reason"] == "SandboxViolation" and run.frame["limit"]["kind"] == "termination-log"
+    assert run.frame["reason"] == "SandboxViolation", run.frame
+    assert run.frame["limit"] == {"kind": "termination-log", "limit": 0, "observed": 100000}
     assert run.elapsed < 4
-    assert set(run.termination) == {"v", "reason", "exitCode", "frameSha256"}  # only the runner's summary
+    # Only the runner's summary, byte for byte: the program's 100000 bytes are gone.
+    assert run.termination_log.read_bytes() == json.dumps(
+        {"v": 1, "reason": "SandboxViolation", "exitCode": run.frame["exitCode"],
+         "frameSha256": hashlib.sha256(run.frame_json).hexdigest()}, separators=(",", ":")).encode()
 
 
 def test_the_disk_limit_bounds_any_single_file(run_runner):
@@ -83,7 +140,7 @@ def test_the_disk_limit_bounds_any_single_file(run_runner):
     code = "open('big', 'wb').write(b'x' * (64 * 1024 * 1024))\n"
     run = run_runner(code, diskBytes=1024 * 1024)
     assert run.frame["reason"] == "DiskLimitExceeded"
-    assert (run.work / "big").stat().st_size <= 1024 * 1024 + 4096
+    assert (run.work / "big").stat().st_size == 1024 * 1024  # cut at the limit, not past it
 
 
 def test_what_the_program_controls_is_capped_in_the_frame(run_runner):
@@ -102,6 +159,24 @@ def test_what_the_program_controls_is_capped_in_the_frame(run_runner):
     assert len(error["type"]) == 256 and error["type"].endswith("\u2026") and len(error["message"]) == 4096
     names = [a["name"] for a in run.frame["artifacts"] + run.frame["artifactsSkipped"]]
     assert names and all(len(n) <= 1024 for n in names)
+    deep = "/".join(["n" * 200] * 8)
+    assert [a["name"] for a in run.frame["artifacts"]] == [deep[:1023] + "\u2026"]
+
+
+def test_a_skipped_entry_name_is_capped_too(run_runner):
+    code = program("""
+        import os
+        out = os.environ["CODERUN_OUTPUT_DIR"]
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, *(["s" * 250] * 6))
+        os.makedirs(os.path.dirname(path))
+        os.symlink("/etc/passwd", path)
+    """)
+    run = run_runner(code)
+    assert run.frame["artifacts"] == []
+    [skipped] = run.frame["artifactsSkipped"]
+    assert skipped["why"] == "symlink" and len(skipped["name"]) == 1024
+    assert skipped["name"] == "/".join(["s" * 250] * 6)[:1023] + "\u2026"
 
 
 def test_a_line_number_beyond_any_integer_is_null_not_a_crash(run_runner):
@@ -116,6 +191,17 @@ def test_a_line_number_beyond_any_integer_is_null_not_a_crash(run_runner):
         "type": "ValueError", "message": "forged", "line": None}
 
 
+@pytest.mark.parametrize("digits, line", [
+    ("99999999999999999999999", None), ("0", None), (str(2**31), None), (str(2**31 - 1), 2**31 - 1),
+    ("0012", 12),
+])
+def test_a_forged_line_number_outside_1_to_2_31_is_null(run_runner, digits, line):
+    code = ("import sys\nsys.stderr.write('Traceback (most recent call last):\\n  File \"main.py\", line "
+            + digits + ", in <module>\\nValueError: forged\\n')\nsys.exit(1)\n")
+    run = run_runner(code)
+    assert run.frame["error"] == {"type": "ValueError", "message": "forged", "line": line}, run.frame
+
+
 def test_line_separators_stay_inside_the_frame(run_runner):
     code = program("""
         import os, sys
@@ -128,8 +214,13 @@ def test_line_separators_stay_inside_the_frame(run_runner):
     """)
     run = run_runner(code)
     sep = "\u2028\u2029\x85"
-    assert run.frame_json.isascii() and b"\n" not in run.frame_json
+    assert run.frame_json.isascii() and b"\n" not in run.frame_json and b"\r" not in run.frame_json
+    for raw in (s.encode() for s in sep):  # not even as UTF-8 bytes: the frame line is ASCII
+        assert raw not in run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)[1]
+    assert run.raw_stdout.endswith(b"\nCODERUN-RESULT-V1 " + run.frame_json + b"\n")
+    assert run.termination["frameSha256"] == hashlib.sha256(run.frame_json).hexdigest()
     assert run.frame["stdout"] == f"out{sep}\n" and run.frame["error"]["message"] == f"msg{sep}"
+    assert run.frame["stderr"].startswith(f"err{sep}\n")
     assert [a["name"] for a in run.frame["artifacts"]] == [f"a{sep}"]
     assert json.loads(run.frame_json) == run.frame
 

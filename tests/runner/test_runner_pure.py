@@ -216,6 +216,15 @@ def test_scratch_usage_counts_blocks_once_and_follows_no_link(runner, tmp_path):
     assert runner.scratch_usage(str(tmp_path / "missing"), 10) == (0, 0)
 
 
+def test_scratch_usage_stops_once_past_the_byte_cap(runner, tmp_path):
+    for i in range(50):
+        (tmp_path / f"f{i}").write_bytes(b"x" * 100000)
+    per_file = (tmp_path / "f0").stat().st_blocks * 512
+    assert runner.scratch_usage(str(tmp_path), 1000) == (50 * per_file, 50)
+    assert runner.scratch_usage(str(tmp_path), 1000, max_bytes=per_file + 1) == (2 * per_file, 2)
+    assert runner.scratch_usage(str(tmp_path), 1000, with_bytes=False, max_bytes=1) == (0, 50)
+
+
 def test_scratch_usage_reaches_below_path_max(runner, tmp_path):
     import os
     levels = runner.WALK_HELD_DIRS + 30  # 94 levels of 200 characters: far past PATH_MAX and the held dirs

@@ -433,17 +433,19 @@ def open_dir_by_pieces(path: str, anchor_fd: int) -> int | None:
 
 class ScratchWalk:
     """One bounded walk of a directory tree: bytes allocated (st_blocks, a hard-linked file once) and inodes
-    (directory entries), never following a symlink, stopping once the count passes max_inodes. Without bytes
-    it needs no stat() at all (the directory entry says what is a directory): about 15x cheaper."""
+    (directory entries), never following a symlink, stopping once the count passes max_inodes or the bytes pass
+    max_bytes. Without bytes it needs no stat() at all (the directory entry says what is a directory): about
+    15x cheaper."""
 
-    def __init__(self, max_inodes: int, with_bytes: bool):
+    def __init__(self, max_inodes: int, with_bytes: bool, max_bytes: int | None = None):
         self.max_inodes, self.with_bytes = max_inodes, with_bytes
+        self.max_bytes = max_bytes if with_bytes and max_bytes is not None else float("inf")
         self.used = self.inodes = 0
         self.linked: set[tuple[int, int]] = set()
 
     @property
     def done(self) -> bool:
-        return self.inodes > self.max_inodes
+        return self.inodes > self.max_inodes or self.used > self.max_bytes
 
     def subdirs(self, fd: int) -> list[str]:
         """Count the entries of the open directory fd; the names of its subdirectories."""
@@ -510,9 +512,10 @@ class ScratchWalk:
                 os.close(fd)
 
 
-def scratch_usage(root: str, max_inodes: int, with_bytes: bool = True) -> tuple[int, int]:
-    """(bytes allocated, inodes) under root; see ScratchWalk."""
-    walk = ScratchWalk(max_inodes, with_bytes)
+def scratch_usage(root: str, max_inodes: int, with_bytes: bool = True,
+                  max_bytes: int | None = None) -> tuple[int, int]:
+    """(bytes allocated, inodes) under root, each counted only a little past its cap; see ScratchWalk."""
+    walk = ScratchWalk(max_inodes, with_bytes, max_bytes)
     walk.tree(root)
     return walk.used, walk.inodes
 
@@ -590,10 +593,11 @@ class Guards:
         self.next_bytes_check = 0.0
 
     def child_limits(self) -> None:
-        """In the child before exec: the kernel stops a single file at the disk limit and forks at the cap
-        (RLIMIT_NPROC counts the uid's processes: the runner is one of them)."""
+        """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
+        file outside disk accounting, too) and forks at the cap (RLIMIT_NPROC counts the uid's processes: the
+        runner is one of them)."""
         if self.disk_bytes is not None:
-            lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes + 4096)
+            lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes)
         # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
         # alone on its CPUs it runs as fast as ever.
         os.nice(PROGRAM_NICENESS)
@@ -634,11 +638,12 @@ class Guards:
         verdict = self._at_process_cap(pids)
         if verdict:
             return verdict
-        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes)
+        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
         if inodes > self.max_inodes:
             return DISK_LIMIT_EXCEEDED, {"kind": "inodes", "limit": self.max_inodes, "observed": inodes}
         if with_bytes and self.disk_bytes is not None:
-            used += unlinked_open_bytes(pids, self.scratch_dir)
+            if used <= self.disk_bytes:  # else over the limit already: no need to look further
+                used += unlinked_open_bytes(pids, self.scratch_dir)
             if used > self.disk_bytes:
                 return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
         return None
