@@ -127,6 +127,28 @@ class Cluster:
             return run if (run.get("status") or {}).get("phase") in TERMINAL else None
         return wait_for(done, timeout, f"CodeRun {namespace}/{name} to finish")
 
+    def node_ipv6_addresses(self) -> list[str]:
+        """The node's IPv6 addresses: those in its status and, when this host is the node (the local cluster),
+        every non-loopback address of its interfaces, link-local ones included (without a scope)."""
+        import ipaddress
+        import socket
+        node = self.core.list_node().items[0]
+        found = [a.address for a in node.status.addresses if a.type == "InternalIP" and ":" in a.address]
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.bind((self.node_ip(), 0))
+            local = True
+        except OSError:
+            local = False
+        finally:
+            probe.close()
+        if local and os.path.exists("/proc/net/if_inet6"):
+            for line in open("/proc/net/if_inet6"):
+                raw, ifname = line.split()[0], line.split()[-1]
+                if ifname != "lo":
+                    found.append(str(ipaddress.IPv6Address(int(raw, 16))))
+        return sorted(set(found))
+
 
 def _cluster_reachable() -> bool:
     if not KUBECONFIG.exists():

@@ -140,3 +140,9 @@ def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def assert_nothing_after_the_frame(run) -> None:
+    """The frame is the runner's last line: nothing the program left behind wrote after it."""
+    after_frame = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)[1].split(b"\n", 1)[1]
+    assert after_frame == b"", after_frame[:200]

@@ -3,10 +3,13 @@ processes that change identity faster than a kill loop, a file killed at the siz
 unprivileged uid (as_nobody), as in the pod, where the runner has no root override of file modes."""
 from __future__ import annotations
 
+import os
 import signal
 import textwrap
 
 import pytest
+
+from runner_harness import assert_nothing_after_the_frame
 
 MIB = 1024 * 1024
 
@@ -122,8 +125,12 @@ def test_sigxfsz_means_the_disk_limit_only_when_there_is_one(run_runner, disk, r
 
 
 CHAIN_WRITER = """
-import os, time
-runner_stdout = os.open("/proc/1/fd/1", os.O_WRONLY)
+import os, sys, time
+try:
+    runner_stdout = os.open("/proc/1/fd/1", os.O_WRONLY)
+except OSError:  # PID 1 of the program's own namespace is not the runner: its own stdout, then
+    print("refused", file=sys.stderr, flush=True)
+    runner_stdout = 1
 if os.fork() == 0:
     os.setsid()
     while True:  # a new process every few microseconds: a pid listed is gone by the time it is killed
@@ -139,9 +146,10 @@ def test_a_process_that_keeps_changing_its_pid_is_dead_before_the_frame(run_runn
     # Thousands of processes a second: a process cap out of reach, so the run ends normally and the runner's
     # final sweep is what is tested.
     run = run_runner(program(CHAIN_WRITER), wrapper=as_pid1, timeoutSeconds=10, maxProcesses=4194304)
-    assert (run.frame["reason"], run.frame["stdout"]) == ("Completed", "parent done\n"), run.frame
-    before_frame, frame_and_after = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)
-    assert b"LATE" in before_frame and b"LATE" not in frame_and_after
+    assert run.frame["reason"] == "Completed" and "parent done" in run.frame["stdout"], run.frame
+    assert run.frame["stderr"].startswith("refused\n")  # the program cannot reach the runner's stdout
+    assert "LATE" in run.frame["stdout"]  # the chain did run
+    assert_nothing_after_the_frame(run)
 
 
 def test_as_pid1_orphans_that_come_and_go_are_reaped_and_no_fork_bomb(run_runner, as_pid1):
@@ -240,3 +248,41 @@ def test_a_program_that_ends_right_after_reaching_the_cap_is_still_caught(run_ru
     run = run_runner(code, maxProcesses=40, wrapper=as_pid1)
     assert (run.frame["reason"], run.frame["exitCode"]) == ("ProcessLimitExceeded", 0), run.frame
     assert run.frame["limit"]["observed"] >= 40 and run.elapsed < 5
+
+
+NAMESPACE_PROBE = program("""
+    import ctypes, os, signal, threading
+    libc = ctypes.CDLL(None, use_errno=True)
+    print("pid", os.getpid(), "uid", os.getuid())
+    for number in (signal.SIGSTOP, signal.SIGKILL, signal.SIGTERM):  # at PID 1, which is not the runner
+        os.kill(1, number)
+    def attempt(name, result):
+        print(name, "refused" if result == -1 and ctypes.get_errno() == 1 else f"allowed {result}")
+    attempt("unshare-user", libc.unshare(0x10000000))
+    attempt("clone-newnet", libc.syscall(56, 0x40000000 | 17, 0, 0, 0, 0))  # x86_64 clone(CLONE_NEWNET|SIGCHLD)
+    attempt("mount", libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+    attempt("io_uring", libc.syscall(425, 1, ctypes.create_string_buffer(120)))
+    child = os.fork()
+    if child == 0:
+        os._exit(7)
+    thread = threading.Thread(target=lambda: None)
+    thread.start(); thread.join()
+    print("fork", os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]), "thread ok")
+""")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe calls x86_64 syscall numbers")
+def test_as_pid1_the_program_can_neither_signal_the_runner_nor_make_namespaces(as_nobody, as_pid1):
+    run, drop = as_nobody
+    result = run(NAMESPACE_PROBE, wrapper=(*as_pid1, *drop))
+    assert result.frame["reason"] == "Completed", result.frame
+    assert result.frame["stdout"].splitlines() == [
+        "pid 2 uid 65534", "unshare-user refused", "clone-newnet refused", "mount refused", "io_uring refused",
+        "fork 7 thread ok"], result.frame
+
+
+def test_not_as_pid1_the_syscall_filter_still_holds(run_runner):
+    # On a host the runner is not PID 1 and makes no namespace; the program's syscall filter is the same.
+    run = run_runner("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                     "print(libc.unshare(0x10000000), ctypes.get_errno())\n")
+    assert (run.frame["reason"], run.frame["stdout"]) == ("Completed", "-1 1\n"), run.frame

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -245,3 +246,52 @@ def test_failure_frames_carry_a_capped_message_and_every_field(runner):
     frame = runner.failure_frame(runner.RUNNER_ERROR, "y" * 100000)
     assert len(frame["message"]) == runner.MAX_ERROR_MESSAGE_CHARS and frame["message"].endswith("\u2026")
     assert frame["artifactsSkippedUnlisted"] == 0 and frame["artifactsSkipped"] == []
+
+
+def run_filter(runner, code, arch: int, number: int, flags: int = 0) -> int:
+    """A classic-BPF interpreter for the few instructions the filter uses, over one seccomp_data."""
+    fields = {runner.SECCOMP_DATA_ARCH: arch, runner.SECCOMP_DATA_NR: number, runner.SECCOMP_DATA_ARG0: flags}
+    accumulator, at = 0, 0
+    while True:
+        op, jt, jf, k = code[at]
+        if op == runner.BPF_RET:
+            return k
+        if op == runner.BPF_LD_W_ABS:
+            accumulator = fields[k]
+            at += 1
+            continue
+        taken = {runner.BPF_JEQ: accumulator == k, runner.BPF_JGE: accumulator >= k,
+                 runner.BPF_JSET: bool(accumulator & k)}[op]
+        at += 1 + (jt if taken else jf)
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_syscall_filter_refuses_namespaces_and_the_denied_calls_and_allows_the_rest(runner, machine):
+    code = runner.syscall_filter(machine)
+    arch, numbers = runner.SYSCALL_TABLES[machine]
+    eperm, enosys = runner.SECCOMP_RET_ERRNO | 1, runner.SECCOMP_RET_ERRNO | 38
+    for name in runner.DENIED_SYSCALLS:
+        assert run_filter(runner, code, arch, numbers[name]) == eperm, name
+    for number in (0, 1, 57, 59, 231, 424):  # read, write, fork, execve, exit_group, pidfd_send_signal (x86_64)
+        assert run_filter(runner, code, arch, number) == runner.SECCOMP_RET_ALLOW, number
+    clone = numbers["clone"]
+    assert run_filter(runner, code, arch, clone, 0x01200011) == runner.SECCOMP_RET_ALLOW  # fork's own flags
+    assert run_filter(runner, code, arch, clone, 0x003D0F00) == runner.SECCOMP_RET_ALLOW  # pthread_create's
+    for flag in (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000):
+        assert run_filter(runner, code, arch, clone, 0x11 | flag) == eperm, hex(flag)
+    assert run_filter(runner, code, arch, numbers["clone3"]) == enosys
+    assert run_filter(runner, code, arch, 0x40000000 | 272) == eperm  # the x32 ABI
+    assert run_filter(runner, code, 0x40000003, 1) == eperm  # another architecture (i386)
+    assert runner.syscall_filter("mips") is None
+
+
+def test_a_deleted_file_is_told_by_its_link_count_or_its_mark(runner, tmp_path):
+    kept = tmp_path / "kept (deleted)"  # a live file may carry the mark in its own name
+    kept.write_text("x")
+    info = os.stat(kept)
+    assert not runner.is_unlinked(str(kept), info)
+    assert runner.is_unlinked(str(tmp_path / "gone") + " (deleted)", info)  # gVisor: nlink 1, the path is gone
+    other = tmp_path / "other"
+    other.write_text("y")
+    assert runner.is_unlinked(str(other) + " (deleted)", info)  # the name was reused by another file
+    assert not runner.is_unlinked(str(tmp_path / "plain"), info)

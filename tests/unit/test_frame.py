@@ -60,10 +60,11 @@ def test_line_separators_a_program_prints_do_not_split_the_frame():
 
 def test_what_the_program_controls_is_bounded_not_refused():
     hostile = {**REAL, "reason": "NonZeroExit", "exitCode": 2**70, "stdoutBytes": 2**80,
-               "error": {"type": "T" * 300, "message": "m" * 5000, "line": 99999999999999999999999},
-               "artifactsSkipped": [{"name": "n" * 2000, "why": "symlink"}]}
+               "error": {"type": "T" * 3000, "message": "m" * 9000, "line": 99999999999999999999999},
+               "artifactsSkipped": [{"name": "n" * 3000, "why": "symlink"}]}
     line, termination = frame_line(hostile)
     frame = parse_frame(line, termination)
     assert frame.exitCode is None and frame.stdoutBytes == 2**63 - 1 and frame.error.line is None
-    assert len(frame.error.type) == 256 and frame.error.type.endswith("…") and len(frame.error.message) == 4096
-    assert len(frame.artifactsSkipped[0].name) == 1024
+    # The status's caps plus the runner's 1024-character redaction margin (the status cuts after redacting).
+    assert len(frame.error.type) == 1280 and frame.error.type.endswith("…") and len(frame.error.message) == 5120
+    assert len(frame.artifactsSkipped[0].name) == 2048

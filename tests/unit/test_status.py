@@ -118,3 +118,16 @@ def test_every_string_from_the_program_is_redacted():
                                [{"name": f"dir/{key}", "why": "symlink"}])
     seen = repr(result.fields) + result.message + repr(named.fields)
     assert key not in seen and result.fields["redactions"] == 3 and named.fields["redactions"] == 2
+
+
+def test_a_secret_across_the_cut_of_an_error_or_a_name_is_redacted_whole_then_cut():
+    secret = "ghp_" + "a1B2" * 9
+    message = "m" * 4085 + " " + secret  # the status shows 4096 characters: the cut falls inside the secret
+    name = "n" * 1010 + " " + secret
+    spec = CodeRunSpec.model_validate({"language": "python", "code": "x"})
+    result = outcome_from_frame(spec, frame(reason="NonZeroExit", exitCode=1,
+                                            error={"type": "ValueError", "message": message, "line": 1}),
+                                Redactor(), False, LIMITS, NOW, [{"name": name, "size": 1}], [])
+    error, [artifact] = result.fields["error"], result.fields["artifacts"]
+    assert "ghp_" not in error["message"] + artifact["name"] and "a1B2" not in error["message"] + artifact["name"]
+    assert len(error["message"]) == 4096 and len(artifact["name"]) == 1024 and result.fields["redactions"] == 2

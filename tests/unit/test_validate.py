@@ -38,7 +38,7 @@ def test_a_check_that_burns_cpu_is_stopped_with_a_clear_error():
 
 
 def test_hostile_documents_and_schemas_get_answers_not_crashes():
-    cases = [({"type": "integer"}, "9" * 5000, "not accept"), ({"type": "array"}, "[" * 100000, "not accept"),
+    cases = [({"type": "integer"}, "9" * 5000, "not accept"), ({"type": "array"}, "[" * 100000, "nested too deeply"),
              ({"$ref": "http://169.254.169.254/x"}, "1", "$ref"),
              ({"type": "string", "pattern": "^(a+)+$"}, '"' + "a" * 40 + '!"', "does not match")]
     for schema, stdout, says in cases:

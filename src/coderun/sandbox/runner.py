@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import base64
 import collections
+import errno
 import hashlib
 import json
 import os
 import re
 import resource
+import select
 import selectors
 import signal
 import stat
@@ -57,6 +59,9 @@ DEFAULT_MAX_PROCESSES = 128
 MAX_ERROR_TYPE_CHARS = 256
 MAX_ERROR_MESSAGE_CHARS = 4096
 MAX_NAME_CHARS = 1024
+# The frame carries this much beyond those caps: the operator redacts secrets first and cuts to the caps after,
+# so a secret that straddles a cut is matched whole and never shown in part.
+REDACTION_MARGIN_CHARS = 1024
 MAX_LINE_NUMBER = 2**31 - 1
 # Accepted ranges of the sandbox limits in run.json (an RLIMIT must fit the kernel's type; PID_MAX_LIMIT).
 MAX_DISK_BYTES = 2**62
@@ -66,8 +71,11 @@ MAX_PROCESSES = 4194304
 # the walk costs at most 1/GUARD_COST_RATIO of the time.
 GUARD_INTERVAL_SECONDS = 0.2
 PROGRAM_NICENESS = 10
+# Two and a half guard intervals: a zombie lives through at least two checks before the namespace's init reaps it.
+ORPHAN_REAP_SECONDS = 0.5
 NPROC_HEADROOM = 64
 GUARD_COST_RATIO = 20
+GUARD_NEAR_LIMIT_SECONDS = 1.0
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
@@ -78,6 +86,9 @@ MAX_SKIPPED_LISTED = 64
 # process (only possible when the runner is not PID 1) may still hold open.
 DRAIN_GRACE_SECONDS = 0.5
 READ_CHUNK = 65536
+DELETED_MARK = " (deleted)"
+# Past any descriptor a process here holds (the runner opens a handful).
+MAX_CLOSE_FD = 65536
 TAIL_BYTES = 16384
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Kubernetes ConfigMap key rules: a key never names another file or a dir.
@@ -520,6 +531,22 @@ def scratch_usage(root: str, max_inodes: int, with_bytes: bool = True,
     return walk.used, walk.inodes
 
 
+def is_unlinked(target: str, info: os.stat_result) -> bool:
+    """gVisor keeps st_nlink at 1 for a deleted file that is still open; the link's " (deleted)" mark, checked
+    against the path itself (a file may be named so), tells it there."""
+    if info.st_nlink == 0:
+        return True
+    return target.endswith(DELETED_MARK) and not _names(target, info) and not _names(target[:-len(DELETED_MARK)], info)
+
+
+def _names(path: str, info: os.stat_result) -> bool:
+    try:
+        named = os.lstat(path)
+    except OSError:
+        return False
+    return (named.st_dev, named.st_ino) == (info.st_dev, info.st_ino)
+
+
 def unlinked_open_bytes(pids: list[int], root: str) -> int:
     """Bytes of files under root that the program deleted but still holds open: their blocks stay allocated
     and no walk sees them (open, unlink, write is the classic way to hide disk use). A process that made
@@ -534,13 +561,14 @@ def unlinked_open_bytes(pids: list[int], root: str) -> int:
             continue
         for fd in fds:
             try:
-                if not os.readlink(f"{fd_dir}/{fd}").startswith(prefix):
+                target = os.readlink(f"{fd_dir}/{fd}")
+                if not target.startswith(prefix):
                     continue
                 info = os.stat(f"{fd_dir}/{fd}")
             except OSError:
                 continue
             key = (info.st_dev, info.st_ino)
-            if info.st_nlink == 0 and stat.S_ISREG(info.st_mode) and key not in seen:
+            if stat.S_ISREG(info.st_mode) and key not in seen and is_unlinked(target, info):
                 seen.add(key)
                 used += info.st_blocks * 512
     return used
@@ -591,11 +619,13 @@ class Guards:
         self.session: int | None = None
         self.next_check = 0.0
         self.next_bytes_check = 0.0
+        self.near_limit = False
 
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
         file outside disk accounting, too) and forks at the cap (RLIMIT_NPROC counts the uid's processes: the
-        runner is one of them)."""
+        runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us); and
+        the syscall filter goes on last."""
         if self.disk_bytes is not None:
             lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes)
         # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
@@ -605,6 +635,8 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
+            enter_program_namespaces()
+        install_syscall_filter()
 
     def due(self, now: float) -> bool:
         return now >= self.next_check
@@ -621,9 +653,15 @@ class Guards:
         # Every check waits GUARD_COST_RATIO times its own cost before the next one, so the checks together take
         # at most 1/(GUARD_COST_RATIO + 1) of a core; the costlier bytes walk comes every other such pause at most,
         # the cheap counts in between.
-        self.next_check = now + max(GUARD_INTERVAL_SECONDS, cost * GUARD_COST_RATIO)
+        pause = max(GUARD_INTERVAL_SECONDS, cost * GUARD_COST_RATIO)
+        if self.near_limit:
+            # Past half a limit, a costly walk (e.g. thousands of directories) must not put the next look beyond
+            # the flood: at least every GUARD_NEAR_LIMIT_SECONDS then, at up to half a core.
+            pause = min(pause, max(GUARD_NEAR_LIMIT_SECONDS, cost))
+        self.next_check = now + pause
         if with_bytes:
-            self.next_bytes_check = now + max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO)
+            self.next_bytes_check = now + (pause if self.near_limit
+                                           else max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO))
         return verdict
 
     def _check(self, with_bytes: bool) -> tuple[str, dict] | None:
@@ -639,6 +677,8 @@ class Guards:
         if verdict:
             return verdict
         used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
+        self.near_limit = 2 * inodes > self.max_inodes or (
+            with_bytes and self.disk_bytes is not None and 2 * used > self.disk_bytes)
         if inodes > self.max_inodes:
             return DISK_LIMIT_EXCEEDED, {"kind": "inodes", "limit": self.max_inodes, "observed": inodes}
         if with_bytes and self.disk_bytes is not None:
@@ -661,6 +701,239 @@ class Guards:
 
     def disk_used(self) -> int:
         return scratch_usage(self.scratch_dir, self.max_inodes)[0]
+
+
+# The program's own PID namespace and syscall filter (as PID 1 only). In the sandbox's PID namespace the program
+# could kill or stop the runner (kill(1, SIGKILL) needs only the same uid, and gVisor's PID 1 has no init
+# protection) and its result would be lost; in a namespace of its own, created with a user namespace so no
+# privilege is needed, it sees and signals only its own processes.
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNS = 0x00020000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+# Every namespace flag of clone(2): the program may fork, never make namespaces.
+CLONE_NAMESPACE_FLAGS = 0x7E020000
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+X32_SYSCALL_BIT = 0x40000000
+BPF_LD_W_ABS, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_DATA_ARCH, SECCOMP_DATA_NR, SECCOMP_DATA_ARG0 = 4, 0, 16
+# What the program never needs and the sandbox kernel (gVisor's Sentry) need not expose to it: namespaces and
+# mounts (what containerd's default profile allows only with CAP_SYS_ADMIN), BPF, keyrings, perf events,
+# userfaultfd, io_uring, kernel modules and kexec. Refused with EPERM; clone3 with ENOSYS, so libc falls back
+# to clone, whose flags the filter can read.
+DENIED_SYSCALLS = (
+    "unshare setns mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount fspick "
+    "mount_setattr open_by_handle_at name_to_handle_at bpf keyctl add_key request_key perf_event_open "
+    "userfaultfd io_uring_setup io_uring_enter io_uring_register kexec_load kexec_file_load init_module "
+    "finit_module delete_module acct swapon swapoff reboot quotactl quotactl_fd syslog fanotify_init "
+    "lookup_dcookie sethostname setdomainname").split()
+# os.uname().machine -> (AUDIT_ARCH_*, syscall numbers), from the kernel's tables.
+SYSCALL_TABLES = {
+    "x86_64": (0xC000003E, dict(
+        unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428, move_mount=429,
+        fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442, open_by_handle_at=304,
+        name_to_handle_at=303, bpf=321, keyctl=250, add_key=248, request_key=249, perf_event_open=298,
+        userfaultfd=323, io_uring_setup=425, io_uring_enter=426, io_uring_register=427, kexec_load=246,
+        kexec_file_load=320, init_module=175, finit_module=313, delete_module=176, acct=163, swapon=167,
+        swapoff=168, reboot=169, quotactl=179, quotactl_fd=443, syslog=103, fanotify_init=300, lookup_dcookie=212,
+        sethostname=170, setdomainname=171, clone=56, clone3=435)),
+    "aarch64": (0xC00000B7, dict(
+        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428, move_mount=429,
+        fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442, open_by_handle_at=265,
+        name_to_handle_at=264, bpf=280, keyctl=219, add_key=217, request_key=218, perf_event_open=241,
+        userfaultfd=282, io_uring_setup=425, io_uring_enter=426, io_uring_register=427, kexec_load=104,
+        kexec_file_load=294, init_module=105, finit_module=273, delete_module=106, acct=89, swapon=224,
+        swapoff=225, reboot=142, quotactl=60, quotactl_fd=443, syslog=116, fanotify_init=262, lookup_dcookie=18,
+        sethostname=161, setdomainname=162, clone=220, clone3=435)),
+}
+
+
+def syscall_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
+    """The program's seccomp filter as classic BPF (code, jt, jf, k), or None for an architecture without a
+    table. Another architecture's calling convention (e.g. x32 or i386 on x86_64) is refused outright."""
+    if machine not in SYSCALL_TABLES:
+        return None
+    audit_arch, numbers = SYSCALL_TABLES[machine]
+    denied = [numbers[name] for name in DENIED_SYSCALLS]
+    body_length = 4 + len(denied) + 4
+    allow, deny, no_such = body_length, body_length + 1, body_length + 2
+
+    def jump(at: int, op: int, k: int, if_true: int | None, if_false: int | None) -> tuple[int, int, int, int]:
+        # BPF jumps are relative to the next instruction; None falls through.
+        relative = [0 if target is None else target - at - 1 for target in (if_true, if_false)]
+        return (op, relative[0], relative[1], k)
+
+    code = [(BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH)]
+    code.append(jump(len(code), BPF_JEQ, audit_arch, None, deny))
+    code.append((BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR))
+    code.append(jump(len(code), BPF_JGE, X32_SYSCALL_BIT, deny, None))
+    for number in denied:
+        code.append(jump(len(code), BPF_JEQ, number, deny, None))
+    code.append(jump(len(code), BPF_JEQ, numbers["clone3"], no_such, None))
+    code.append(jump(len(code), BPF_JEQ, numbers["clone"], None, allow))
+    code.append((BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0))  # the low half of the flags
+    code.append(jump(len(code), BPF_JSET, CLONE_NAMESPACE_FLAGS, deny, allow))
+    assert len(code) == body_length
+    code += [(BPF_RET, 0, 0, SECCOMP_RET_ALLOW), (BPF_RET, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM),
+             (BPF_RET, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS)]
+    return code
+
+
+def install_syscall_filter() -> bool:
+    """Install the filter on this process and everything it starts (no_new_privs makes that unprivileged)."""
+    instructions = syscall_filter(os.uname().machine)
+    if instructions is None:
+        return False
+    import ctypes
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    table = (SockFilter * len(instructions))(*instructions)
+    program = SockFprog(len(instructions), table)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return False
+    return libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0) == 0
+
+
+def write_id_maps(uid: int, gid: int) -> None:
+    """Map our own ids into the new user namespace (the one mapping an unprivileged process may write), so the
+    program sees its real uid, not nobody. Best effort: file access is decided by the real ids either way."""
+    for name, content in (("setgroups", "deny\n"), ("uid_map", f"{uid} {uid} 1\n"), ("gid_map", f"{gid} {gid} 1\n")):
+        try:
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)  # no O_TRUNC/O_CREAT: gVisor refuses them here
+        except OSError:
+            continue
+        try:
+            os.write(fd, content.encode())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def enter_user_namespace() -> bool:
+    """As PID 1, before anything else: move the runner into a user namespace of its own, with its own ids mapped,
+    so it may make the program's PID and mount namespaces without privilege, and stays in the program's user
+    namespace (it can still read the program's /proc entries to count its processes and open files). False if
+    the runtime refuses (a seccomp profile that denies unshare): the program then runs beside the runner."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER) != 0:
+        return False
+    write_id_maps(uid, gid)  # while still dumpable: the maps of a non-dumpable process are root's
+    return True
+
+
+def enter_program_namespaces() -> None:
+    """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
+    program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
+    The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
+    program's own. Without them (see enter_user_namespace) the program runs beside us as before."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWPID | CLONE_NEWNS) != 0:
+        return
+    status_read, status_write = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(status_read)
+        # The sandbox's /proc would list the runner and its helpers by their outer PIDs: the program sees its
+        # own namespace only. Best effort: the sandbox's /proc stays (the runner is not dumpable) if refused.
+        libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        program = os.fork()
+        if program == 0:
+            os.close(status_write)
+            return
+        serve_as_namespace_init(program, status_write)
+    os.close(status_write)
+    mirror_program_status(init, status_read)
+
+
+def close_all_but(keep: int) -> None:
+    """The helpers hold none of the program's pipes (the runner reads them to EOF) or Popen's error pipe."""
+    os.closerange(0, keep)
+    os.closerange(keep + 1, MAX_CLOSE_FD)
+
+
+def serve_as_namespace_init(program: int, status_write: int) -> None:
+    """PID 1 of the program's namespace: hand the program's wait status to the mirror at once, and keep the
+    namespace (what the program left behind, which the runner still counts) until the runner kills it.
+
+    Orphans are reaped every ORPHAN_REAP_SECONDS, not as they end: a bomb of short-lived processes leaves zombies
+    for the runner's checks to see, while orphans that come and go at a sane rate never add up to the cap.
+    gVisor gives a namespace's init no protection from its processes' signals: every signal that can be caught
+    is (SIGSTOP is undone by the mirror; SIGKILL ends the namespace, the program's own doing)."""
+    close_all_but(status_write)
+    for number in signal.valid_signals():
+        if number not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            try:
+                signal.signal(number, lambda _number, _frame: None)
+            except (OSError, ValueError):  # the realtime signals libc keeps for itself
+                pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])
+    next_reap = time.monotonic()
+    program_running = True
+    while True:
+        signal.sigtimedwait([signal.SIGCHLD], ORPHAN_REAP_SECONDS)
+        reap_all = time.monotonic() >= next_reap
+        while reap_all or program_running:
+            try:
+                pid, wait_status = os.waitpid(-1 if reap_all else program, os.WNOHANG)
+            except ChildProcessError:  # nobody left: the namespace ends with us
+                os._exit(0)
+            if pid == 0:
+                break
+            if pid == program:
+                os.write(status_write, wait_status.to_bytes(4, "little"))
+                program_running = False
+        if reap_all:
+            next_reap = time.monotonic() + ORPHAN_REAP_SECONDS
+
+
+def mirror_program_status(init: int, status_read: int) -> None:
+    """End as the program ended: its exit code, or its signal. Meanwhile, resume our init whenever the program
+    stops it. No status means the init was killed and the whole namespace with it: the program killed its own
+    init, so it ends as killed."""
+    close_all_but(status_read)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda _number, _frame: None)
+    raw = b""
+    while True:
+        ready = select.select([status_read, wake_read], [], [])[0]
+        if status_read in ready:
+            raw = os.read(status_read, 4)
+            break
+        os.read(wake_read, 64)
+        pid, wait_status = os.waitpid(init, os.WNOHANG | os.WUNTRACED)
+        if pid and os.WIFSTOPPED(wait_status):
+            os.kill(init, signal.SIGCONT)
+    if len(raw) == 4:
+        wait_status = int.from_bytes(raw, "little")
+        if os.WIFEXITED(wait_status):
+            os._exit(os.WEXITSTATUS(wait_status))
+        number = os.WTERMSIG(wait_status)
+    else:
+        number = signal.SIGKILL
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.set_wakeup_fd(-1)
+    if number not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(number, signal.SIG_DFL)
+    os.kill(os.getpid(), number)
+    os._exit(128 + number)
 
 
 # How the child ended. runner_kill_reason is the reason the runner stopped it
@@ -862,8 +1135,9 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
         if not exception:
             return None
         return {
-            "type": cap(exception["type"], MAX_ERROR_TYPE_CHARS),
-            "message": cap((exception["message"] or "").strip(" \t\r"), MAX_ERROR_MESSAGE_CHARS),
+            "type": cap(exception["type"], MAX_ERROR_TYPE_CHARS + REDACTION_MARGIN_CHARS),
+            "message": cap((exception["message"] or "").strip(" \t\r"),
+                           MAX_ERROR_MESSAGE_CHARS + REDACTION_MARGIN_CHARS),
             "line": user_line,
         }
     return None
@@ -879,7 +1153,7 @@ def cap(text: str, limit: int) -> str:
 
 def _display_name(relative: bytes) -> str:
     """File names may be any bytes; the frame must stay valid UTF-8 and bounded."""
-    return cap(relative.decode("utf-8", errors="replace"), MAX_NAME_CHARS)
+    return cap(relative.decode("utf-8", errors="replace"), MAX_NAME_CHARS + REDACTION_MARGIN_CHARS)
 
 
 def walk_outputs(root: bytes):
@@ -1133,7 +1407,6 @@ def write_termination_log(fd: int | None, summary: bytes) -> None:
         os.close(fd)
 
 
-PR_SET_DUMPABLE = 4
 
 
 def make_undumpable() -> bool:
@@ -1154,6 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     is_pid1 = os.getpid() == 1
     if is_pid1:
+        enter_user_namespace()
         make_undumpable()
     for name in SHIELDED_SIGNALS:
         signal.signal(getattr(signal, name), lambda number, _frame: None)

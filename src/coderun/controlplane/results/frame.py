@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from coderun.sandbox.runner import FRAME_PREFIX
+from coderun.sandbox.runner import (FRAME_PREFIX, MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS,
+                                    REDACTION_MARGIN_CHARS, cap)
 
 PREFIX = FRAME_PREFIX  # the runner spells the protocol; the operator reads it
 INT64_MAX = 2**63 - 1
@@ -31,9 +32,12 @@ class FrameError(Exception):
 
 
 def _capped(limit: int):
-    def cut(value: Any) -> Any:
-        return value[:limit - 1] + "…" if isinstance(value, str) and len(value) > limit else value
-    return BeforeValidator(cut)
+    return BeforeValidator(lambda value: cap(value, limit) if isinstance(value, str) else value)
+
+
+def _capped_for_redaction(limit: int):
+    """What the program wrote, kept past the status's cap by the runner's margin: redacted first, cut after."""
+    return _capped(limit + REDACTION_MARGIN_CHARS)
 
 
 def _int64(value: Any) -> Any:
@@ -52,8 +56,8 @@ class _Lenient(BaseModel):
 
 
 class ProgramError(_Lenient):
-    type: Annotated[str, _capped(256)]
-    message: Annotated[str, _capped(4096)]
+    type: Annotated[str, _capped_for_redaction(MAX_ERROR_TYPE_CHARS)]
+    message: Annotated[str, _capped_for_redaction(MAX_ERROR_MESSAGE_CHARS)]
     line: Int = None
 
 
@@ -64,14 +68,14 @@ class FrameMetrics(_Lenient):
 
 
 class FrameArtifact(_Lenient):
-    name: Annotated[str, _capped(1024)]
+    name: Annotated[str, _capped_for_redaction(MAX_NAME_CHARS)]
     size: Size
     sha256: str
     contentBase64: str
 
 
 class FrameSkipped(_Lenient):
-    name: Annotated[str, _capped(1024)]
+    name: Annotated[str, _capped_for_redaction(MAX_NAME_CHARS)]
     why: Annotated[str, _capped(64)]
 
 
@@ -85,7 +89,7 @@ class FrameLimit(_Lenient):
 class RunnerFrame(_Lenient):
     version: int
     reason: Annotated[str, _capped(64)]
-    message: Annotated[str, _capped(4096)] = ""
+    message: Annotated[str, _capped_for_redaction(MAX_ERROR_MESSAGE_CHARS)] = ""
     exitCode: Int = None
     signal: Int = None
     oomKilled: bool = False

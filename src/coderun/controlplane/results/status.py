@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec, Validation
 from coderun.api.reasons import ConditionType, Phase, Reason
+from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision
 from .frame import RunnerFrame
 from .redact import Redactor
@@ -209,12 +210,13 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
         type_, n_type = redactor.redact(frame.error.type)
         message, n_message = redactor.redact(frame.error.message)
         redactions += n_type + n_message
-        error = {"type": type_, "message": message, "line": frame.error.line}
+        error = {"type": cap(type_, MAX_ERROR_TYPE_CHARS), "message": cap(message, MAX_ERROR_MESSAGE_CHARS),
+                 "line": frame.error.line}
     named = []
     for entry in [*artifacts, *skipped]:
         name, n = redactor.redact(entry["name"])
         redactions += n
-        named.append({**entry, "name": name})
+        named.append({**entry, "name": cap(name, MAX_NAME_CHARS)})
     artifacts, skipped = named[:len(artifacts)], named[len(artifacts):]
     reason = frame.reason
     if container_oom or frame.oomKilled:
@@ -228,7 +230,7 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
     else:
         phase, reason = Phase.FAILED, Reason.INTERNAL_ERROR
     if reason in (Reason.INVALID_SPEC, Reason.INTERNAL_ERROR):
-        detail, _ = redactor.redact(frame.message or frame.reason)
+        detail = cap(redactor.redact(frame.message or frame.reason)[0], MAX_ERROR_MESSAGE_CHARS)
         message = (detail if reason == Reason.INVALID_SPEC else f"the sandbox runner failed: {detail}")
     else:
         message = _message(reason, frame, error, effective_limits)

@@ -86,6 +86,9 @@ def _work(send, schema: dict[str, Any], stdout: str) -> None:
     send.send(_bounded(result))
 
 
+TOO_DEEP = "stdout is nested too deeply to check against stdoutJSONSchema"
+
+
 def schema_errors(schema: dict[str, Any], stdout: str) -> list[str]:
     """The check itself (run inside the worker): parse, check the schema, list what does not match."""
     import jsonschema
@@ -94,7 +97,9 @@ def schema_errors(schema: dict[str, Any], stdout: str) -> list[str]:
         document = json.loads(stdout)
     except json.JSONDecodeError as e:
         return [f"stdout is not JSON ({e.msg} at line {e.lineno} column {e.colno})"]
-    except (ValueError, RecursionError) as e:
+    except RecursionError:
+        return [TOO_DEEP]
+    except ValueError as e:  # e.g. an integer longer than Python's conversion limit
         return [f"stdout is JSON this check does not accept ({type(e).__name__}: {str(e)[:120]})"]
     try:
         validator_class = _linear_time(jsonschema.validators.validator_for(schema))
@@ -109,7 +114,7 @@ def schema_errors(schema: dict[str, Any], stdout: str) -> list[str]:
         return [f"spec.expect.stdoutJSONSchema has a $ref that cannot be resolved ({e}); "
                 "only references inside the schema (#/...) work"]
     except RecursionError:
-        return ["stdout is nested too deeply to check against stdoutJSONSchema"]
+        return [TOO_DEEP]
     return [f"stdout{_path(e.absolute_path)}: {e.message}" for e in found]
 
 
