@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 crds: venv
-	$(PY) -m coderun.api.crd > crds/coderun.io_coderuns.yaml
+	$(PY) -m coderun.api.crd crds
 
 cluster-up: venv
 	bash e2e/cluster/cluster.sh up
@@ -34,7 +34,7 @@ cluster-status:
 
 up: cluster-up
 	$(KUBECTL) apply -f crds/ >/dev/null
-	$(KUBECTL) wait --for condition=Established crd/coderuns.coderun.io --timeout=60s >/dev/null
+	$(KUBECTL) wait --for condition=Established crd/coderuns.coderun.io crd/coderunpolicies.coderun.io --timeout=60s >/dev/null
 	bash e2e/operator.sh start
 
 down:

@@ -1,11 +1,13 @@
 """The committed CRD is exactly what the models generate, and the schema is one the API server accepts."""
 from pathlib import Path
 
+import pytest
 import yaml
 
 from coderun.api import crd
 
-CRD_FILE = Path(__file__).parents[2] / "crds" / "coderun.io_coderuns.yaml"
+CRD_DIR = Path(__file__).parents[2] / "crds"
+CRD_FILE = CRD_DIR / "coderun.io_coderuns.yaml"
 
 
 def _walk(schema, path="$"):
@@ -16,12 +18,14 @@ def _walk(schema, path="$"):
         yield from _walk(schema["items"], f"{path}[]")
 
 
-def test_committed_crd_matches_models():
-    assert CRD_FILE.read_text() == crd.render(), "run `make crds` and commit crds/"
+def test_committed_crds_match_models():
+    for name in crd.CRDS:
+        assert (CRD_DIR / name).read_text() == crd.render(name), f"run `make crds` and commit crds/{name}"
 
 
-def test_schema_is_structural():
-    schema = crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+@pytest.mark.parametrize("generate", [crd.crd, crd.policy_crd], ids=["coderun", "coderunpolicy"])
+def test_schema_is_structural(generate):
+    schema = generate()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
         assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
         assert "type" in node, f"{path} has no type"

@@ -144,11 +144,60 @@ class CodeRunSpec(ApiModel):
             _cel("self.all(f, self.exists_one(g, g.path == f.path))", "file paths must be unique")]})
     limits: Limits | None = Field(None, description="Resource limits; unset fields take the policy's defaults.")
     policy_ref: str | None = Field(None, max_length=253, description=(
-        "Name of the CodeRunPolicy to apply; empty means the built-in default policy."))
+        "Name of the CodeRunPolicy (in the run's namespace) to apply; empty means the namespace's policy "
+        "named default, else the built-in baseline."))
     expect: Expect | None = Field(None, description="Optional validation of the program's output.")
     cache: CacheSpec | None = Field(None, description="Optional reuse of an identical earlier result.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
         "Delete the CodeRun this many seconds after it finished (default from the policy)."))
+
+
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]*$"
+RUNTIME_CLASS_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+UNSANDBOXED_RUNTIME_CLASSES = ("runc",)
+
+
+class Runtime(ApiModel):
+    """How one language runs: the image (pin it by digest, name@sha256:..., in production), the command the
+    runner starts, the file the code is written to, and the sandbox runtime."""
+    language: str = Field(pattern=LANGUAGE_PATTERN, description="The name callers use in spec.language.")
+    image: str = Field(min_length=1, max_length=512, pattern=IMAGE_PATTERN, description=(
+        "The sandbox image with the coderun runner as its entrypoint; pin it by digest in production."))
+    command: list[str] = Field(min_length=1, max_length=16, description=(
+        "The program's command, run in the working directory, e.g. [python3, -u, main.py]."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 256}})
+    code_file: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description=(
+        "The file the code is written to, in the working directory, e.g. main.py."))
+    runtime_class_name: str = Field("gvisor", pattern=RUNTIME_CLASS_PATTERN, description=(
+        "The RuntimeClass of the sandbox pod: gvisor by default; kata or another sandbox runtime where the "
+        "cluster has it. runc (no sandbox) needs spec.allowUnsandboxedRuntime."))
+
+
+class EgressPort(ApiModel):
+    port: int = Field(ge=1, le=65535, description="Destination port.")
+    protocol: str = Field("TCP", pattern=r"^(TCP|UDP)$", description="TCP or UDP.")
+
+
+class EgressRule(ApiModel):
+    """One destination a run may reach: an address range and, optionally, ports (all ports when empty)."""
+    cidr: str = Field(max_length=64, description="An IPv4 or IPv6 CIDR, e.g. 10.0.0.5/32 or 2001:db8::/64.")
+    ports: list[EgressPort] | None = Field(None, max_length=16, description="Ports; empty means every port.")
+
+
+class DecisionRecord(ApiModel):
+    """What the policy decided at admission, kept so a policy changed later cannot change a run already admitted
+    (a queued run, or one waiting for approval, starts with exactly this)."""
+    policy: str = Field(description="The CodeRunPolicy that applied, or builtin-default.")
+    policy_digest: str = Field(description="sha256 of that policy's spec, for audit.")
+    runtime: Runtime
+    limits: ResourceLimits
+    egress: list[EgressRule] | None = Field(None, max_length=64)
+    redaction_patterns: list[str] | None = Field(None, max_length=64)
+    max_processes: int
+    max_inodes: int
+    ttl_seconds_after_finished: int
+    approval_required: bool = False
+    max_concurrent_runs: int | None = None
 
 
 class Metrics(ApiModel):
@@ -227,6 +276,8 @@ class CodeRunStatus(ApiModel):
     image: str | None = Field(None, description="The image that ran, with its digest.")
     runtime_class: str | None = Field(None, description="The RuntimeClass of the sandbox pod.")
     policy: str | None = Field(None, description="The policy that was applied.")
+    policy_digest: str | None = Field(None, description="sha256 of the applied policy's spec, for audit.")
+    decision: DecisionRecord | None = Field(None, description="The policy's decision, recorded at admission.")
     policy_rule: str | None = Field(None, description="The policy rule that refused the run, when one did.")
     effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
     pod_name: str | None = None

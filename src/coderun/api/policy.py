@@ -1,20 +1,12 @@
-"""Policy data: runtimes (image, command), default and maximum limits. Frozen, so a decision cannot drift."""
+"""Policy data: runtimes, default and maximum limits, code rules, egress, concurrency, approval. Frozen, so a
+decision cannot drift; the operator turns a CodeRunPolicy object into one (controlplane/policy/load.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .models import ResourceLimits
-
-
-@dataclass(frozen=True)
-class Runtime:
-    """How one language runs: the image (pin it by digest in production; the built-in policy names the local
-    cluster's tag), the command the runner starts, the file the code goes to."""
-    language: str
-    image: str
-    command: tuple[str, ...]
-    code_file: str
-    env: tuple[tuple[str, str], ...] = ()
+from .coderunpolicy import (ADMISSION_ENFORCE, APPROVAL_ALWAYS, APPROVAL_NEVER, APPROVAL_WITH_EGRESS, CodeRules,
+                            CodeRunPolicySpec, merged_limits, spec_digest)
+from .models import DecisionRecord, EgressRule, ResourceLimits, Runtime
 
 
 @dataclass(frozen=True)
@@ -23,7 +15,7 @@ class Policy:
     runtimes: dict[str, Runtime]
     defaults: ResourceLimits
     maximums: ResourceLimits
-    runtime_class: str = "gvisor"
+    digest: str = "builtin"
     ttl_seconds_after_finished: int = 3600
     # How long a pod may wait to be scheduled or to start before the run fails instead of pending forever.
     start_deadline_seconds: int = 300
@@ -34,6 +26,14 @@ class Policy:
     # Enforced by the runner inside the sandbox (the kubelet's podPidsLimit is the backstop outside it).
     max_processes: int = 128
     max_inodes: int = 16384
+    code_rules: CodeRules | None = None
+    egress: tuple[EgressRule, ...] = ()
+    max_concurrent_runs: int | None = None
+    approval: str = APPROVAL_NEVER
+    admission: str = ADMISSION_ENFORCE
+
+    def approval_required(self) -> bool:
+        return self.approval == APPROVAL_ALWAYS or (self.approval == APPROVAL_WITH_EGRESS and bool(self.egress))
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,25 @@ class Decision:
     policy: Policy
     runtime: Runtime
     limits: ResourceLimits
+
+    def record(self) -> DecisionRecord:
+        p = self.policy
+        return DecisionRecord(policy=p.name, policy_digest=p.digest, runtime=self.runtime, limits=self.limits,
+                              egress=list(p.egress) or None, redaction_patterns=list(p.redaction_patterns) or None,
+                              max_processes=p.max_processes, max_inodes=p.max_inodes,
+                              ttl_seconds_after_finished=p.ttl_seconds_after_finished,
+                              approval_required=p.approval_required(), max_concurrent_runs=p.max_concurrent_runs)
+
+
+def decision_from_record(record: DecisionRecord) -> Decision:
+    """The decision recorded at admission, as the builders and the result pipeline take it."""
+    policy = Policy(name=record.policy, digest=record.policy_digest, runtimes={record.runtime.language: record.runtime},
+                    defaults=record.limits, maximums=record.limits, egress=tuple(record.egress or ()),
+                    redaction_patterns=tuple(record.redaction_patterns or ()), max_processes=record.max_processes,
+                    max_inodes=record.max_inodes, ttl_seconds_after_finished=record.ttl_seconds_after_finished,
+                    approval=APPROVAL_ALWAYS if record.approval_required else APPROVAL_NEVER,
+                    max_concurrent_runs=record.max_concurrent_runs)
+    return Decision(policy=policy, runtime=record.runtime, limits=record.limits)
 
 
 @dataclass(frozen=True)
@@ -54,14 +73,30 @@ class Denial:
 
 SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
 
-# The built-in policy, used until CodeRunPolicy bundles exist: python only, the baseline limits of the
-# design, the caller may ask for less or for more up to the maximums.
+# The built-in policy, for namespaces without a CodeRunPolicy: the baseline limits of the design, the caller may
+# ask for less or for more up to the maximums.
 DEFAULT_POLICY = Policy(
     name="builtin-default",
     runtimes={
         "python": Runtime(language="python", image=SANDBOX_PYTHON_IMAGE,
-                          command=("python3", "-u", "main.py"), code_file="main.py"),
+                          command=["python3", "-u", "main.py"], code_file="main.py"),
     },
     defaults=ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="1", disk="64Mi", output_bytes=64 * 1024),
     maximums=ResourceLimits(timeout_seconds=300, memory="2Gi", cpu="2", disk="1Gi", output_bytes=256 * 1024),
 )
+
+
+def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec) -> Policy:
+    """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent. (The operator
+    checks first what the schema cannot: see controlplane/policy/load.py.)"""
+    ttl = spec.ttl_seconds_after_finished
+    return Policy(
+        name=name, runtimes={r.language: r for r in spec.runtimes} if spec.runtimes else dict(DEFAULT_POLICY.runtimes),
+        defaults=merged_limits(DEFAULT_POLICY.defaults, spec.defaults),
+        maximums=merged_limits(DEFAULT_POLICY.maximums, spec.maximums), digest=spec_digest(raw),
+        ttl_seconds_after_finished=DEFAULT_POLICY.ttl_seconds_after_finished if ttl is None else ttl,
+        redaction_patterns=tuple(spec.redaction_patterns or ()),
+        max_processes=spec.max_processes or DEFAULT_POLICY.max_processes,
+        max_inodes=spec.max_inodes or DEFAULT_POLICY.max_inodes,
+        code_rules=spec.code_rules, egress=tuple(spec.egress or ()), max_concurrent_runs=spec.max_concurrent_runs,
+        approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission)

@@ -18,6 +18,9 @@ class Reason(StrEnum):
     ACCEPTED = "Accepted"
     POD_CREATED = "PodCreated"
     STARTED = "Started"
+    # waiting before a sandbox is made
+    QUEUED = "Queued"
+    AWAITING_APPROVAL = "AwaitingApproval"
     # the program's own outcome
     COMPLETED = "Completed"
     NON_ZERO_EXIT = "NonZeroExit"
@@ -31,6 +34,7 @@ class Reason(StrEnum):
     # refused before running
     POLICY_DENIED = "PolicyDenied"
     INVALID_SPEC = "InvalidSpec"
+    REJECTED_BY_APPROVER = "RejectedByApprover"
     # the platform's fault, not the program's
     POD_DELETED = "PodDeleted"
     UNSCHEDULABLE = "Unschedulable"

@@ -54,5 +54,5 @@ class AsyncCodeRunClient:
     async def artifacts(self, result: RunResult) -> Mapping[str, bytes]:
         return await asyncio.to_thread(self.sync.artifacts, result)
 
-    async def runtimes(self) -> list[RuntimeInfo]:
-        return self.sync.runtimes()
+    async def runtimes(self, namespace: str | None = None, policy: str | None = None) -> list[RuntimeInfo]:
+        return await asyncio.to_thread(self.sync.runtimes, namespace, policy)

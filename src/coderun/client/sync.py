@@ -16,7 +16,8 @@ from .connection import connect
 from .errors import CodeRunError, PolicyDenied, RunRejected, RunTimeout
 from .request import CLIENT_LABEL, DEFAULT_NAME_PREFIX, RunRequest, build_body
 from .result import RunResult, result_from_object
-from .runtimes import RuntimeInfo, offered_runtimes
+from .runtimes import RuntimeInfo, effective_policy, offered_runtimes
+from ..api.coderunpolicy import NAMESPACE_DEFAULT_POLICY, POLICY_PLURAL
 from .waiting import WaitStats, WatchDropped, is_transient, refuse, wait_until_finished
 
 # The caller's default wait: the run's own time limit plus room for scheduling and sandbox start-up.
@@ -168,8 +169,19 @@ class CodeRunClient:
     def artifacts(self, result: RunResult) -> dict[str, bytes]:
         return {a.name: self.artifact(result, a.name) for a in result.artifacts or ()}
 
-    def runtimes(self) -> list[RuntimeInfo]:
-        return offered_runtimes()
+    def runtimes(self, namespace: str | None = None, policy: str | None = None) -> list[RuntimeInfo]:
+        """What a run in the namespace gets: the CodeRunPolicy named `policy`, else the namespace's `default`,
+        else the built-in baseline (the same selection the operator makes)."""
+        namespace = namespace or self.namespace
+        name = policy or NAMESPACE_DEFAULT_POLICY
+        try:
+            found = self._call(f"get CodeRunPolicy {name}", self._custom.get_namespaced_custom_object,
+                               GROUP, VERSION, namespace, POLICY_PLURAL, name)
+        except CodeRunError as e:
+            if e.status != 404 or policy not in (None, NAMESPACE_DEFAULT_POLICY):
+                raise
+            found = None
+        return offered_runtimes(effective_policy(found))
 
     # ---- API plumbing
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -14,6 +14,7 @@ import sys
 import kopf
 
 from . import metrics
+from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders import LABEL_MANAGED_BY, LABEL_SANDBOX
 from .controller import Controller
@@ -37,6 +38,11 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def run_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
     controller.on_run(dict(body), deleted=event["type"] == "DELETED")
+
+
+@kopf.on.event(GROUP, VERSION, POLICY_PLURAL)
+def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+    controller.on_policy(dict(body), deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: "coderun", LABEL_SANDBOX: "true"})

@@ -64,8 +64,17 @@ def render_result(result: RunResult, code: str | None = None) -> str:
 
 
 def render_runtimes(runtimes: list[RuntimeInfo]) -> str:
-    return "\n".join(f"{r.language}: image {r.image}; default limits {_limits(r.default_limits)}; "
-                     f"maximum {_limits(r.maximum_limits)}" for r in runtimes)
+    """One line per language, then what the policy says beyond limits (the same for every language)."""
+    lines = [f"{r.language}: image {r.image} ({r.runtime_class}); default limits {_limits(r.default_limits)}; "
+             f"maximum {_limits(r.maximum_limits)}" for r in runtimes]
+    if runtimes:
+        first = runtimes[0]
+        network = "egress to " + ", ".join(first.egress) if first.egress else "no network"
+        extra = [f"policy {first.policy}", network, f"approval {first.approval}"]
+        if first.max_concurrent_runs:
+            extra.append(f"at most {first.max_concurrent_runs} concurrent runs")
+        lines.append("; ".join(extra))
+    return "\n".join(lines)
 
 
 def _limits(limits: dict[str, Any]) -> str:

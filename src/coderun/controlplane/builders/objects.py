@@ -4,11 +4,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kubernetes.utils import parse_quantity
 
-from coderun.api.models import API_VERSION, KIND, CodeRunSpec
+from coderun.api.models import API_VERSION, KIND, CodeRunSpec, EgressRule
 from ..policy import Decision
 from .names import LABEL_RUN_UID, LABEL_SANDBOX, child_name, run_labels
 
@@ -73,7 +73,7 @@ def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
                       "maxTotalBytes": policy.artifact_max_total_bytes},
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],
         "stdinKey": "stdin" if spec.stdin is not None else None,
-        "env": dict(runtime.env),
+        "env": {},
     }
 
 
@@ -96,14 +96,22 @@ def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: D
     return cm
 
 
-def build_network_policy(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Deny all ingress and egress for this run's pod: generated code reaches no network at all."""
+def build_network_policy(run: Mapping[str, Any], egress: Sequence[EgressRule] = ()) -> dict[str, Any]:
+    """This run's pod: no ingress, and egress only to what its policy allows (nothing by default)."""
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _child_metadata(run, "deny"),
         "spec": {"podSelector": {"matchLabels": {LABEL_RUN_UID: run["metadata"]["uid"]}},
-                 "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
+                 "policyTypes": ["Ingress", "Egress"], "ingress": [],
+                 "egress": [_egress_rule(rule) for rule in egress]},
     }
+
+
+def _egress_rule(rule: EgressRule) -> dict[str, Any]:
+    allowed: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule.cidr}}]}
+    if rule.ports:
+        allowed["ports"] = [{"protocol": p.protocol, "port": p.port} for p in rule.ports]
+    return allowed
 
 
 def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
@@ -131,7 +139,7 @@ def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) 
         "apiVersion": "v1", "kind": "Pod",
         "metadata": metadata,
         "spec": {
-            "runtimeClassName": decision.policy.runtime_class,
+            "runtimeClassName": decision.runtime.runtime_class_name,
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,

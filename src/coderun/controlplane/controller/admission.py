@@ -11,27 +11,37 @@ from typing import Any, Mapping
 
 from pydantic import ValidationError
 
-from coderun.api.models import CodeRunSpec
+from coderun.api.models import CodeRunSpec, DecisionRecord
 from coderun.api.reasons import Phase, Reason
 from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
                         build_network_policy, build_pod, code_hash)
 from ..builders.names import MANAGER
-from ..policy import Decision, Denial, evaluate, select_policy
+from ..policy import Decision, Denial, decision_from_record, evaluate, select_policy
 from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome
-from ..results.status import Outcome, accepted_status, created_at, millis_between
+from ..results.status import Outcome, accepted_status, created_at, millis_between, waiting_status
 from . import core
 from .collection import ArtifactsConflict, copy_artifacts
 
 
-def decide(run: Mapping[str, Any]) -> tuple[CodeRunSpec | None, Decision | Denial]:
-    """The typed spec and the policy's verdict; a spec the model refuses is InvalidSpec, naming the field."""
+APPROVED_BY = "coderun.io/approved-by"
+REJECTED_BY = "coderun.io/rejected-by"
+
+
+def decide(run: Mapping[str, Any], policies: Mapping[str, Any] | None = None
+           ) -> tuple[CodeRunSpec | None, Decision | Denial]:
+    """The typed spec and the verdict: the decision recorded at admission if there is one (a policy changed
+    since cannot change it), else the selected policy's. A spec the model refuses is InvalidSpec, naming the
+    field. `policies` are the run's namespace's CodeRunPolicies by name."""
     try:
         spec = CodeRunSpec.model_validate(run.get("spec") or {})
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return None, Denial(Reason.INVALID_SPEC, "schema", f"spec.{where}: {first['msg']}"[:1024])
-    policy = select_policy(spec.policy_ref, {})
+    recorded = (run.get("status") or {}).get("decision")
+    if recorded:
+        return spec, decision_from_record(DecisionRecord.model_validate(recorded))
+    policy = select_policy(spec.policy_ref, policies or {})
     if isinstance(policy, Denial):
         return spec, policy
     return spec, evaluate(spec, policy)
@@ -39,19 +49,88 @@ def decide(run: Mapping[str, Any]) -> tuple[CodeRunSpec | None, Decision | Denia
 
 def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
     meta = run["metadata"]
-    spec, decision = decide(run)
+    spec, decision = decide(run, ctl.store.policies(meta["namespace"]))
     if isinstance(decision, Denial):
         ctl.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, {"policyRule": decision.rule}))
+        return
+    if decision.policy.approval_required() and not _approved(ctl, run, decision):
         return
     digest = image_digest(decision.runtime.image, _node_images(ctl))
     key = cache_key(spec, decision, digest)
     if spec.cache and spec.cache.enabled and key and _answer_from_cache(ctl, run, spec, key):
         return
+    if decision.policy.max_concurrent_runs is None:
+        _start(ctl, run, spec, decision, key)
+        return
+    with ctl.namespace_lock(meta["namespace"]):  # the count and the start are one step: the cap holds exactly
+        if _slot_free(ctl, run, decision):
+            _start(ctl, run, spec, decision, key)
+
+
+def _approved(ctl: core.Controller, run: Mapping[str, Any], decision: Decision) -> bool:
+    """The supervisor pattern: approved-by lets the run go on, rejected-by ends it; until then it waits with
+    the decision recorded (who may annotate CodeRuns is ordinary RBAC)."""
+    annotations = run["metadata"].get("annotations") or {}
+    if annotations.get(REJECTED_BY):
+        ctl.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER,
+                                f"rejected by {annotations[REJECTED_BY][:253]} ({REJECTED_BY})",
+                                {"policyRule": "approval"}))
+        return False
+    if annotations.get(APPROVED_BY):
+        return True
+    _wait(ctl, run, decision, Reason.AWAITING_APPROVAL,
+          f"policy {decision.policy.name!r} requires approval: waiting for the annotation {APPROVED_BY} "
+          f"(or {REJECTED_BY}) on this CodeRun")
+    return False
+
+
+def _slot_free(ctl: core.Controller, run: Mapping[str, Any], decision: Decision) -> bool:
+    """Runs of the same policy with a sandbox, plus those queued before this one, against maxConcurrentRuns:
+    waiting runs start in creation order."""
+    meta, policy = run["metadata"], decision.policy
+    ahead = 0
+    for other in ctl.store.unfinished_in(meta["namespace"]):
+        status = other.get("status") or {}
+        if other["metadata"]["uid"] == meta["uid"]:
+            continue
+        if not status and _created_before(other, run):
+            ahead += 1  # created earlier, not looked at yet (events of a burst arrive in any order): it goes first
+            continue
+        if status.get("policy") != policy.name:
+            continue
+        if status.get("podName") or (status.get("reason") == Reason.QUEUED and _created_before(other, run)):
+            ahead += 1
+    if ahead < policy.max_concurrent_runs:
+        return True
+    _wait(ctl, run, decision, Reason.QUEUED,
+          f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
+          f"this one starts when a slot frees ({ahead} ahead of it)")
+    return False
+
+
+def _created_before(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    order = lambda r: (r["metadata"].get("creationTimestamp") or "", r["metadata"]["name"])  # noqa: E731
+    return order(a) < order(b)
+
+
+def _wait(ctl: core.Controller, run: Mapping[str, Any], decision: Decision, reason: str, message: str) -> None:
+    """Pending with the decision recorded; written only when something changed (the tick comes back often)."""
+    status = run.get("status") or {}
+    if status.get("reason") == reason and status.get("message") == message and status.get("decision"):
+        return
+    ctl.write_status(run, waiting_status(run, decision, reason, message, ctl.now()))
+    if status.get("reason") != reason:
+        ctl.event(run, "Normal", reason, message)
+
+
+def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+           key: str | None) -> None:
+    meta = run["metadata"]
     conflict = _ensure_namespace_default_deny(ctl, meta["namespace"])
     configmap = build_input_configmap(run, spec, decision)
     pod = build_pod(run, decision, configmap["metadata"]["name"])
     try:
-        for child in (configmap, build_network_policy(run), pod):
+        for child in (configmap, build_network_policy(run, decision.policy.egress), pod):
             conflict = conflict or not_ours(ctl.api.create_or_get(child), meta["uid"], child)
             if conflict:
                 break
@@ -64,7 +143,8 @@ def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
         return
     now = ctl.now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
-    status["metrics"] = {"queueMillis": millis_between(created_at(run), now)}
+    status["metrics"] = {**((run.get("status") or {}).get("metrics") or {}),
+                         "queueMillis": millis_between(created_at(run), now)}
     if key:
         status["cacheKey"] = key
     if ctl.write_status(run, status) is not None:

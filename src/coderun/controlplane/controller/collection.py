@@ -54,7 +54,7 @@ def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
         return
     started = parse_time(status.get("startTime")) or ctl.now()
     from .admission import decide
-    _, decision = decide(run)
+    _, decision = decide(run, ctl.store.policies(ns))
     deadline = (decision.policy if isinstance(decision, Decision) else DEFAULT_POLICY).start_deadline_seconds
     verdict = never_fits(pod, [n.get("status", {}).get("allocatable") or {} for n in ctl.api.nodes()]) \
         if unschedulable(pod) else None
@@ -69,7 +69,7 @@ def collect(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
     from .admission import decide
     meta, status = run["metadata"], run.get("status") or {}
     ns, pod_name = meta["namespace"], pod["metadata"]["name"]
-    spec, decision = decide(run)
+    spec, decision = decide(run, ctl.store.policies(ns))
     policy = decision.policy if isinstance(decision, Decision) else None
     state = terminated(pod)
     effective = status.get("effectiveLimits")

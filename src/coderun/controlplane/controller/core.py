@@ -48,6 +48,9 @@ class Controller:
         self._failures: dict[str, int] = {}
         # image (as the policy names it) -> sha256 digest the kubelet last reported for it on a sandbox pod
         self.seen_digests: dict[str, str] = {}
+        self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        # namespaces where a run finished: their queued runs are looked at once no run lock is held
+        self._freed: set[str] = set()
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -66,6 +69,25 @@ class Controller:
         uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
         if uid is not None:
             self.reconcile(uid, pod_event_deleted=deleted)
+
+    def on_policy(self, policy: Mapping[str, Any], deleted: bool) -> None:
+        """Keep the namespace's policies current; runs already admitted keep the decision they recorded."""
+        meta = policy["metadata"]
+        if deleted:
+            self.store.forget_policy(meta["namespace"], meta["name"])
+            return
+        from ..policy import InvalidPolicyMark
+        from ..policy.load import InvalidPolicy, policy_from_object
+        try:
+            loaded = policy_from_object(policy)
+        except InvalidPolicy as e:
+            log.warning("policy %s/%s cannot be applied: %s", meta["namespace"], meta["name"], e)
+            loaded = InvalidPolicyMark(str(e))
+        self.store.put_policy(meta["namespace"], meta["name"], loaded)
+
+    def namespace_lock(self, namespace: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._namespace_locks[namespace]
 
     def tick(self) -> None:
         """Level-based pass (every few seconds): deadlines of unfinished runs, retries, due expiries."""
@@ -88,6 +110,24 @@ class Controller:
             run = self.store.run(uid)
             if run is not None:
                 self._guarded(uid, run, lambda: self._reconcile(run, pod_event_deleted))
+        self._start_queued()
+
+    def _start_queued(self) -> None:
+        """A run finished: queued runs of its namespace may start now, oldest first (not under any run lock,
+        so two finishing runs never wait on each other)."""
+        while self._freed:
+            try:
+                namespace = self._freed.pop()
+            except KeyError:
+                return
+            waiting = [r for r in self.store.unfinished_in(namespace)
+                       if (r.get("status") or {}).get("reason") == Reason.QUEUED]
+            for run in sorted(waiting, key=lambda r: (r["metadata"].get("creationTimestamp") or "",
+                                                       r["metadata"]["name"])):
+                with self._lock(run["metadata"]["uid"]):
+                    current = self.store.run(run["metadata"]["uid"])
+                    if current is not None and not is_terminal(current):
+                        self._guarded(run["metadata"]["uid"], current, lambda: self._reconcile(current, False))
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
@@ -156,6 +196,7 @@ class Controller:
         written = self.write_status(run, terminal_status(run, outcome, self.now()))
         if written is None:
             return None
+        self._freed.add(meta["namespace"])
         self.event(run, "Normal" if outcome.phase == Phase.SUCCEEDED else "Warning", outcome.reason,
                    written.get("message") or outcome.message)
         metrics.observe_finished(written, metrics.language_label((run.get("spec") or {}).get("language")))

@@ -39,6 +39,8 @@ class Store:
         self._pods: dict[str, dict[str, Any]] = {}  # by the owning run's uid
         self._expiries: list[tuple[datetime, str]] = []
         self._scheduled: set[str] = set()
+        # namespace -> CodeRunPolicy name -> Policy, or InvalidPolicyMark for one that cannot be applied
+        self._policies: dict[str, dict[str, Any]] = {}
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,6 +67,11 @@ class Store:
         with self._lock:
             return [uid for uid, run in self._runs.items() if not is_terminal(run)]
 
+    def unfinished_in(self, namespace: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r for r in self._runs.values()
+                    if r["metadata"].get("namespace") == namespace and not is_terminal(r)]
+
     def active_count(self) -> int:
         with self._lock:
             return sum(1 for run in self._runs.values() if not is_terminal(run))
@@ -75,6 +82,19 @@ class Store:
             found = [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
                      and (r.get("status") or {}).get("cacheKey") == cache_key and is_terminal(r)]
         return iter(found)
+
+    # ---- policies
+    def put_policy(self, namespace: str, name: str, policy: Any) -> None:
+        with self._lock:
+            self._policies.setdefault(namespace, {})[name] = policy
+
+    def forget_policy(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._policies.get(namespace, {}).pop(name, None)
+
+    def policies(self, namespace: str) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._policies.get(namespace, {}))
 
     # ---- pods
     def put_pod(self, pod: Mapping[str, Any]) -> str | None:

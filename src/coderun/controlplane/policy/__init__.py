@@ -1,6 +1,8 @@
 """Pure policy evaluation: which runtime a run gets, with which limits, or why it is refused."""
 from coderun.api.models import ResourceLimits
-from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy, Runtime
-from .evaluate import evaluate, select_policy
+from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy, decision_from_record
+from coderun.api.models import Runtime
+from .evaluate import InvalidPolicyMark, evaluate, first_above, select_policy
 
-__all__ = ["DEFAULT_POLICY", "Decision", "Denial", "Policy", "ResourceLimits", "Runtime", "evaluate", "select_policy"]
+__all__ = ["DEFAULT_POLICY", "Decision", "Denial", "InvalidPolicyMark", "Policy", "ResourceLimits", "Runtime",
+           "decision_from_record", "evaluate", "first_above", "select_policy"]

@@ -87,11 +87,28 @@ def accepted_status(run: Mapping[str, Any], decision: Decision, pod_name: str, i
     return {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
         "message": f"sandbox pod {pod_name} created; waiting for it to start",
-        "podName": pod_name, "image": image, "codeHash": hash_, "runtimeClass": decision.policy.runtime_class,
-        "policy": decision.policy.name,
-        "effectiveLimits": decision.limits.model_dump(by_alias=True),
+        "podName": pod_name, "image": image, "codeHash": hash_, **decision_fields(decision),
         "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": conditions,
     }
+
+
+def decision_fields(decision: Decision) -> dict[str, Any]:
+    """The policy's decision as the status records it: who decided, and exactly what."""
+    return {"policy": decision.policy.name, "policyDigest": decision.policy.digest,
+            "runtimeClass": decision.runtime.runtime_class_name,
+            "effectiveLimits": decision.limits.model_dump(by_alias=True),
+            "decision": decision.record().model_dump(by_alias=True, exclude_none=True)}
+
+
+def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
+                   now: datetime) -> dict[str, Any]:
+    """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
+    conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
+                               Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
+                               _generation(run), now)
+    metrics = {**((run.get("status") or {}).get("metrics") or {})}
+    return {"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
+            "observedGeneration": _generation(run), "conditions": conditions, "metrics": metrics or None}
 
 
 def running_status(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:

@@ -1,0 +1,195 @@
+"""CodeRunPolicy on the real cluster: selection, code rules, maximums, the concurrency queue, approval, egress."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import datetime
+
+import pytest
+
+from conftest import wait_for
+
+GROUP, VERSION, POLICIES = "coderun.io", "v1alpha1", "coderunpolicies"
+
+
+def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": spec}
+    try:
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, body)
+    except Exception:  # noqa: BLE001 - exists: replace it
+        current = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, name)
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        cluster.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, name, body)
+    time.sleep(1)  # the operator's watch delivers it; runs created after this see it
+
+
+def status_of(run: dict) -> dict:
+    return run.get("status") or {}
+
+
+def test_a_namespace_default_policy_applies_and_is_recorded(operator, namespace):
+    apply_policy(operator, namespace, "default", {"defaults": {"timeoutSeconds": 7, "memory": "200Mi"}})
+    run = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": "print(1)"}))
+    status = status_of(run)
+    assert status["phase"] == "Succeeded", status
+    assert status["policy"] == "default" and status["policyDigest"].startswith("sha256:")
+    assert status["effectiveLimits"]["timeoutSeconds"] == 7 and status["effectiveLimits"]["memory"] == "200Mi"
+    assert status["decision"]["policy"] == "default" and status["decision"]["runtime"]["language"] == "python"
+
+
+def test_a_denied_import_is_rejected_naming_the_rule_and_the_line(operator, namespace):
+    apply_policy(operator, namespace, "strict", {"codeRules": {"deniedPythonImports": ["socket", "subprocess"],
+                                                               "deniedPythonCalls": ["eval"]}})
+    code = "import json\n# import socket is fine in a comment\nfrom subprocess import run as r\n"
+    run = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": code,
+                                                                       "policyRef": "strict"}))
+    status = status_of(run)
+    assert (status["phase"], status["reason"]) == ("Rejected", "PolicyDenied"), status
+    assert status["policyRule"] == "codeRules.deniedPythonImports"
+    assert "line 3" in status["message"] and "'subprocess'" in status["message"] and "strict" in status["message"]
+    assert "podName" not in status
+    call = operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": "x = 1\nprint(eval('x'))\n", "policyRef": "strict"}))
+    assert status_of(call)["policyRule"] == "codeRules.deniedPythonCalls" and "line 2" in status_of(call)["message"]
+
+
+def test_limits_over_the_policy_maximum_are_refused_naming_field_value_and_maximum(operator, namespace):
+    apply_policy(operator, namespace, "small", {"defaults": {"memory": "64Mi"},
+                                                "maximums": {"memory": "128Mi", "timeoutSeconds": 10}})
+    run = operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": "print(1)", "policyRef": "small", "limits": {"memory": "512Mi"}}))
+    status = status_of(run)
+    assert (status["phase"], status["reason"], status["policyRule"]) == ("Rejected", "PolicyDenied",
+                                                                         "maximums.memory"), status
+    assert "spec.limits.memory=512Mi" in status["message"] and "128Mi" in status["message"]
+
+
+def test_a_missing_or_invalid_policy_refuses_the_run_saying_why(operator, namespace):
+    run = operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": "print(1)", "policyRef": "nope"}))
+    assert status_of(run)["reason"] == "PolicyDenied" and "'nope' does not exist" in status_of(run)["message"]
+    apply_policy(operator, namespace, "broken", {"redactionPatterns": ["(?<=secret)x"]})  # look-behind: not RE2
+    run = operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": "print(1)", "policyRef": "broken"}))
+    assert "spec.redactionPatterns[0]" in status_of(run)["message"], status_of(run)
+
+
+def test_kubectl_apply_refuses_a_malformed_policy_naming_the_field(operator, namespace):
+    manifest = ("apiVersion: coderun.io/v1alpha1\nkind: CodeRunPolicy\nmetadata: {name: bad}\n"
+                "spec:\n  runtimes:\n  - {language: python, image: x, command: [python3], codeFile: main.py,"
+                " runtimeClassName: runc}\n")
+    result = operator.kubectl("apply", "-n", namespace, "-f", "-", input=manifest, check=False)
+    assert result.returncode != 0 and "allowUnsandboxedRuntime" in result.stderr, result.stderr
+    result = operator.kubectl("apply", "-n", namespace, "-f", "-", check=False, input=(
+        "apiVersion: coderun.io/v1alpha1\nkind: CodeRunPolicy\nmetadata: {name: bad}\n"
+        "spec: {maxConcurrentRuns: 0, egress: [{cidr: 'not-a-cidr'}]}\n"))
+    assert result.returncode != 0 and "maxConcurrentRuns" in result.stderr and "cidr" in result.stderr, result.stderr
+
+
+def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(operator, namespace):
+    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3})
+    names = [f"q-{i:02d}" for i in range(20)]
+    for name in names:  # one by one: the creation order is the names' order
+        operator.create_run(namespace, {"language": "python", "code": "import time\ntime.sleep(1.5)\nprint('ok')"},
+                            name=name)
+    # A policy changed while runs wait does not change what they were admitted with.
+    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"memory": "300Mi"}})
+    runs = [operator.wait_run(namespace, name, timeout=240) for name in names]
+    statuses = [status_of(r) for r in runs]
+    assert all(s["phase"] == "Succeeded" for s in statuses), [(s.get("reason"), s.get("message")) for s in statuses]
+    started = [datetime.fromisoformat(s["startTime"].replace("Z", "+00:00")) for s in statuses]
+    finished = [datetime.fromisoformat(s["completionTime"].replace("Z", "+00:00")) for s in statuses]
+    for moment in started:
+        overlapping = [n for n, a, b in zip(names, started, finished) if a <= moment < b]
+        assert len(overlapping) <= 3, (f"{overlapping} had a sandbox at once",
+                                       [(n, s["startTime"], s["completionTime"]) for n, s in zip(names, statuses)])
+    # Runs that waited start in creation order as slots free up (the first few may take their slots in the
+    # order the burst's events reached the operator).
+    first_free = min(finished)
+    from_queue = [(n, a) for n, a in zip(names, started) if a >= first_free]
+    assert len(from_queue) >= 10 and [a for _, a in from_queue] == sorted(a for _, a in from_queue), from_queue
+    queued = [s for s in statuses if (s.get("metrics") or {}).get("queueMillis", 0) > 1000]
+    assert len(queued) >= 10, "the burst never queued"
+    assert len({s["policyDigest"] for s in statuses[:3]}) == 1
+    early = statuses[5]  # queued before the change: its recorded decision stands
+    assert early["effectiveLimits"]["memory"] == "256Mi", early["effectiveLimits"]
+
+
+@pytest.mark.parametrize("verdict", ["approved-by", "rejected-by"])
+def test_a_run_that_needs_approval_waits_then_follows_the_annotation(operator, namespace, verdict):
+    apply_policy(operator, namespace, "supervised", {"approval": {"required": "Always"}})
+    name = operator.create_run(namespace, {"language": "python", "code": "print('approved')",
+                                           "policyRef": "supervised"})
+    wait_for(lambda: status_of(operator.get_run(namespace, name)).get("reason") == "AwaitingApproval", 30,
+             "the run to wait for approval")
+    time.sleep(2)
+    assert status_of(operator.get_run(namespace, name)).get("podName") is None  # nothing ran meanwhile
+    operator.kubectl("annotate", "crun", name, "-n", namespace, f"coderun.io/{verdict}=alice")
+    status = status_of(operator.wait_run(namespace, name))
+    if verdict == "approved-by":
+        assert (status["phase"], status["stdout"]) == ("Succeeded", "approved\n"), status
+    else:
+        assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover"), status
+        assert "alice" in status["message"] and not status.get("podName")
+
+
+class Listeners:
+    """Two TCP listeners on the node: one a policy allows, one it does not."""
+
+    def __init__(self, host: str):
+        self.sockets = [socket.create_server((host, 0)) for _ in range(2)]
+        self.peers: list[tuple[int, str]] = []
+        for s in self.sockets:
+            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
+
+    def port(self, i: int) -> int:
+        return self.sockets[i].getsockname()[1]
+
+    def _serve(self, s: socket.socket) -> None:
+        while True:
+            try:
+                conn, peer = s.accept()
+            except OSError:
+                return
+            self.peers.append((s.getsockname()[1], peer[0]))
+            conn.sendall(b"hello")
+            conn.close()
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+EGRESS_PROBE = """
+import socket
+def tcp(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=2) as c:
+            return c.recv(5).decode()
+    except OSError as e:
+        return type(e).__name__
+print(tcp({node!r}, {allowed}), tcp({node!r}, {other}), tcp("169.254.169.254", 80), tcp("2001:db8::1", {allowed}))
+"""
+
+
+def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
+    node = operator.node_ip()
+    listeners = Listeners(node)
+    try:
+        apply_policy(operator, namespace, "egress", {"egress": [
+            {"cidr": f"{node}/32", "ports": [{"port": listeners.port(0)}]}, {"cidr": "2001:db8::/32"}]})
+        code = EGRESS_PROBE.format(node=node, allowed=listeners.port(0), other=listeners.port(1))
+        run = operator.wait_run(namespace, operator.create_run(namespace, {
+            "language": "python", "code": code, "policyRef": "egress", "limits": {"timeoutSeconds": 20}}))
+        status = status_of(run)
+        reached, other, metadata, ipv6 = status["stdout"].split()
+        assert reached == "hello", status
+        assert other != "hello" and metadata != "hello" and ipv6 != "hello", status
+        assert {port for port, _ in listeners.peers} == {listeners.port(0)}, listeners.peers
+    finally:
+        listeners.close()
+    # Without the policy, the same program reaches nothing.
+    run = operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": code, "limits": {"timeoutSeconds": 20}}))
+    assert "hello" not in status_of(run)["stdout"], status_of(run)

@@ -1,0 +1,116 @@
+"""The CodeRunPolicy API: what a platform team lets agents run, as YAML in git (policies/ has bundles).
+
+Like CodeRun, the pydantic models are the one source of the CRD schema. The schema and its CEL rules refuse
+a malformed policy at `kubectl apply`, naming the field; `policy_from_spec` adds what CEL cannot check (an
+RE2 pattern that does not compile, defaults above maximums) and says what to change.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from .models import (LANGUAGE_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressRule, Limits, ResourceLimits,
+                     Runtime, _cel)
+
+POLICY_KIND = "CodeRunPolicy"
+POLICY_PLURAL = "coderunpolicies"
+POLICY_SHORT_NAME = "crpol"
+# The policy a namespace gets without spec.policyRef.
+NAMESPACE_DEFAULT_POLICY = "default"
+
+ADMISSION_ENFORCE = "Enforce"
+ADMISSION_RECORD = "Record"
+APPROVAL_NEVER, APPROVAL_ALWAYS, APPROVAL_WITH_EGRESS = "Never", "Always", "WithEgress"
+
+
+class DeniedPattern(ApiModel):
+    """A pattern that code in one language must not contain (RE2 syntax, matched per line)."""
+    language: str = Field(pattern=LANGUAGE_PATTERN, description="The language it applies to, e.g. javascript.")
+    pattern: str = Field(min_length=1, max_length=512, description="An RE2 regular expression, e.g. child_process.")
+    message: str | None = Field(None, max_length=256, description="Why it is denied, shown to the caller.")
+
+
+class CodeRules(ApiModel):
+    """Static checks of the submitted code before anything runs. They are a policy aid (a clear, early "no"),
+    not the security boundary: the sandbox is. Python is checked with its own parser (ast), not text matching."""
+    denied_python_imports: list[str] | None = Field(None, max_length=256, description=(
+        "Modules Python code may not import; a module denies its submodules too (socket, ctypes, os.path)."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 128, "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*$"}})
+    denied_python_calls: list[str] | None = Field(None, max_length=256, description=(
+        "Calls Python code may not make, by dotted name as written or through an import alias: eval, "
+        "os.system, subprocess.Popen."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 128, "pattern": r"^[A-Za-z_][A-Za-z0-9_.]*$"}})
+    denied_patterns: list[DeniedPattern] | None = Field(None, max_length=256, description=(
+        "Patterns denied in other languages' code (and in Python's, if listed for python)."))
+
+
+class Approval(ApiModel):
+    """The supervisor pattern: a run waits as Pending/AwaitingApproval until someone allowed by RBAC to annotate
+    CodeRuns sets coderun.io/approved-by (or coderun.io/rejected-by)."""
+    required: str = Field(APPROVAL_NEVER, pattern=r"^(Never|Always|WithEgress)$", description=(
+        "Never, Always, or WithEgress (only runs of a policy that allows egress)."))
+
+
+class CodeRunPolicySpec(ApiModel):
+    """Runtimes, limits, code rules, redaction, egress, concurrency and approval for the runs that select it."""
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("!has(self.egress) || self.egress.all(e, isCIDR(e.cidr))",
+             "every egress cidr must be a CIDR such as 10.0.0.5/32 or 2001:db8::/64", ".egress"),
+        _cel("!has(self.runtimes) || (has(self.allowUnsandboxedRuntime) && self.allowUnsandboxedRuntime) || "
+             "!self.runtimes.exists(r, has(r.runtimeClassName) && r.runtimeClassName in "
+             f"{list(UNSANDBOXED_RUNTIME_CLASSES)})",
+             "runtimeClassName runc runs generated code without a sandbox: set allowUnsandboxedRuntime: true "
+             "only if you mean it", ".runtimes"),
+    ]})
+    description: str | None = Field(None, max_length=1024, description="What this policy is for.")
+    runtimes: list[Runtime] | None = Field(None, max_length=32, description=(
+        "The languages offered, each once; unset means the built-in ones (python, javascript)."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["language"]})
+    defaults: Limits | None = Field(None, description="Limits a run gets when it does not ask; unset fields "
+                                                      "take the built-in defaults.")
+    maximums: Limits | None = Field(None, description="The most a run may ask for; above it a run is refused "
+                                                      "naming the field, the value and the maximum.")
+    max_processes: int | None = Field(None, ge=8, le=4096, description="Processes a program may have at once.")
+    max_inodes: int | None = Field(None, ge=64, le=1048576, description="Files and directories under /tmp.")
+    code_rules: CodeRules | None = None
+    redaction_patterns: list[str] | None = Field(None, max_length=64, description=(
+        "RE2 patterns redacted from output, errors and artifact names, besides the built-in secret patterns."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 512}})
+    egress: list[EgressRule] | None = Field(None, max_length=64, description=(
+        "Destinations runs may reach. None by default: a sandbox reaches no network at all."))
+    max_concurrent_runs: int | None = Field(None, ge=1, le=10000, description=(
+        "Runs of this policy with a sandbox at once in the namespace; the rest wait as Pending/Queued and "
+        "start in creation order."))
+    approval: Approval | None = None
+    admission: str = Field(ADMISSION_ENFORCE, pattern=r"^(Enforce|Record)$", description=(
+        "Enforce: the validating webhook refuses a denied run at kubectl apply. Record: the run is created and "
+        "ends Rejected in its status. Either way the operator records the denial."))
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
+        "Default time a finished run is kept."))
+    allow_unsandboxed_runtime: bool = Field(False, description=(
+        "Allow runtimeClassName runc: generated code then runs on the host kernel. For trusted code only."))
+
+
+class CodeRunPolicy(ApiModel):
+    """A policy for CodeRuns in its namespace: which languages, how much, what code, which network."""
+    model_config = ConfigDict(extra="ignore")
+    api_version: str = "coderun.io/v1alpha1"
+    kind: str = POLICY_KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: CodeRunPolicySpec
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """sha256 of the spec as stored (canonical JSON): what an audit compares."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def merged_limits(base: ResourceLimits, override: Limits | None) -> ResourceLimits:
+    """The built-in limits with a policy's fields on top."""
+    if override is None:
+        return base
+    return base.model_copy(update={k: v for k, v in override.model_dump().items() if v is not None})

@@ -1,0 +1,42 @@
+"""A CodeRunPolicy object as policy data, or a message that names the field to fix."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from coderun.api.coderunpolicy import CodeRunPolicySpec
+from coderun.api.policy import Policy, policy_from_spec
+from ..results.redact import InvalidPattern, compile_pattern
+from .evaluate import first_above
+
+
+class InvalidPolicy(ValueError):
+    """The policy cannot be applied; the message names the field and what to change."""
+
+
+def policy_from_object(obj: Mapping[str, Any]) -> Policy:
+    """The policy a CodeRunPolicy object describes; InvalidPolicy if it is malformed in a way the CRD schema
+    cannot see (an RE2 pattern that does not compile, a default above its maximum)."""
+    name = (obj.get("metadata") or {}).get("name") or "?"
+    raw = obj.get("spec") or {}
+    try:
+        spec = CodeRunPolicySpec.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InvalidPolicy(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    patterns = [(f"spec.redactionPatterns[{i}]", p) for i, p in enumerate(spec.redaction_patterns or ())]
+    rules = spec.code_rules.denied_patterns if spec.code_rules and spec.code_rules.denied_patterns else ()
+    patterns += [(f"spec.codeRules.deniedPatterns[{i}].pattern", r.pattern) for i, r in enumerate(rules)]
+    for where, pattern in patterns:
+        try:
+            compile_pattern(pattern)
+        except InvalidPattern as e:
+            raise InvalidPolicy(f"{where}: {e}; use RE2 syntax (no look-around, no back-references)") from None
+    policy = policy_from_spec(name, raw, spec)
+    above = first_above(policy.defaults, policy.maximums)
+    if above:
+        wire, value, maximum = above
+        raise InvalidPolicy(f"spec.defaults.{wire}={value} is above the maximum {maximum}; lower "
+                            f"spec.defaults.{wire} or raise spec.maximums.{wire}")
+    return policy
