@@ -12,7 +12,8 @@ running() { [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null; }
 start() {
   running && return 0
   mkdir -p "$(dirname "$PID_FILE")" "$(dirname "$LOG")"
-  setsid "$repo/.venv/bin/coderun-operator" --verbose >>"$LOG" 2>&1 </dev/null &
+  # The validating webhook on the host, where the local API server reaches it.
+  CODERUN_WEBHOOK_PORT=${CODERUN_WEBHOOK_PORT:-9443} setsid "$repo/.venv/bin/coderun-operator" --verbose >>"$LOG" 2>&1 </dev/null &
   echo $! > "$PID_FILE"
   # Ready when the liveness endpoint answers: kopf has started its watches and handlers.
   for _ in $(seq 150); do

@@ -1,6 +1,7 @@
 """CodeRunPolicy on the real cluster: selection, code rules, maximums, the concurrency queue, approval, egress."""
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -8,7 +9,9 @@ from datetime import datetime
 
 import pytest
 
-from conftest import wait_for
+from coderun.api.models import CodeRunSpec
+from coderun.client import CodeRunClient, PolicyDenied
+from conftest import KUBECONFIG, wait_for
 
 GROUP, VERSION, POLICIES = "coderun.io", "v1alpha1", "coderunpolicies"
 
@@ -39,7 +42,8 @@ def test_a_namespace_default_policy_applies_and_is_recorded(operator, namespace)
 
 
 def test_a_denied_import_is_rejected_naming_the_rule_and_the_line(operator, namespace):
-    apply_policy(operator, namespace, "strict", {"codeRules": {"deniedPythonImports": ["socket", "subprocess"],
+    apply_policy(operator, namespace, "strict", {"admission": "Record",  # created, then Rejected in its status
+                                                 "codeRules": {"deniedPythonImports": ["socket", "subprocess"],
                                                                "deniedPythonCalls": ["eval"]}})
     code = "import json\n# import socket is fine in a comment\nfrom subprocess import run as r\n"
     run = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": code,
@@ -55,7 +59,7 @@ def test_a_denied_import_is_rejected_naming_the_rule_and_the_line(operator, name
 
 
 def test_limits_over_the_policy_maximum_are_refused_naming_field_value_and_maximum(operator, namespace):
-    apply_policy(operator, namespace, "small", {"defaults": {"memory": "64Mi"},
+    apply_policy(operator, namespace, "small", {"defaults": {"memory": "64Mi"}, "admission": "Record",
                                                 "maximums": {"memory": "128Mi", "timeoutSeconds": 10}})
     run = operator.wait_run(namespace, operator.create_run(namespace, {
         "language": "python", "code": "print(1)", "policyRef": "small", "limits": {"memory": "512Mi"}}))
@@ -65,17 +69,36 @@ def test_limits_over_the_policy_maximum_are_refused_naming_field_value_and_maxim
     assert "spec.limits.memory=512Mi" in status["message"] and "128Mi" in status["message"]
 
 
-def test_a_missing_or_invalid_policy_refuses_the_run_saying_why(operator, namespace):
-    run = operator.wait_run(namespace, operator.create_run(namespace, {
-        "language": "python", "code": "print(1)", "policyRef": "nope"}))
-    assert status_of(run)["reason"] == "PolicyDenied" and "'nope' does not exist" in status_of(run)["message"]
-    apply_policy(operator, namespace, "broken", {"redactionPatterns": ["(?<=secret)x"]})  # look-behind: not RE2
-    run = operator.wait_run(namespace, operator.create_run(namespace, {
-        "language": "python", "code": "print(1)", "policyRef": "broken"}))
-    assert "spec.redactionPatterns[0]" in status_of(run)["message"], status_of(run)
+def run_manifest(name: str, spec: dict) -> str:
+    return json.dumps({"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": name},
+                       "spec": spec})
+
+
+def test_in_enforce_mode_kubectl_apply_itself_fails_with_the_policys_message(operator, namespace):
+    apply_policy(operator, namespace, "strict", {"codeRules": {"deniedPythonImports": ["socket"]},
+                                                 "maximums": {"memory": "512Mi"}})
+    cases = [({"code": "import json\nimport socket\n"}, "line 2: the code imports 'socket'"),
+             ({"code": "print(1)", "limits": {"memory": "1Gi"}}, "spec.limits.memory=1Gi is above the maximum 512Mi"),
+             ({"code": "print(1)", "policyRef": "nope"}, "'nope' does not exist")]
+    for i, (fields, says) in enumerate(cases):
+        spec = {"language": "python", "policyRef": "strict", **fields}
+        result = operator.kubectl("apply", "-n", namespace, "-f", "-", input=run_manifest(f"refused-{i}", spec),
+                                  check=False)
+        assert result.returncode != 0 and "denied the request" in result.stderr and says in result.stderr, \
+            result.stderr
+    assert not operator.run_names(namespace)  # nothing was created
+    client = CodeRunClient(namespace, kubeconfig=str(KUBECONFIG))
+    with pytest.raises(PolicyDenied) as denied:  # the SDK says the same, typed
+        client.create(CodeRunSpec(language="python", code="import socket\n", policy_ref="strict"))
+    assert denied.value.rule == "codeRules.deniedPythonImports" and denied.value.result is None
+    assert client.runtimes(policy="strict")[0].policy == "strict"
 
 
 def test_kubectl_apply_refuses_a_malformed_policy_naming_the_field(operator, namespace):
+    result = operator.kubectl("apply", "-n", namespace, "-f", "-", check=False, input=(
+        "apiVersion: coderun.io/v1alpha1\nkind: CodeRunPolicy\nmetadata: {name: bad}\n"
+        "spec: {redactionPatterns: ['(?<=secret)x']}\n"))  # look-behind: not RE2, which only the webhook knows
+    assert result.returncode != 0 and "spec.redactionPatterns[0]" in result.stderr, result.stderr
     manifest = ("apiVersion: coderun.io/v1alpha1\nkind: CodeRunPolicy\nmetadata: {name: bad}\n"
                 "spec:\n  runtimes:\n  - {language: python, image: x, command: [python3], codeFile: main.py,"
                 " runtimeClassName: runc}\n")

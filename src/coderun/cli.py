@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from .api.models import Limits
 from .api.reasons import Reason
-from .client import CodeRunClient, CodeRunError, RunRequest, RunResult, RunTimeout, file_input
+from .client import CodeRunClient, CodeRunError, PolicyDenied, RunRequest, RunResult, RunTimeout, file_input
 from .client.errors import describe_invalid
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
@@ -181,7 +181,11 @@ class Progress:
 def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
     request = build_request(args)
     limits = Limits(memory=args.memory, cpu=args.cpu)
-    created = client.create(request.to_spec(limits), labels=parse_labels(args.label))
+    try:
+        created = client.create(request.to_spec(limits), labels=parse_labels(args.label))
+    except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
+        print(f"coderun: rejected (PolicyDenied, policy rule {e.rule}): {e.message}", file=sys.stderr)
+        return EXIT_REJECTED
     try:
         with Progress(sys.stderr, created.name) as progress:
             wait_timeout = args.wait_timeout or default_wait_seconds(request.timeout)

@@ -45,6 +45,8 @@ async def call_tool(client: AsyncCodeRunClient, name: str, arguments: dict[str, 
     try:
         result = await client.submit(request)
     except RunRejected as e:
+        if e.result is None:  # refused at creation by the namespace's policy: no run exists
+            return f"refused by policy ({e.rule}): {e.message}", True
         return render_result(e.result), True
     except RunTimeout as e:
         return f"the run did not finish in time: {e}", True

@@ -134,3 +134,14 @@ def test_the_sdk_cli_and_tools_import_without_kopf_mcp_or_openai():
                            "assert not [m for m in sys.modules if m.startswith('coderun.controlplane')]"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr  # nor the control plane: the layout's line between the two
+
+
+def test_a_refusal_by_the_policy_webhook_is_policy_denied_with_rule_and_message():
+    from coderun.client.waiting import refuse
+    detail = ('admission webhook "validate-run.validate.coderun.io" denied the request: line 2: the code imports '
+              "'socket', which policy 'strict' denies (codeRules.deniedPythonImports); change the code "
+              "[codeRules.deniedPythonImports]")
+    error = refuse("create CodeRun", 403, detail)
+    assert isinstance(error, PolicyDenied) and error.result is None and error.status == 403
+    assert error.rule == "codeRules.deniedPythonImports" and error.message.startswith("line 2: the code imports")
+    assert not error.message.endswith("]")

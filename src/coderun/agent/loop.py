@@ -158,16 +158,18 @@ class Agent:
                                                     f"{self.config.execution_budget_seconds:.0f}s on runs")
         self.breaker.check()
         started = self.clock()
-        result, problem = None, None
+        result, problem, refused = None, None, False
         try:
             result = self.runner.submit(request, wait_timeout=remaining, labels={"coderun.io/agent": "reference"})
         except RunRejected as e:
             result = e.result
+            if result is None:  # refused at creation: the message says what to change, as a Rejected status would
+                problem, refused = f"the policy refused the run ({e.rule}): {e.message}", True
         except (RunTimeout, CodeRunError) as e:
             problem = f"the sandbox did not deliver a result ({e})"
         seconds = self.clock() - started
         outcome.execution_seconds += seconds
-        if problem or (result and result.infrastructure_failure):
+        if (problem and not refused) or (result and result.infrastructure_failure):
             self.breaker.record_failure()
         else:
             self.breaker.record_success()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .coderunpolicy import (ADMISSION_ENFORCE, APPROVAL_ALWAYS, APPROVAL_NEVER, APPROVAL_WITH_EGRESS, CodeRules,
-                            CodeRunPolicySpec, merged_limits, spec_digest)
+from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
+                            APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, merged_limits, spec_digest)
 from .models import DecisionRecord, EgressRule, ResourceLimits, Runtime
 
 
@@ -74,7 +74,8 @@ class Denial:
 SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
 
 # The built-in policy, for namespaces without a CodeRunPolicy: the baseline limits of the design, the caller may
-# ask for less or for more up to the maximums.
+# ask for less or for more up to the maximums. It records its refusals in the run's status (a typed Rejected
+# result for every client) rather than refusing at creation; a CodeRunPolicy enforces at admission by default.
 DEFAULT_POLICY = Policy(
     name="builtin-default",
     runtimes={
@@ -83,6 +84,7 @@ DEFAULT_POLICY = Policy(
     },
     defaults=ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="1", disk="64Mi", output_bytes=64 * 1024),
     maximums=ResourceLimits(timeout_seconds=300, memory="2Gi", cpu="2", disk="1Gi", output_bytes=256 * 1024),
+    admission=ADMISSION_RECORD,
 )
 
 

@@ -2,6 +2,7 @@
 it is a normal RunResult. Exceptions are for runs that never ran, waits that ran out and API failures."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -40,7 +41,25 @@ class RunRejected(CodeRunError):
 
 class PolicyDenied(RunRejected):
     """The policy refused the run: `rule` names the policy rule (e.g. runtimes, maximums.memory) and
-    `message` says what to change."""
+    `message` says what to change. `result` is the Rejected run, or None when the policy's validating webhook
+    refused it at creation (admission: Enforce) and no CodeRun exists."""
+
+    @classmethod
+    def at_admission(cls, detail: str) -> PolicyDenied:
+        """From the API server's answer: `admission webhook "..." denied the request: <message> [<rule>]`."""
+        text = detail.split(ADMISSION_DENIAL, 1)[-1].strip()
+        rule = re.search(r"\s*\[([A-Za-z0-9_.\[\]-]+)\]\s*$", text)
+        denied = cls.__new__(cls)
+        denied.result, denied.reason = None, "PolicyDenied"
+        denied.rule = rule.group(1) if rule else None
+        message = text[:rule.start()] if rule else text
+        CodeRunError.__init__(denied, f"CodeRun refused at creation (PolicyDenied"
+                              + (f", rule {denied.rule}" if denied.rule else "") + f"): {message}", 403)
+        denied.message = message
+        return denied
+
+
+ADMISSION_DENIAL = "denied the request:"
 
 
 class RunTimeout(CodeRunError):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import CodeRunError, RunNotFound
+from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound
 from .result import is_finished
 
 log = logging.getLogger("coderun.client")
@@ -98,6 +98,8 @@ def is_transient(status: int | None) -> bool:
 
 def refuse(what: str, status: int | None, detail: str) -> CodeRunError:
     """An API refusal as the SDK's error, with what to change when we know it."""
+    if ADMISSION_DENIAL in detail:
+        return PolicyDenied.at_admission(detail)
     hint = {401: "check the kubeconfig credentials",
             403: "the identity lacks RBAC permission on coderuns.coderun.io in this namespace",
             404: "is the CodeRun CRD installed (kubectl get crd coderuns.coderun.io) and the name right?",

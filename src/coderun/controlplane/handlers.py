@@ -13,7 +13,7 @@ import sys
 
 import kopf
 
-from . import metrics
+from . import metrics, webhook
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders import LABEL_MANAGED_BY, LABEL_SANDBOX
@@ -33,6 +33,15 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.watching.server_timeout = 300
     settings.networking.error_backoffs = [1, 2, 5]
     metrics.serve(int(os.environ.get("CODERUN_METRICS_PORT", "9108")), controller.store.active_count)
+    if WEBHOOK_PORT:
+        host = os.environ.get("CODERUN_WEBHOOK_HOST", "127.0.0.1")  # how the API server reaches us
+        certfile, keyfile = os.environ.get("CODERUN_WEBHOOK_CERT"), os.environ.get("CODERUN_WEBHOOK_KEY")
+        if not certfile or not keyfile:
+            certfile, keyfile = webhook.self_signed_certificate([host])
+        settings.admission.server = kopf.WebhookServer(
+            addr=os.environ.get("CODERUN_WEBHOOK_ADDR", host), port=int(WEBHOOK_PORT), host=host,
+            certfile=certfile, pkeyfile=keyfile, cafile=os.environ.get("CODERUN_WEBHOOK_CA", certfile))
+        settings.admission.managed = "validate.coderun.io"
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -48,6 +57,25 @@ def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: "coderun", LABEL_SANDBOX: "true"})
 def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
     controller.on_pod(dict(body), deleted=event["type"] == "DELETED")
+
+
+# The validating webhook (CODERUN_WEBHOOK_PORT set): failurePolicy Ignore by default, because the operator
+# decides again when it admits a run; Fail makes the webhook's availability that of CodeRun creation. kopf
+# registers it with the API server's maximum timeout (30 s): a hung operator delays a create that long.
+WEBHOOK_PORT = os.environ.get("CODERUN_WEBHOOK_PORT")
+IGNORE_WEBHOOK_FAILURES = os.environ.get("CODERUN_WEBHOOK_FAILURE_POLICY", "Ignore") != "Fail"
+if WEBHOOK_PORT:
+    @kopf.on.validate(GROUP, VERSION, PLURAL, operation="CREATE", ignore_failures=IGNORE_WEBHOOK_FAILURES)
+    def validate_run(body: kopf.Body, **_) -> None:
+        refusal = webhook.review_run(dict(body), controller.store)
+        if refusal:
+            raise kopf.AdmissionError(refusal, code=403)
+
+    @kopf.on.validate(GROUP, VERSION, POLICY_PLURAL, ignore_failures=IGNORE_WEBHOOK_FAILURES)
+    def validate_policy(body: kopf.Body, **_) -> None:
+        refusal = webhook.review_policy(dict(body))
+        if refusal:
+            raise kopf.AdmissionError(refusal, code=422)
 
 
 # A plain background loop rather than @kopf.timer: kopf puts a finalizer on every object that has a timer,

@@ -1,0 +1,75 @@
+"""The validating admission webhook: what needs the policy, at `kubectl apply` time.
+
+The CRD schema and its CEL rules stay the first line (types, sizes, paths); the webhook adds what only the
+policy knows. A CodeRun its policy denies is refused with the policy's own message when the policy says
+`admission: Enforce` (under `Record` it is created and ends Rejected in its status), and a malformed
+CodeRunPolicy is refused naming the field. The operator decides again when it admits a run, so a run that
+got past the webhook (it was down, `failurePolicy: Ignore`) still ends with the same verdict, in its status.
+"""
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import tempfile
+from typing import Any, Mapping
+
+from coderun.api.coderunpolicy import ADMISSION_ENFORCE
+from .controller.admission import decide
+from .controller.store import Store
+from .policy import Denial, Policy, select_policy
+from .policy.load import InvalidPolicy, policy_from_object
+
+
+def review_run(run: Mapping[str, Any], store: Store) -> str | None:
+    """The message to refuse a new CodeRun with, or None to let it be created."""
+    namespace = run["metadata"].get("namespace") or ""
+    policies = store.policies(namespace)
+    spec, verdict = decide(run, policies)
+    if not isinstance(verdict, Denial) or spec is None:
+        return None  # allowed, or a spec the CRD schema already refuses with its own message
+    selected = select_policy(spec.policy_ref, policies)
+    if isinstance(selected, Policy) and selected.admission != ADMISSION_ENFORCE:
+        return None  # Record: the run is created and ends Rejected in its status
+    return f"{verdict.message} [{verdict.rule}]"
+
+
+def review_policy(policy: Mapping[str, Any]) -> str | None:
+    try:
+        policy_from_object(policy)
+    except InvalidPolicy as e:
+        return f"CodeRunPolicy {(policy.get('metadata') or {}).get('name')}: {e}"
+    return None
+
+
+def self_signed_certificate(hosts: list[str]) -> tuple[str, str]:
+    """A certificate for the webhook server when none is given (the local cluster); files in a private temp dir.
+    Production passes its own (cert-manager, or the Helm chart's)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    directory = tempfile.mkdtemp(prefix="coderun-webhook-")
+    certfile, keyfile = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
+    with open(certfile, "wb") as out:
+        out.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+        out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption()))
+    return certfile, keyfile
