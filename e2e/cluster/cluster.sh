@@ -341,7 +341,7 @@ node_ready() { curl -fsS http://127.0.0.1:10248/healthz >/dev/null && kubectl ge
 import_images() {
   local name archive imported=$CLUSTER_DIR/containerd/imported
   touch "$imported"
-  for name in pause busybox python; do
+  for name in pause busybox python node; do
     archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
     grep -qxF "$archive" "$imported" && continue
     "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null

@@ -47,7 +47,7 @@ EXIT_CODES_HELP = f"""exit codes of `run`:
   128+N  killed by signal N
   A program's exit code can collide with these; `-o json` shows reason and exitCode."""
 
-LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "node", ".mjs": "node"}
+LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".cjs": "javascript"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
@@ -240,7 +240,7 @@ def cmd_delete(client: CodeRunClient, args: argparse.Namespace) -> int:
 
 
 def cmd_runtimes(client: CodeRunClient, args: argparse.Namespace) -> int:
-    print(render_runtimes(client.runtimes()))
+    print(render_runtimes(client.runtimes(policy=args.policy)))
     return 0
 
 
@@ -294,7 +294,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     listing.add_argument("-A", "--all-namespaces", action="store_true")
     delete = commands.add_parser("delete", parents=[common], help="delete runs")
     delete.add_argument("names", nargs="+", metavar="NAME")
-    commands.add_parser("runtimes", parents=[common], help="list the languages the sandbox offers")
+    runtimes = commands.add_parser("runtimes", parents=[common],
+                                   help="list the languages and limits the namespace's policy offers")
+    runtimes.add_argument("--policy", help="a CodeRunPolicy by name (default: the namespace's `default`, "
+                                           "else the built-in baseline)")
 
     mcp = commands.add_parser("mcp", parents=[common], help="serve the run_code and list_runtimes MCP tools")
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")

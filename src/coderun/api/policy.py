@@ -72,6 +72,7 @@ class Denial:
 
 
 SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
+SANDBOX_NODE_IMAGE = "coderun.local/sandbox-node:v1"
 
 # The built-in policy, for namespaces without a CodeRunPolicy: the baseline limits of the design, the caller may
 # ask for less or for more up to the maximums. It records its refusals in the run's status (a typed Rejected
@@ -81,6 +82,8 @@ DEFAULT_POLICY = Policy(
     runtimes={
         "python": Runtime(language="python", image=SANDBOX_PYTHON_IMAGE,
                           command=["python3", "-u", "main.py"], code_file="main.py"),
+        "javascript": Runtime(language="javascript", image=SANDBOX_NODE_IMAGE, command=["node", "main.js"],
+                              code_file="main.js"),
     },
     defaults=ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="1", disk="64Mi", output_bytes=64 * 1024),
     maximums=ResourceLimits(timeout_seconds=300, memory="2Gi", cpu="2", disk="1Gi", output_bytes=256 * 1024),

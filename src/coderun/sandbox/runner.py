@@ -1126,8 +1126,7 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
         frame = FRAME_LINE.match(line)
         if frame:
             if _names_code_file(frame["file"], code_file):
-                digits = frame["line"]  # the program can print any number here; int() refuses > 4300 digits
-                user_line = int(digits) if len(digits) <= 10 and 0 < int(digits) <= MAX_LINE_NUMBER else None
+                user_line = _line_number(frame["line"])
             continue
         if not line or line[0].isspace():
             continue  # source excerpt, caret markers, blank separators
@@ -1141,6 +1140,64 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
             "line": user_line,
         }
     return None
+
+
+NODE_HEADER = re.compile(r"^(?P<file>.+):(?P<line>\d{1,10})$")
+NODE_CARET = re.compile(r"^\s*\^+\s*$")
+NODE_FRAME = re.compile(r"^\s+at (?:.*\()?(?P<file>[^()\s]+):(?P<line>\d{1,10}):\d+\)?(?: \{)?$")
+NODE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_$][\w$]*)(?: \[[\w$ ]+\])?: ?(?P<message>.*)$")
+NODE_END = re.compile(r"^(Node\.js v\d|\(Use `node )")
+
+
+def parse_node_error(stderr_text: str, code_file: str) -> dict | None:
+    """The uncaught JavaScript error Node printed as {type, message, line}, or None.
+
+    Node prints `<file>:<line>` (the code's, or a Node internal's), the source line and a caret, then
+    `Type: message` (more message lines may follow) and the stack (`    at ...`). `line` is the innermost stack
+    frame in the code file, else the header's line when it names the code file (a SyntaxError has no frame
+    there). A thrown non-Error value has no `Type:`: its type is "Uncaught".
+    """
+    lines = stderr_text.split("\n")
+    carets = [i for i, line in enumerate(lines)
+              if NODE_CARET.match(line) and i >= 2 and NODE_HEADER.match(lines[i - 2])]
+    if not carets:
+        return None
+    header = NODE_HEADER.match(lines[carets[-1] - 2])
+    header_line = _line_number(header["line"]) if _names_code_file(header["file"], code_file) else None
+    body = carets[-1] + 1
+    while body < len(lines) and not lines[body].strip():
+        body += 1
+    if body >= len(lines) or NODE_END.match(lines[body]):
+        return None
+    message_lines, frame_line, in_stack = [], None, False
+    for line in lines[body + 1:]:
+        frame = NODE_FRAME.match(line)
+        if frame or line.startswith("    at "):
+            in_stack = True
+            if frame and frame_line is None and _names_code_file(frame["file"], code_file):
+                frame_line = _line_number(frame["line"])  # the innermost frame in the code
+        elif not line.strip() or NODE_END.match(line):
+            break
+        elif not in_stack:
+            message_lines.append(line)
+    exception = NODE_EXCEPTION.match(lines[body])
+    if exception:
+        type_, message = exception["type"], "\n".join([exception["message"], *message_lines])
+    else:
+        type_, message = "Uncaught", "\n".join([lines[body], *message_lines])
+    return {
+        "type": cap(type_, MAX_ERROR_TYPE_CHARS + REDACTION_MARGIN_CHARS),
+        "message": cap(message.strip(" \t\r\n"), MAX_ERROR_MESSAGE_CHARS + REDACTION_MARGIN_CHARS),
+        "line": frame_line or header_line,
+    }
+
+
+def _line_number(digits: str) -> int | None:
+    """The program can print any number: int() refuses more than 4300 digits, the status wants int32."""
+    return int(digits) if len(digits) <= 10 and 0 < int(digits) <= MAX_LINE_NUMBER else None
+
+
+ERROR_PARSERS = {"python": parse_python_error, "javascript": parse_node_error}
 
 
 # ---------------------------------------------------------------- artifacts
@@ -1283,8 +1340,9 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
                  artifacts: list, skipped: list, unlisted_skipped: int) -> dict:
     reason, exit_code, signal_number = classify(outcome)
     error = None
-    if spec["language"] == "python":
-        error = parse_python_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
+    parse_error = ERROR_PARSERS.get(spec["language"])
+    if parse_error is not None:
+        error = parse_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
     # The operator writes every human message; the frame carries facts (reason, limit, counts) only.
     frame_limit = {"limit": outcome.limit} if outcome.limit else {}
     return {**frame_limit,

@@ -1,0 +1,72 @@
+# coderun.local/sandbox-node:v1 — Debian bookworm minbase with Debian's Node.js, Python 3.11 for the coderun
+# runner (the entrypoint, the same contract as the python image), and nothing else.
+# The versions Debian gave are written to sandbox-images/node/packages.lock.
+IMAGE_REF=coderun.local/sandbox-node:v1
+RECIPE_INPUTS=(src/coderun/sandbox/runner.py)
+MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:65532 --workdir /tmp
+    --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)
+NODE_PACKAGES=(nodejs)
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+# The packages: slow (debootstrap), so build.sh caches them apart from the runner.
+make_base_rootfs() {
+    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm
+    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
+    mkdir -p "$debs"
+    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
+    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
+    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+    "${apt[@]}" update >&2
+    "${apt[@]}" install "${NODE_PACKAGES[@]}" >&2
+    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
+    echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
+    echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
+    chmod 1777 "$rootfs/tmp"
+    slim_rootfs "$rootfs"
+    chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort \
+        >"$REPO/sandbox-images/node/packages.lock"
+    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+}
+
+# The runner on top of the cached packages (the only RECIPE_INPUT), checked by a real run.
+make_rootfs() {
+    local rootfs=$1
+    install -D -m 0644 "$REPO/src/coderun/sandbox/runner.py" "$rootfs/opt/coderun/runner.py"
+    verify_node_rootfs "$rootfs"
+    rm -rf "${rootfs:?}"/dev/*  # the runtime provides these
+}
+
+# The runner runs a JavaScript program that throws, as uid 65532, as it will in the pod: the frame must carry
+# the output and the error's type and line.
+verify_node_rootfs() {
+    local rootfs=$1 check=$1/tmp/verify
+    mkdir -p "$check/in"
+    cat >"$check/in/run.json" <<'JSON'
+{"version": 1, "language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js",
+ "timeoutSeconds": 60, "files": [], "stdinKey": null, "env": {}}
+JSON
+    printf 'console.log([1, 2, 3].reduce((a, b) => a + b));\nthrow new TypeError("boom");\n' >"$check/in/code"
+    chmod -R a+rX "$check" && chown 65532:65532 "$check"
+    local frame
+    frame=$(chroot --userspec=65532:65532 "$rootfs" python3 /opt/coderun/runner.py --input /tmp/verify/in \
+        --work /tmp/verify/work --outputs /tmp/verify/outputs --termination-log /tmp/verify/termination-log | tail -n 1)
+    python3 - "$frame" <<'PY'
+import json, sys
+frame = json.loads(sys.argv[1].split(" ", 1)[1])
+assert frame["reason"] == "NonZeroExit" and frame["stdout"] == "6\n", frame
+assert frame["error"] == {"type": "TypeError", "message": "boom", "line": 2}, frame["error"]
+print("verified: runner ran a JavaScript program in", frame["metrics"]["wallMillis"], "ms", file=sys.stderr)
+PY
+    rm -rf "$check"
+}
+
+# Drop what a sandbox never needs: package caches, docs, logs.
+slim_rootfs() {
+    local rootfs=$1
+    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
+        "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
+        "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old "$rootfs"/root/.bash_history
+    find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
+    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
+}
