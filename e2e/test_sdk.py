@@ -28,7 +28,7 @@ def test_run_returns_the_typed_result(client, namespace):
 
 
 @pytest.mark.parametrize("kwargs,rule,hint", [
-    ({"language": "ruby"}, "runtimes", "use one of: python"),
+    ({"language": "ruby"}, "runtimes", "use one of: javascript, python"),
     ({"limits": {"memory": "4Gi"}}, "maximums.memory", "ask for at most 2Gi"),
 ])
 def test_a_policy_denial_raises_with_the_rule(client, kwargs, rule, hint):

@@ -1068,6 +1068,8 @@ def child_metrics(wall_seconds: float) -> dict:
     }
 
 
+OOM_EVIDENCE_WAIT_SECONDS = 0.5
+OOM_EVIDENCE_POLL_SECONDS = 0.05
 OOM_EVIDENCE_FILES = (
     "/sys/fs/cgroup/memory.events",  # cgroup v2
     "/sys/fs/cgroup/memory/memory.oom_control",  # cgroup v1
@@ -1083,15 +1085,21 @@ def oom_kill_count(text: str) -> int:
     return 0
 
 
-def cgroup_reports_oom_kill(paths: tuple[str, ...] = OOM_EVIDENCE_FILES) -> bool:
-    for path in paths:
-        try:
-            with open(path, encoding="ascii", errors="replace") as handle:
-                if oom_kill_count(handle.read()) > 0:
-                    return True
-        except OSError:
-            continue
-    return False
+def cgroup_reports_oom_kill(paths: tuple[str, ...] = OOM_EVIDENCE_FILES, wait_seconds: float = 0.0) -> bool:
+    """Whether the sandbox's memory cgroup counted an OOM kill. Under load the counter can trail the SIGKILL
+    it explains: a program killed by SIGKILL that nobody here sent is looked at again for `wait_seconds`."""
+    give_up = time.monotonic() + wait_seconds
+    while True:
+        for path in paths:
+            try:
+                with open(path, encoding="ascii", errors="replace") as handle:
+                    if oom_kill_count(handle.read()) > 0:
+                        return True
+            except OSError:
+                continue
+        if time.monotonic() >= give_up:
+            return False
+        time.sleep(OOM_EVIDENCE_POLL_SECONDS)
 
 
 # ---------------------------------------------------------------- error parsing
@@ -1143,52 +1151,55 @@ def parse_python_error(stderr_text: str, code_file: str) -> dict | None:
 
 
 NODE_HEADER = re.compile(r"^(?P<file>.+):(?P<line>\d{1,10})$")
-NODE_CARET = re.compile(r"^\s*\^+\s*$")
+NODE_CARET = re.compile(r"^[ \t]*\^+[ \t]*$")
 NODE_FRAME = re.compile(r"^\s+at (?:.*\()?(?P<file>[^()\s]+):(?P<line>\d{1,10}):\d+\)?(?: \{)?$")
-NODE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_$][\w$]*)(?: \[[\w$ ]+\])?: ?(?P<message>.*)$")
+NODE_EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_$][\w$]*)(?: \[[^\]]*\])?(?:: ?(?P<message>.*))?$")
 NODE_END = re.compile(r"^(Node\.js v\d|\(Use `node )")
 
 
 def parse_node_error(stderr_text: str, code_file: str) -> dict | None:
-    """The uncaught JavaScript error Node printed as {type, message, line}, or None.
+    """The last uncaught JavaScript value Node reported, as {type, message, line}, or None.
 
-    Node prints `<file>:<line>` (the code's, or a Node internal's), the source line and a caret, then
-    `Type: message` (more message lines may follow) and the stack (`    at ...`). `line` is the innermost stack
-    frame in the code file, else the header's line when it names the code file (a SyntaxError has no frame
-    there). A thrown non-Error value has no `Type:`: its type is "Uncaught".
+    Node prints `<file>:<line>` (the code's, or a Node internal's), the source line and a caret (both empty
+    for a SyntaxError at the end of the input). An Error follows after a blank line: `Type: message` (the
+    message may span lines, even blank ones) and its stack (`    at ...`), or `[Type: message]` if it has no
+    stack. Any other thrown value (a string, a number, an object) follows as printed, with no blank line and
+    no type: "Uncaught". `line` is the innermost stack frame in the code file, else the header's line when
+    it names the code file (a SyntaxError's frames are all Node's own).
     """
-    lines = stderr_text.split("\n")
-    carets = [i for i, line in enumerate(lines)
-              if NODE_CARET.match(line) and i >= 2 and NODE_HEADER.match(lines[i - 2])]
-    if not carets:
+    lines = stderr_text.split("\n")  # not splitlines(): a message may hold U+2028 or U+0085
+    headers = [i for i in range(len(lines) - 4) if NODE_HEADER.match(lines[i]) and (
+        NODE_CARET.match(lines[i + 2]) or lines[i + 1] == lines[i + 2] == lines[i + 3] == "" != lines[i + 4])]
+    if not headers:
         return None
-    header = NODE_HEADER.match(lines[carets[-1] - 2])
-    header_line = _line_number(header["line"]) if _names_code_file(header["file"], code_file) else None
-    body = carets[-1] + 1
-    while body < len(lines) and not lines[body].strip():
-        body += 1
-    if body >= len(lines) or NODE_END.match(lines[body]):
+    header = NODE_HEADER.match(lines[headers[-1]])
+    line = _line_number(header["line"]) if _names_code_file(header["file"], code_file) else None
+    report = lines[headers[-1] + 3:]
+    end = next((i for i, text in enumerate(report) if NODE_END.match(text)), len(report))
+    hint = end < len(report) and report[end].startswith("(Use")  # after a thrown string, number, null
+    if not hint and not any(report[:end]):
         return None
-    message_lines, frame_line, in_stack = [], None, False
-    for line in lines[body + 1:]:
-        frame = NODE_FRAME.match(line)
-        if frame or line.startswith("    at "):
-            in_stack = True
-            if frame and frame_line is None and _names_code_file(frame["file"], code_file):
-                frame_line = _line_number(frame["line"])  # the innermost frame in the code
-        elif not line.strip() or NODE_END.match(line):
+    thrown_error = report[0] == "" and not hint
+    stack = next((i for i in range(end) if thrown_error and report[i].startswith("    at ")), end)
+    for text in report[stack:end]:
+        frame = NODE_FRAME.match(text)
+        if frame and _names_code_file(frame["file"], code_file):
+            line = _line_number(frame["line"])  # the innermost frame in the code
             break
-        elif not in_stack:
-            message_lines.append(line)
-    exception = NODE_EXCEPTION.match(lines[body])
-    if exception:
-        type_, message = exception["type"], "\n".join([exception["message"], *message_lines])
-    else:
-        type_, message = "Uncaught", "\n".join([lines[body], *message_lines])
+    type_, message = "Uncaught", "\n".join(report[:stack]).strip("\n")
+    if thrown_error:
+        if message.startswith("["):  # its own properties may follow: "[Type: message] { code: 7 }"
+            close = message.find("] {")
+            message = message[1:close if close >= 0 else message.rfind("]")]
+        exception = NODE_EXCEPTION.match(message.partition("\n")[0])
+        if exception:
+            type_, message = exception["type"], (exception["message"] or "") + message[exception.end():]
+        else:
+            type_ = "Error"  # an Error whose name is no identifier
     return {
         "type": cap(type_, MAX_ERROR_TYPE_CHARS + REDACTION_MARGIN_CHARS),
         "message": cap(message.strip(" \t\r\n"), MAX_ERROR_MESSAGE_CHARS + REDACTION_MARGIN_CHARS),
-        "line": frame_line or header_line,
+        "line": line,
     }
 
 
@@ -1411,7 +1422,7 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds)
     oom_killed = (outcome.returncode == -signal.SIGKILL and outcome.runner_kill_reason is None
-                  and cgroup_reports_oom_kill())
+                  and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
     artifacts, skipped, unlisted = collect_artifacts(outputs, spec["artifacts"])
     return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
 
