@@ -24,6 +24,13 @@ def test_an_uncaught_error_has_its_type_message_and_line(operator, namespace):
     assert "TypeError at line 2" in status["message"]
 
 
+def test_a_syntax_error_at_the_end_of_the_input_has_its_line(operator, namespace):
+    """Code cut short, as generated code can be: Node prints no source line and no caret for it."""
+    status = run(operator, namespace, "const total = [1, 2, 3].reduce((a, b) => {\n  return a + b;\n")
+    assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "NonZeroExit", 1), status
+    assert status["error"] == {"type": "SyntaxError", "message": "Unexpected end of input", "line": 3}, status
+
+
 def test_an_endless_loop_times_out(operator, namespace):
     status = run(operator, namespace, "while (true) {}\n", timeoutSeconds=2)
     assert (status["phase"], status["reason"]) == ("Failed", "Timeout"), status
