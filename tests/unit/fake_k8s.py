@@ -83,6 +83,10 @@ class FakeK8s:
     def run(self, namespace, name):
         return self.objects.get(("CodeRun", namespace, name))
 
+    def list_runs(self, namespace):
+        self._hook("list_runs", namespace)
+        return [copy.deepcopy(o) for (kind, ns, _), o in self.objects.items() if kind == "CodeRun" and ns == namespace]
+
     def get_run(self, namespace, name):
         self._hook("get_run", namespace, name)
         return copy.deepcopy(self.run(namespace, name))

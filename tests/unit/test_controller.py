@@ -313,3 +313,54 @@ def test_a_run_resumed_after_a_crash_reuses_its_own_children(env):
     status = api.run(NS, "demo")["status"]
     assert status["phase"] == "Pending" and status["podName"] == "demo-sandbox"
     assert api.objects[("Pod", NS, "demo-sandbox")]["metadata"]["resourceVersion"] == pod_before
+
+
+# ------------------------------------------------------------------ CodeRunPolicy: queue, approval
+def policy_object(name="default", **spec):
+    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
+            "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+def test_a_capped_policy_queues_then_starts_the_next_run_when_one_finishes(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    first = submit(env, make_run("first", "uid-1"))
+    second = submit(env, make_run("second", "uid-2"))
+    assert first["status"]["reason"] == "PodCreated" and first["status"]["policy"] == "default"
+    assert (second["status"]["phase"], second["status"]["reason"]) == ("Pending", "Queued")
+    assert second["status"]["decision"]["maxConcurrentRuns"] == 1 and ("Pod", NS, "second-sandbox") not in api.objects
+    ctl.on_policy(policy_object(maxConcurrentRuns=5, defaults={"memory": "300Mi"}), deleted=False)
+    terminate(env, "first")  # a slot frees: the queued run starts with the decision it was admitted with
+    started = api.run(NS, "second")
+    assert started["status"]["reason"] == "PodCreated"
+    assert started["status"]["effectiveLimits"]["memory"] == "256Mi"
+
+
+def test_the_first_capped_admission_counts_runs_the_watch_has_not_delivered(env):
+    api, clock, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    submit(env, make_run("first", "uid-1"))
+    restarted = Controller(api=api, clock=clock)  # an operator restart: nothing in memory yet
+    restarted.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    lists_before = api.calls.count("list_runs")
+    restarted.on_run(api.add_run(make_run("second", "uid-2")), deleted=False)
+    restarted.on_run(api.add_run(make_run("third", "uid-3")), deleted=False)
+    assert [api.run(NS, n)["status"]["reason"] for n in ("second", "third")] == ["Queued", "Queued"]
+    assert api.calls.count("list_runs") - lists_before == 1  # once per namespace, not per run
+
+
+def test_approval_waits_then_the_annotation_decides(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(approval={"required": "Always"}), deleted=False)
+    waiting = submit(env, make_run("wait", "uid-1"))
+    assert waiting["status"]["reason"] == "AwaitingApproval" and ("Pod", NS, "wait-sandbox") not in api.objects
+    approved = api.add_run({**waiting, "metadata": {**waiting["metadata"],
+                                                    "annotations": {"coderun.io/approved-by": "alice"}}})
+    ctl.on_run(approved, deleted=False)
+    assert api.run(NS, "wait")["status"]["reason"] == "PodCreated"
+    refused = submit(env, make_run("nope", "uid-2"))
+    refused = api.add_run({**refused, "metadata": {**refused["metadata"],
+                                                   "annotations": {"coderun.io/rejected-by": "bob"}}})
+    ctl.on_run(refused, deleted=False)
+    status = api.run(NS, "nope")["status"]
+    assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover") and "bob" in status["message"]

@@ -154,6 +154,13 @@ def get_run(namespace: str, name: str) -> dict[str, Any] | None:
                  name, missing_ok=True)
 
 
+def list_runs(namespace: str) -> list[dict[str, Any]]:
+    """Every CodeRun of a namespace, as the API server holds them now."""
+    listed = _call(f"the CodeRuns of {namespace}", _custom().list_namespaced_custom_object, GROUP, VERSION,
+                   namespace, PLURAL)
+    return list((listed or {}).get("items") or ())
+
+
 def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
     """One merge patch of /status (null removes a field); the run as it is now, None if it is gone."""
     return _call(f"the status of CodeRun {name}", _custom().patch_namespaced_custom_object_status, GROUP, VERSION,

@@ -88,6 +88,12 @@ def _slot_free(ctl: core.Controller, run: Mapping[str, Any], decision: Decision)
     """Runs of the same policy with a sandbox, plus those queued before this one, against maxConcurrentRuns:
     waiting runs start in creation order."""
     meta, policy = run["metadata"], decision.policy
+    if meta["namespace"] not in ctl.store.listed_namespaces:
+        # Once per namespace after a start: the watch may not have delivered every run yet (a restart, a
+        # burst), and a run the count misses would break the cap or the order.
+        for listed in ctl.api.list_runs(meta["namespace"]):
+            ctl.store.put_run(listed)
+        ctl.store.listed_namespaces.add(meta["namespace"])
     ahead = 0
     for other in ctl.store.unfinished_in(meta["namespace"]):
         status = other.get("status") or {}

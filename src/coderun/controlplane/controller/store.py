@@ -41,6 +41,9 @@ class Store:
         self._scheduled: set[str] = set()
         # namespace -> CodeRunPolicy name -> Policy, or InvalidPolicyMark for one that cannot be applied
         self._policies: dict[str, dict[str, Any]] = {}
+        # namespaces whose runs were listed once since start: every run there is known, not only those the
+        # watch has delivered so far
+        self.listed_namespaces: set[str] = set()
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
