@@ -41,7 +41,10 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
         settings.admission.server = kopf.WebhookServer(
             addr=os.environ.get("CODERUN_WEBHOOK_ADDR", host), port=int(WEBHOOK_PORT), host=host,
             certfile=certfile, pkeyfile=keyfile, cafile=os.environ.get("CODERUN_WEBHOOK_CA", certfile))
-        settings.admission.managed = "validate.coderun.io"
+        # The Helm chart writes the ValidatingWebhookConfiguration itself (its CA, its Service), so the operator
+        # needs no RBAC on webhook configurations; the host-process mode lets kopf register it.
+        if os.environ.get("CODERUN_WEBHOOK_MANAGED", "true").lower() == "true":
+            settings.admission.managed = "validate.coderun.io"
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -61,6 +61,10 @@ def _custom() -> client.CustomObjectsApi:
     return client.CustomObjectsApi(_api())
 
 
+def _coordination() -> client.CoordinationV1Api:
+    return client.CoordinationV1Api(_api())
+
+
 def _plain(obj: Any) -> dict[str, Any]:
     return _api().sanitize_for_serialization(obj)
 
@@ -176,6 +180,38 @@ def delete_run(namespace: str, name: str, uid: str) -> None:
     """Delete this run, only if it is still the same object (a new run may have taken the name)."""
     _call(f"CodeRun {name}", _custom().delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
           body={"preconditions": {"uid": uid}}, missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------ leader election
+class Conflict(Exception):
+    """Somebody else wrote the object since we read it (409): our write did not happen."""
+
+
+def read_lease(namespace: str, name: str) -> dict[str, Any] | None:
+    lease = _call(f"Lease {name}", _coordination().read_namespaced_lease, name, namespace, missing_ok=True)
+    return _plain(lease) if lease is not None else None
+
+
+def write_lease(namespace: str, name: str, spec: dict[str, Any], resource_version: str | None) -> None:
+    """Create the Lease (no resourceVersion) or replace the one read at `resource_version`; Conflict when another
+    writer got there first, so two replicas can never both believe they hold it."""
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
+            "metadata": {"name": name, "namespace": namespace,
+                         **({"resourceVersion": resource_version} if resource_version else {})}}
+    try:
+        if resource_version:
+            _call(f"Lease {name}", _coordination().replace_namespaced_lease, name, namespace, body)
+        else:
+            _call(f"Lease {name}", _coordination().create_namespaced_lease, namespace, body)
+    except Transient as e:
+        if isinstance(e.__cause__, ApiException) and e.__cause__.status == 409:
+            raise Conflict(str(e)) from e
+        raise
+
+
+def label_pod(namespace: str, name: str, labels: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) labels on a pod: the operator's own, to mark the replica that leads."""
+    _call(f"pod {name}", _core().patch_namespaced_pod, name, namespace, {"metadata": {"labels": labels}})
 
 
 # ------------------------------------------------------------------------------------------ nodes, events

@@ -20,6 +20,7 @@ CACHE_HITS = Counter("coderun_cache_hits_total", "Runs answered from an identica
 API_REQUESTS = Counter("coderun_api_requests_total", "Requests the operator sent to the API server (watches not "
                        "included: kopf keeps one per resource)", ["call"])
 ACTIVE = Gauge("coderun_active_runs", "Runs accepted and not yet finished")
+LEADER = Gauge("coderun_leader", "1 on the replica that holds the Lease and processes runs, 0 on a standby")
 OTHER_LANGUAGE = "other"
 
 
@@ -29,9 +30,15 @@ def language_label(language: object) -> str:
     return language if isinstance(language, str) and language in DEFAULT_POLICY.runtimes else OTHER_LANGUAGE
 
 
+_serving: set[int] = set()
+
+
 def serve(port: int, active_runs: Callable[[], int]) -> None:
+    """Once per port: a replicated operator starts it before the election, kopf's startup asks again."""
     ACTIVE.set_function(active_runs)
-    start_http_server(port)
+    if port not in _serving:
+        start_http_server(port)
+        _serving.add(port)
 
 
 def observe_finished(status: Mapping[str, Any], language: str) -> None:
