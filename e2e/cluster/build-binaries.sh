@@ -84,15 +84,26 @@ go build -ldflags "-s -w" -o "$out/containerd-shim-runsc-v1" ./shim
 SCRIPT
 )
 
-export KUBERNETES_VERSION ETCD_VERSION CONTAINERD_VERSION GVISOR_VERSION GVISOR_PATCH CODERUN_CACHE
+# helm's release ldflags (its Makefile) set internal/version; metadata stays empty for a tagged build.
+helm_script=$(cat <<'SCRIPT'
+make_build_module "$CODERUN_CACHE/src/helm-$HELM_VERSION" "helm.sh/helm/v4 $HELM_VERSION"
+printf '//go:build tools\n\npackage tools\n\nimport _ "helm.sh/helm/v4/cmd/helm"\n' > tools.go
+go mod tidy >/dev/null
+go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+  -o "$out/helm" helm.sh/helm/v4/cmd/helm
+SCRIPT
+)
+
+export KUBERNETES_VERSION ETCD_VERSION CONTAINERD_VERSION GVISOR_VERSION GVISOR_PATCH HELM_VERSION CODERUN_CACHE
 components=("$@")
-[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes)
+[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes helm)
 for component in "${components[@]}"; do
   case $component in
     etcd) build_into etcd "$ETCD_VERSION" "$etcd_script" ;;
     containerd) build_into containerd "$CONTAINERD_VERSION" "$containerd_script" ;;
     gvisor) build_into gvisor "$GVISOR_VERSION$GVISOR_PATCH" "$gvisor_script" ;;
     kubernetes) build_into kubernetes "$KUBERNETES_VERSION" "$k8s_script" ;;
+    helm) build_into helm "$HELM_VERSION" "$helm_script" ;;
     *) echo "unknown component $component" >&2; exit 2 ;;
   esac
 done
