@@ -4,13 +4,13 @@
 #
 # A recipe may split its root filesystem in two: make_base_rootfs (the slow
 # part, e.g. Debian packages) is cached on its own as a tar under OUTDIR/base,
-# keyed by the build scripts and the recipe without RECIPE_INPUTS; make_rootfs
-# then adds what RECIPE_INPUTS bring (e.g. the runner) to a fresh copy of it.
-# So a change to the runner rebuilds the image in seconds, not minutes.
+# keyed by the build scripts, the recipe and BASE_INPUTS, without RECIPE_INPUTS;
+# make_rootfs then adds what RECIPE_INPUTS bring (e.g. the runner) to a fresh
+# copy of it. So a change to the runner rebuilds the image in seconds, not minutes.
 #
 #   e2e/images/build.sh NAME [OUTDIR]
 #
-# NAME is pause, busybox or python. The archive lands in OUTDIR (default
+# NAME is a recipe under recipes/: pause, busybox, python, node or operator. The archive lands in OUTDIR (default
 # ${CODERUN_CACHE:-$HOME/.cache/coderun}/images) as NAME-<key>.tar; its path is
 # the last line on stdout (build logs go to stderr). Import it with
 #   ctr -n k8s.io images import "$(e2e/images/build.sh NAME | tail -n 1)"
@@ -25,17 +25,22 @@ NAME=${1:?usage: build.sh NAME [OUTDIR]  (NAME: $(cd "$RECIPES" && ls -- *.sh | 
 OUTDIR=${2:-$CACHE_DIR/images}
 RECIPE=$RECIPES/$NAME.sh
 [ -f "$RECIPE" ] || { echo "build.sh: no recipe $RECIPE" >&2; exit 2; }
+# Files (relative to the repository) that key the base in addition to the build
+# scripts and the recipe, for a make_base_rootfs that reads them: e.g. the
+# operator's base installs the dependencies pyproject.toml names. They key the
+# image too, as it is built on the base. A recipe may set it; none by default.
+BASE_INPUTS=()
 # shellcheck source=/dev/null
-source "$RECIPE"  # sets IMAGE_REF, RECIPE_INPUTS, MKIMAGE_ARGS and make_rootfs
+source "$RECIPE"  # sets IMAGE_REF, RECIPE_INPUTS, MKIMAGE_ARGS and make_rootfs (maybe BASE_INPUTS, make_base_rootfs)
 
 recipe_key() {
     (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
-        ${RECIPE_INPUTS[@]+"${RECIPE_INPUTS[@]}"}) | sha256sum | cut -c1-16
+        ${BASE_INPUTS[@]+"${BASE_INPUTS[@]}"} ${RECIPE_INPUTS[@]+"${RECIPE_INPUTS[@]}"}) | sha256sum | cut -c1-16
 }
 
 base_key() {
-    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh") |
-        sha256sum | cut -c1-16
+    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
+        ${BASE_INPUTS[@]+"${BASE_INPUTS[@]}"}) | sha256sum | cut -c1-16
 }
 
 # Fill the empty dir $1 with the recipe's base rootfs: unpacked from its cache, or built and then cached.

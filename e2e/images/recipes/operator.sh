@@ -1,0 +1,121 @@
+# coderun.local/operator:v1 — the operator (`coderun-operator`, i.e. kopf with coderun's handlers) in a
+# venv at /opt/coderun/venv on Debian bookworm minbase with Debian's Python 3.11. The same content as the
+# Dockerfile at the repository root, without Docker or a registry.
+#
+# Two layers of caching (see build.sh): the base (debootstrap, then the third-party dependencies that
+# pyproject.toml names for the package and its `operator` extra, from PyPI) is keyed by pyproject.toml
+# through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
+# the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun. So an edit to
+# the code rebuilds the image in seconds; a change to the dependencies rebuilds the base.
+#
+# Byte-code is compiled at build time as unchecked-hash .pyc: mkimage.py sets every mtime to a fixed
+# value, which would make timestamp-checked .pyc files stale, and the root filesystem is read-only at run
+# time, so Python could neither trust nor rewrite them and would recompile every module on each start.
+IMAGE_REF=coderun.local/operator:v1
+VENV=/opt/coderun/venv
+BASE_INPUTS=(pyproject.toml)
+mapfile -t RECIPE_INPUTS < <(cd "$REPO" && printf '%s\n' pyproject.toml README.md &&
+    find src/coderun -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort)
+MKIMAGE_ARGS=(--entrypoint "[\"$VENV/bin/coderun-operator\"]" --user 65532:65532 --workdir /tmp
+    --env "PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin" --env LANG=C.UTF-8
+    --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1)
+OPERATOR_DEBS=(python3 python3-venv ca-certificates)
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+# slim_rootfs is the python image's (caches, docs, logs, man pages, locales; test suites under
+# /usr/lib/python3/dist-packages): taken from its recipe in a subshell, so nothing else of it leaks in.
+# That makes recipes/python.sh an input of this base and image.
+eval "$(source "$RECIPES/python.sh" && declare -f slim_rootfs)"
+BASE_INPUTS+=(e2e/images/recipes/python.sh)
+
+# Run a command in the rootfs $1 with a clean environment (nothing of the host's PYTHON*/PIP* settings).
+operator_chroot() {
+    local rootfs=$1
+    shift
+    chroot "$rootfs" /usr/bin/env -i "PATH=$VENV/bin:/usr/bin:/bin" HOME=/root LANG=C.UTF-8 "$@"
+}
+
+# The packages and the third-party dependencies: slow (debootstrap, then PyPI), so build.sh caches them
+# apart from the code, keyed by pyproject.toml.
+make_base_rootfs() {
+    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm deps
+    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
+    mkdir -p "$debs"
+    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
+    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
+    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+    "${apt[@]}" update >&2
+    "${apt[@]}" install "${OPERATOR_DEBS[@]}" >&2
+    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
+    echo 'coderun:x:65532:65532:coderun:/tmp:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
+    echo 'coderun:x:65532:' >>"$rootfs/etc/group"
+    chmod 1777 "$rootfs/tmp"
+
+    # The dependencies of the package and of its `operator` extra, as pyproject.toml states them.
+    mapfile -t deps < <(python3 -c 'import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(*project["dependencies"], *project["optional-dependencies"]["operator"], sep="\n")' "$REPO/pyproject.toml")
+    [ "${#deps[@]}" -gt 0 ] || { echo "operator.sh: no dependencies read from pyproject.toml" >&2; return 1; }
+    operator_chroot "$rootfs" python3 -m venv "$VENV"
+    # Wheels only (there is no compiler in the image). Behind a TLS-intercepting proxy, the host's PIP_CERT
+    # (its CA bundle) is used in the chroot for the download, then removed.
+    local pip_env=(PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ONLY_BINARY=:all:)
+    if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+        cp "$PIP_CERT" "$rootfs/tmp/pip-cert.pem"
+        pip_env+=(PIP_CERT=/tmp/pip-cert.pem)
+    fi
+    operator_chroot "$rootfs" "${pip_env[@]}" "$VENV/bin/pip" install "${deps[@]}" >&2
+    rm -f "$rootfs/tmp/pip-cert.pem"
+    echo "operator.sh: installed from PyPI:" >&2
+    operator_chroot "$rootfs" "$VENV/bin/pip" --disable-pip-version-check freeze --all | sed 's/^/  /' >&2
+
+    slim_rootfs "$rootfs"
+    # The standard library and the dependencies, as unchecked-hash byte-code (see the top of this file).
+    # -f: pip and Debian wrote timestamp-checked .pyc files; lib2to3's test data does not compile, on purpose.
+    operator_chroot "$rootfs" python3 -m compileall -q -f --invalidation-mode unchecked-hash \
+        -x '/lib2to3/tests/' /usr/lib/python3.11 /usr/lib/python3/dist-packages "$VENV/lib" >&2
+    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+}
+
+# The coderun package itself (the RECIPE_INPUTS), as a wheel built on the host from exactly those files,
+# installed into the venv without dependencies (the base has them), then checked as uid 65532.
+make_rootfs() {
+    local rootfs=$1 src=$WORK/operator-src
+    mkdir -p "$src" "$WORK/operator-wheel"
+    (cd "$REPO" && cp --parents -t "$src" "${RECIPE_INPUTS[@]}")
+    python3 -m pip wheel --quiet --no-deps --disable-pip-version-check -w "$WORK/operator-wheel" "$src" >&2
+    mkdir -p "$rootfs/tmp/wheel"
+    cp "$WORK"/operator-wheel/coderun-*.whl "$rootfs/tmp/wheel/"
+    operator_chroot "$rootfs" sh -c "$VENV/bin/pip install --quiet --no-deps --no-index --no-cache-dir \
+        --disable-pip-version-check /tmp/wheel/coderun-*.whl" >&2
+    rm -rf "$rootfs/tmp/wheel"
+    # pip and setuptools were for the build: the operator does not use them.
+    operator_chroot "$rootfs" "$VENV/bin/python" -m pip uninstall --quiet -y pip setuptools >&2
+    operator_chroot "$rootfs" python3 -m compileall -q -f --invalidation-mode unchecked-hash \
+        "$VENV/lib/python3.11/site-packages/coderun" >&2
+    verify_operator_rootfs "$rootfs"  # needs the base's /dev/null, so before /dev is emptied
+    rm -rf "${rootfs:?}"/dev/* "${rootfs:?}"/tmp/* "${rootfs:?}"/root/.cache
+}
+
+# As uid 65532, as in the pod (which can write only /tmp): the handlers and the native dependencies
+# import, every module imported has its byte-code from the build (nothing compiled at run time), and
+# the entry point runs.
+verify_operator_rootfs() {
+    local rootfs=$1
+    local as_operator=(chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i "PATH=$VENV/bin:/usr/bin:/bin"
+        HOME=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
+    "${as_operator[@]}" "$VENV/bin/python" -c 'import coderun.controlplane.handlers, kopf, re2, cryptography
+import os, sys
+def compiled(cached):  # a .pyc from the build, valid without its source being checked
+    try:
+        with open(cached, "rb") as pyc:
+            return int.from_bytes(pyc.read(8)[4:8], "little") == 0b01
+    except OSError:
+        return False
+stale = sorted(m.__name__ for m in list(sys.modules.values()) if getattr(m, "__cached__", None) and not compiled(m.__cached__))
+assert not stale, f"modules without build-time byte-code: {stale}"
+print("verified: operator imports,", len(sys.modules), "modules, all precompiled", file=sys.stderr)'
+    "${as_operator[@]}" "$VENV/bin/coderun-operator" --help >/dev/null
+    echo "verified: coderun-operator --help runs as 65532" >&2
+}
