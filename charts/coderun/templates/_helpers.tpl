@@ -1,0 +1,43 @@
+{{/* Names and labels shared by every object of the chart. */}}
+
+{{- define "coderun.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "coderun.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "coderun.labels" -}}
+{{ include "coderun.selectorLabels" . }}
+app.kubernetes.io/part-of: coderun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "coderun.serviceAccountName" -}}
+{{- default (include "coderun.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{- define "coderun.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "coderun.webhookService" -}}
+{{- printf "%s-webhook" (include "coderun.fullname" .) -}}
+{{- end -}}
+
+{{- define "coderun.webhookSecret" -}}
+{{- default (printf "%s-webhook-tls" (include "coderun.fullname" .)) .Values.webhook.existingSecret -}}
+{{- end -}}

@@ -1,0 +1,217 @@
+"""The Helm chart, rendered by the real helm (built into the cache like the cluster's binaries): lint, the
+hardening of what it renders, RBAC that is exactly what the code calls, a values schema that refuses typos."""
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coderun.api import crd
+
+REPO = Path(__file__).parents[2]
+CHART = REPO / "charts" / "coderun"
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    found = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/helm-$HELM_VERSION"
+                            "/helm"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    if not Path(found).exists():  # `make test-unit` builds it first; a bare pytest builds it here (cached after)
+        subprocess.run(["bash", "e2e/cluster/build-binaries.sh", "helm"], cwd=REPO, check=True)
+    return found
+
+
+def template(helm: str, *args: str, check: bool = True) -> list[dict] | subprocess.CompletedProcess:
+    result = subprocess.run([helm, "template", "coderun", str(CHART), "-n", "coderun-system", *args],
+                            capture_output=True, text=True)
+    if not check:
+        return result
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+EVERYTHING = ["--set", "runtimeClass.create=true", "--set", "runNamespaces.create=true",
+              "--set", "runNamespaces.names={agents,batch}", "--set", "defaultPolicy.enabled=true",
+              "--set", "metrics.serviceMonitor.enabled=true"]
+
+
+@pytest.mark.parametrize("values", [[], EVERYTHING], ids=["defaults", "everything-on"])
+def test_helm_lint_passes(helm, values):
+    result = subprocess.run([helm, "lint", "--strict", str(CHART), *values], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_operator_deployment_is_hardened(helm):
+    deployment, = by_kind(template(helm), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container, = pod["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and not security["privileged"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
+    assert {p["name"] for p in container["ports"]} == {"health", "metrics", "webhook"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CODERUN_LEADER_ELECTION"] == "true" and env["CODERUN_WEBHOOK_MANAGED"] == "false"
+    assert {"/tmp", "/etc/coderun/webhook"} == {m["mountPath"] for m in container["volumeMounts"]}
+
+
+def test_an_image_digest_wins_over_the_tag(helm):
+    digest = "sha256:" + "ab" * 32
+    deployment, = by_kind(template(helm, "--set", f"image.digest={digest}"), "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"coderun.local/operator@{digest}"
+    deployment, = by_kind(template(helm), "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "coderun.local/operator:0.1.0"
+
+
+# What each Kubernetes client method that k8s.py calls needs, as (apiGroup, resource, verb).
+_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch",
+          "replace": "update"}
+_RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/log"), "node": ("", "nodes"),
+              "namespaced_event": ("", "events"), "namespaced_config_map": ("", "configmaps"),
+              "namespaced_network_policy": ("networking.k8s.io", "networkpolicies"),
+              "namespaced_lease": ("coordination.k8s.io", "leases"),
+              "namespaced_custom_object": ("coderun.io", "coderuns"),
+              "namespaced_custom_object_status": ("coderun.io", "coderuns/status")}
+# What kopf's watches need, and the ownerReference's blockOwnerDeletion (templates/rbac.yaml says why).
+_KOPF_AND_OWNERS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} | {
+    (group, resource, v) for group, resource in [("coderun.io", "coderuns"), ("coderun.io", "coderunpolicies"),
+                                                ("", "pods")] for v in ("list", "watch")} | {
+    ("coderun.io", "coderuns/finalizers", "update")}
+# Granted only in the operator's own namespace (a Role): the leader election.
+_OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {("", "pods", "patch")}
+
+
+def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
+    source = (REPO / "src" / "coderun" / "controlplane" / "k8s.py").read_text()
+    needed = set()
+    for verb, rest in re.findall(r"_(?:core|networking|custom|coordination)\(\)\.([a-z]+)_([a-z_]+)", source):
+        assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
+        needed.add((*_RESOURCES[rest], _VERBS[verb]))
+    return needed
+
+
+def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+def test_rbac_grants_exactly_what_the_code_calls(helm):
+    objects = template(helm)
+    cluster_role, = by_kind(objects, "ClusterRole")
+    role, = by_kind(objects, "Role")
+    needed = _calls_in_k8s_py()
+    assert ("", "pods", "create") in needed and ("coderun.io", "coderuns/status", "patch") in needed  # parsed
+    granted = _granted(cluster_role["rules"]) | _granted(role["rules"])
+    assert granted == needed | _KOPF_AND_OWNERS, (
+        f"missing: {sorted(needed | _KOPF_AND_OWNERS - granted)}; unused: {sorted(granted - needed - _KOPF_AND_OWNERS)}")
+    assert _granted(role["rules"]) == _OWN_NAMESPACE  # cluster-wide, the operator cannot patch pods or leases
+    assert not any("secrets" in rule["resources"] or "*" in rule["verbs"] + rule["resources"]
+                   for rule in cluster_role["rules"] + role["rules"])
+
+
+@pytest.mark.parametrize("typo, says", [
+    (["--set", "replicaCont=3"], "replicaCont"),
+    (["--set", "webhook.failurePolicy=Maybe"], "failurePolicy"),
+    (["--set", "image.digest=latest"], "digest"),
+    (["--set", "crds.keeep=false"], "keeep"),
+    (["--set", "replicaCount=0"], "replicaCount"),
+])
+def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
+    result = template(helm, *typo, check=False)
+    assert result.returncode != 0 and says in result.stderr, result.stderr
+
+
+def test_crds_follow_enabled_and_keep(helm):
+    crds = by_kind(template(helm), "CustomResourceDefinition")
+    assert {c["metadata"]["name"] for c in crds} == {"coderuns.coderun.io", "coderunpolicies.coderun.io"}
+    assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in crds)
+    assert all(not c["metadata"].get("annotations") for c in
+               by_kind(template(helm, "--set", "crds.keep=false"), "CustomResourceDefinition"))
+    assert not by_kind(template(helm, "--set", "crds.enabled=false"), "CustomResourceDefinition")
+    committed = {yaml.safe_load((REPO / "crds" / name).read_text())["metadata"]["name"]: yaml.safe_load(
+        (REPO / "crds" / name).read_text()) for name in crd.CRDS}
+    for rendered in crds:  # the chart's CRDs are the committed ones, apart from the keep annotation
+        rendered["metadata"].pop("annotations")
+        assert rendered == committed[rendered["metadata"]["name"]]
+
+
+def test_the_chart_crds_match_the_models():
+    assert (CHART / crd.CHART_TEMPLATE).read_text() == crd.render_chart(), "run `make crds` and commit the chart"
+
+
+def test_the_webhook_trusts_the_certificate_the_operator_serves(helm):
+    from cryptography import x509
+    objects = template(helm)
+    secret, = by_kind(objects, "Secret")
+    config, = by_kind(objects, "ValidatingWebhookConfiguration")
+    handlers = (REPO / "src" / "coderun" / "controlplane" / "handlers.py").read_text()
+    for hook in config["webhooks"]:
+        assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+        path = hook["clientConfig"]["service"]["path"]
+        assert f"def {path.lstrip('/')}(" in handlers, f"{path} is not a kopf handler id in handlers.py"
+        assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 30
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    assert "coderun-webhook.coderun-system.svc" in names
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    assert cert.issuer == ca.subject
+    service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "coderun-webhook")
+    assert service["spec"]["selector"]["coderun.io/leader"] == "true"  # only the leader runs kopf
+    failing = by_kind(template(helm, "--set", "webhook.failurePolicy=Fail"), "ValidatingWebhookConfiguration")
+    assert {h["failurePolicy"] for h in failing[0]["webhooks"]} == {"Fail"}
+    assert not by_kind(template(helm, "--set", "webhook.enabled=false"), "ValidatingWebhookConfiguration")
+
+
+def test_the_operator_network_policy_admits_only_its_ports(helm):
+    policy, = by_kind(template(helm), "NetworkPolicy")
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    ingress_ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ingress_ports == {"health", "webhook", "metrics"}
+    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress_ports == {53, 443, 6443}
+
+
+def test_optional_objects_render_when_asked(helm):
+    objects = template(helm, *EVERYTHING)
+    assert by_kind(objects, "RuntimeClass")[0]["handler"] == "runsc"
+    namespaces = by_kind(objects, "Namespace")
+    assert {n["metadata"]["name"] for n in namespaces} == {"agents", "batch"}
+    assert all(n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted" for n in namespaces)
+    policies = by_kind(objects, "CodeRunPolicy")
+    assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in policies} == {("agents", "default"),
+                                                                                       ("batch", "default")}
+    assert policies[0]["spec"]["admission"] == "Enforce"
+    assert by_kind(objects, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "metrics"
+    assert by_kind(objects, "PodDisruptionBudget")[0]["spec"]["minAvailable"] == 1
+    assert not by_kind(template(helm, "--set", "replicaCount=1"), "PodDisruptionBudget")
+
+
+def test_every_value_is_commented():
+    """Each key in values.yaml has a comment right above it, or sits under a key that has one."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    documented_at: list[int] = []  # indents of the documented keys enclosing the current line
+    for i, line in enumerate(lines):
+        key = re.match(r"^( *)([A-Za-z][\w.]*):", line)
+        if not key:
+            continue
+        indent = len(key.group(1))
+        while documented_at and documented_at[-1] >= indent:
+            documented_at.pop()
+        above = lines[i - 1].strip() if i else ""
+        if above.startswith("#") or "#" in line.split(":", 1)[1]:
+            documented_at.append(indent)
+        else:
+            assert documented_at, f"values.yaml line {i + 1}: `{key.group(2)}` has no comment"
