@@ -5,13 +5,17 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
+HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds cluster-up cluster-down cluster-status up down demo test test-unit test-e2e bench bench-idle
+.PHONY: help venv crds helm cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
+	test-e2e bench bench-idle
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
 	@echo "make test   - unit, runner and e2e tests (starts the local cluster if needed)"
-	@echo "make up | down | cluster-up | cluster-down | cluster-status | crds | bench | bench-idle"
+	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
+	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -21,7 +25,11 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 crds: venv
-	$(PY) -m coderun.api.crd crds
+	$(PY) -m coderun.api.crd crds charts/coderun
+
+# helm, built from its Go module into the cache like the cluster's binaries (the chart tests render with it).
+helm:
+	bash e2e/cluster/build-binaries.sh helm
 
 cluster-up: venv
 	bash e2e/cluster/cluster.sh up
@@ -32,10 +40,19 @@ cluster-down:
 cluster-status:
 	bash e2e/cluster/cluster.sh status
 
+# The path users take: the operator image and the Helm chart (e2e/install.sh), replacing a host-process operator.
 up: cluster-up
+	bash e2e/install.sh install
+
+# Development: the operator from this checkout as a host process, replacing the chart's (whose CRDs stay).
+up-host: cluster-up
+	bash e2e/install.sh uninstall
 	$(KUBECTL) apply -f crds/ >/dev/null
 	$(KUBECTL) wait --for condition=Established crd/coderuns.coderun.io crd/coderunpolicies.coderun.io --timeout=60s >/dev/null
 	bash e2e/operator.sh start
+
+uninstall:
+	bash e2e/install.sh uninstall
 
 down:
 	bash e2e/operator.sh stop
@@ -44,16 +61,16 @@ down:
 demo: up
 	@bash examples/demo.sh "$(KUBECTL)"
 
-test-unit: venv
+test-unit: venv helm
 	$(PY) -m pytest tests -q
 
-test-e2e: up
+test-e2e: up-host
 	$(PY) -m pytest e2e -q
 
 test: test-unit test-e2e
 
-bench: up
+bench: up-host
 	$(PY) e2e/bench_latency.py
 
-bench-idle: up
+bench-idle: up-host
 	$(PY) e2e/bench_idle.py

@@ -7,13 +7,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
 import time
 import uuid
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +174,7 @@ def cluster() -> Cluster:
 @pytest.fixture(scope="session")
 def operator(cluster) -> Cluster:
     """The operator running from this checkout (restarted once per session, so it runs the code under test)."""
-    subprocess.run(["make", "up"], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(["make", "up-host"], cwd=REPO, check=True, capture_output=True)
     if not os.environ.get("CODERUN_E2E_KEEP_OPERATOR"):
         subprocess.run(["bash", "e2e/operator.sh", "restart"], cwd=REPO, check=True)
     return cluster
@@ -194,3 +196,26 @@ def namespace(cluster, request) -> str:
     cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
     yield name
     cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+class PodCensus:
+    """Every sandbox pod ever created in a namespace, by run: a watch from before the first run."""
+
+    def __init__(self, cluster, namespace):
+        self.pods_by_run: defaultdict[str, set[str]] = defaultdict(set)
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
+        self._thread.start()
+
+    def _record(self, cluster, namespace):
+        try:
+            for event in self._watch.stream(cluster.core.list_namespaced_pod, namespace, timeout_seconds=300):
+                pod = event["object"]
+                run = (pod.metadata.labels or {}).get("coderun.io/run")
+                if run:
+                    self.pods_by_run[run].add(pod.metadata.uid)
+        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
+            pass
+
+    def stop(self):
+        self._watch.stop()

@@ -1,40 +1,13 @@
 """The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
 import subprocess
-import threading
-from collections import defaultdict
 
-from kubernetes import watch
-
-from conftest import REPO, wait_for
+from conftest import REPO, PodCensus, wait_for
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 
 
 def _operator(action: str) -> None:
     subprocess.run(["bash", "e2e/operator.sh", action], cwd=REPO, check=True, capture_output=True)
-
-
-class PodCensus:
-    """Every sandbox pod ever created in a namespace, by run: a watch from before the first run."""
-
-    def __init__(self, cluster, namespace):
-        self.pods_by_run: defaultdict[str, set[str]] = defaultdict(set)
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
-        self._thread.start()
-
-    def _record(self, cluster, namespace):
-        try:
-            for event in self._watch.stream(cluster.core.list_namespaced_pod, namespace, timeout_seconds=300):
-                pod = event["object"]
-                run = (pod.metadata.labels or {}).get("coderun.io/run")
-                if run:
-                    self.pods_by_run[run].add(pod.metadata.uid)
-        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
-            pass
-
-    def stop(self):
-        self._watch.stop()
 
 
 def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namespace):

@@ -14,7 +14,8 @@ echo "waiting for the run to finish..."
 deadline=$((SECONDS + 120))
 until phase=$(k -n $ns get coderun conversion-rate -o jsonpath='{.status.phase}') &&
       [[ $phase == Succeeded || $phase == Failed || $phase == Rejected ]]; do
-  [ $SECONDS -lt $deadline ] || { echo "no result after 120 s; see .cluster/logs/operator.log" >&2; exit 1; }
+  [ $SECONDS -lt $deadline ] || { echo "no result after 120 s; see \`kubectl -n coderun-system logs -l coderun.io/leader=true\`" \
+    "(or .cluster/logs/operator.log after make up-host)" >&2; exit 1; }
   sleep 0.5
 done
 echo

@@ -337,11 +337,17 @@ EOF
 # Ready only counts once this kubelet answers: after a restart the node object still says Ready from before.
 node_ready() { curl -fsS http://127.0.0.1:10248/healthz >/dev/null && kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -q True; }
 
+# "ref digest" of each coderun.local image by tag in the node's containerd.
+coderun_images() {
+  "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images ls |
+    awk '$1 ~ /^coderun\.local\/[^@]*:[^@:]*$/ {print $1, $3}'
+}
+
 # Builds (cached) and imports the images; an archive already imported into this containerd is skipped.
 import_images() {
   local name archive imported=$CLUSTER_DIR/containerd/imported
   touch "$imported"
-  for name in pause busybox python node; do
+  for name in pause busybox python node operator; do
     archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
     grep -qxF "$archive" "$imported" && continue
     "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
@@ -349,8 +355,7 @@ import_images() {
   done
   # Also name each image by its digest (repo@sha256:...), as a registry pull would: the kubelet then lists the
   # digest in the node's status.images, and the operator's result cache keys on what a tag means now.
-  "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images ls |
-    awk '$1 ~ /^coderun\.local\/[^@]*:[^@:]*$/ {print $1, $3}' | while read -r ref digest; do
+  coderun_images | while read -r ref digest; do
       "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images tag --force "$ref" "${ref%:*}@$digest" \
         >/dev/null
     done
@@ -425,10 +430,17 @@ cmd_status() {
   echo "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $K8S_BIN/kubectl   gVisor platform: $(cat "$CLUSTER_DIR/gvisor-platform" 2>/dev/null)"
 }
 
+# Builds (cached) and imports the images into the running cluster; prints "ref digest" for each coderun image.
+cmd_images() {
+  import_images
+  coderun_images
+}
+
 case ${1:-} in
   up) cmd_up ;;
+  images) cmd_images ;;
   down) cmd_down ;;
   status) cmd_status ;;
   verify-down) cmd_verify_down ;;
-  *) echo "usage: $0 up|down|status|verify-down" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|verify-down|images" >&2; exit 2 ;;
 esac

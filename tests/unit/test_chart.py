@@ -160,7 +160,7 @@ def test_the_webhook_trusts_the_certificate_the_operator_serves(helm):
     for hook in config["webhooks"]:
         assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
         path = hook["clientConfig"]["service"]["path"]
-        assert f"def {path.lstrip('/')}(" in handlers, f"{path} is not a kopf handler id in handlers.py"
+        assert f'id="{path.lstrip("/")}"' in handlers, f"{path} is not a kopf handler id in handlers.py"
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 30
     cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(

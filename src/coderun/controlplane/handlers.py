@@ -26,6 +26,8 @@ controller = Controller()
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.enabled = False  # the controller posts its own Events
+    if logging.getLogger().level > logging.DEBUG:  # without --verbose: no "Handler succeeded" line per event
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # Few worker threads and a short GIL switch interval: the event loop (watches, /healthz) stays responsive
     # while handlers parse and redact large outputs.
     settings.execution.max_workers = int(os.environ.get("CODERUN_WORKERS", "8"))
@@ -68,13 +70,15 @@ def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
 WEBHOOK_PORT = os.environ.get("CODERUN_WEBHOOK_PORT")
 IGNORE_WEBHOOK_FAILURES = os.environ.get("CODERUN_WEBHOOK_FAILURE_POLICY", "Ignore") != "Fail"
 if WEBHOOK_PORT:
-    @kopf.on.validate(GROUP, VERSION, PLURAL, operation="CREATE", ignore_failures=IGNORE_WEBHOOK_FAILURES)
+    # Explicit ids: kopf serves each at /<id>, which a webhook's service path allows only in RFC 1123 form.
+    @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-run", operation="CREATE",
+                      ignore_failures=IGNORE_WEBHOOK_FAILURES)
     def validate_run(body: kopf.Body, **_) -> None:
         refusal = webhook.review_run(dict(body), controller.store)
         if refusal:
             raise kopf.AdmissionError(refusal, code=403)
 
-    @kopf.on.validate(GROUP, VERSION, POLICY_PLURAL, ignore_failures=IGNORE_WEBHOOK_FAILURES)
+    @kopf.on.validate(GROUP, VERSION, POLICY_PLURAL, id="validate-policy", ignore_failures=IGNORE_WEBHOOK_FAILURES)
     def validate_policy(body: kopf.Body, **_) -> None:
         refusal = webhook.review_policy(dict(body))
         if refusal:

@@ -6,6 +6,7 @@ their probes and metrics. Without it (the host-process mode for development) kop
 """
 import logging
 import os
+import signal
 import sys
 
 from kopf import cli
@@ -30,6 +31,9 @@ def main() -> None:
     leader.mark_own_pod(namespace, pod, leading=False)  # a restarted leader's container starts as a standby
     elector = leader.LeaderElector(namespace, os.environ.get("CODERUN_LEASE_NAME", "coderun-operator"), pod,
                                    on_lost=leader.exit_now)
+    # As PID 1 of its container the process ignores SIGTERM unless it handles it: a standby must stop at once
+    # (kopf installs its own handlers once it runs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     elector.acquire()
     metrics.LEADER.set(1)
     probes.lead()

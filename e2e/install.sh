@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs coderun on the local cluster the way users do: the operator image (built without a registry and
+# imported into the node's containerd) and the Helm chart, two replicas, one leading.
+#   install.sh install [helm args...]   helm upgrade --install, then wait for a leader
+#   install.sh uninstall                helm uninstall (the CRDs and every CodeRun stay: crds.keep)
+#   install.sh status
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+source "$repo/e2e/cluster/versions.sh"
+export KUBECONFIG=${KUBECONFIG:-$repo/.cluster/kubeconfig}
+HELM=$CODERUN_CACHE/bin/helm-$HELM_VERSION/helm
+KUBECTL=$CODERUN_CACHE/bin/kubernetes-$KUBERNETES_VERSION/kubectl
+RELEASE=${CODERUN_RELEASE:-coderun}
+NAMESPACE=${CODERUN_NAMESPACE:-coderun-system}
+
+installed() { "$HELM" status "$RELEASE" -n "$NAMESPACE" >/dev/null 2>&1; }
+
+install() {
+  bash "$repo/e2e/cluster/build-binaries.sh" helm
+  bash "$repo/e2e/operator.sh" stop  # one operator at a time: the host-process one would race the chart's
+  local digest
+  digest=$(bash "$repo/e2e/cluster/cluster.sh" images | awk '$1 == "coderun.local/operator:v1" {print $2}')
+  [ -n "$digest" ] || { echo "install.sh: no digest for coderun.local/operator:v1" >&2; exit 1; }
+  # The namespace the operator runs in is held to Pod Security `restricted`, which its pods meet.
+  "$KUBECTL" create namespace "$NAMESPACE" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+  "$KUBECTL" label namespace "$NAMESPACE" --overwrite pod-security.kubernetes.io/enforce=restricted >/dev/null
+  # What `make up-host` left: CRDs applied with kubectl become the release's (Helm's adoption labels), and the
+  # host-process operator's webhook registration (kopf's, pointing at this host) goes.
+  local crd
+  for crd in coderuns.coderun.io coderunpolicies.coderun.io; do
+    "$KUBECTL" get crd "$crd" >/dev/null 2>&1 || continue
+    "$KUBECTL" label crd "$crd" --overwrite app.kubernetes.io/managed-by=Helm >/dev/null
+    "$KUBECTL" annotate crd "$crd" --overwrite meta.helm.sh/release-name="$RELEASE" \
+      meta.helm.sh/release-namespace="$NAMESPACE" >/dev/null
+  done
+  "$KUBECTL" delete validatingwebhookconfiguration validate.coderun.io --ignore-not-found >/dev/null
+  "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" \
+    --set image.digest="$digest" --wait --timeout 180s "$@" >/dev/null
+  local leader
+  for _ in $(seq 300); do  # the Lease's holder, once it has labelled its pod (what the webhook Service needs)
+    leader=$("$KUBECTL" -n "$NAMESPACE" get lease coderun-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
+    if [ -n "$leader" ] && [ "$("$KUBECTL" -n "$NAMESPACE" get pod "$leader" \
+        -o jsonpath='{.metadata.labels.coderun\.io/leader}' 2>/dev/null)" = true ]; then
+      echo "coderun installed in $NAMESPACE with helm; leader $leader (image $digest)"; return 0
+    fi
+    sleep 0.2
+  done
+  "$KUBECTL" -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE" --tail 30 >&2 || true
+  echo "install.sh: no replica became leader within 60 s" >&2; exit 1
+}
+
+case ${1:-} in
+  install) shift; install "$@" ;;
+  uninstall) if installed; then "$HELM" uninstall "$RELEASE" -n "$NAMESPACE" --wait >/dev/null; fi ;;
+  status) installed && "$HELM" status "$RELEASE" -n "$NAMESPACE" || echo "coderun is not installed with helm" ;;
+  *) echo "usage: $0 install [helm args]|uninstall|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,197 @@
+"""coderun installed with its Helm chart on the real cluster, the way users install it: the operator image, two
+replicas with one leading, a CodeRun and the webhook through the in-cluster operator, `helm upgrade` with runs
+in flight, the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
+
+The rest of the e2e suite runs the operator as a host process (`make up-host`, the code under test without an
+image build); this module stops it, installs the chart, and gives the host operator back at the end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from conftest import REPO, PodCensus, wait_for
+
+NAMESPACE, RELEASE = "coderun-system", "coderun"
+SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+LEADER = "coderun.io/leader"
+SMALL = {"cpu": "250m", "memory": "128Mi", "timeoutSeconds": 60}
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), cwd=REPO, check=check, capture_output=True, text=True)
+
+
+def install(*helm_args: str) -> None:
+    result = _sh("bash", "e2e/install.sh", "install", *helm_args, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _cached_binary(path: str) -> str:
+    return _sh("bash", "-c", f"source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/{path}").stdout.strip()
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _sh(_cached_binary("helm-$HELM_VERSION/helm"), *args, "--kubeconfig", str(REPO / ".cluster" / "kubeconfig"),
+               check=check)
+
+
+def ctr() -> str:
+    return _cached_binary("containerd-$CONTAINERD_VERSION/ctr")
+
+
+@pytest.fixture(scope="module")
+def chart(cluster):
+    install()
+    yield cluster
+    if os.environ.get("CODERUN_E2E_KEEP_CHART"):  # for a look at what the tests left
+        return
+    _sh("bash", "e2e/install.sh", "uninstall", check=False)
+    _sh("make", "up-host", check=False)  # the host-process operator the other modules use
+
+
+def operator_pods(cluster) -> list:
+    return [p for p in cluster.core.list_namespaced_pod(NAMESPACE, label_selector=SELECTOR).items
+            if not p.metadata.deletion_timestamp]
+
+
+def leader_pod(cluster):
+    leaders = [p for p in operator_pods(cluster) if (p.metadata.labels or {}).get(LEADER) == "true"]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def lease_holder(cluster) -> str | None:
+    from kubernetes import client
+    try:
+        lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease("coderun-operator", NAMESPACE)
+    except ApiException:
+        return None
+    return lease.spec.holder_identity
+
+
+def metrics_of(pod) -> str:
+    with urllib.request.urlopen(f"http://{pod.status.pod_ip}:9108/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def run_all(cluster, namespace: str, codes: dict[str, str]) -> dict[str, str]:
+    """Create one run per expected stdout; returns run name -> expected stdout."""
+    return {cluster.create_run(namespace, {"language": "python", "limits": SMALL, "code": code}): out
+            for out, code in codes.items()}
+
+
+def assert_all_true(cluster, namespace: str, expected: dict[str, str], census: PodCensus, timeout: float = 180):
+    for name, stdout in expected.items():
+        status = cluster.wait_run(namespace, name, timeout=timeout)["status"]
+        assert (status["phase"], status.get("stdout")) == ("Succeeded", stdout), (name, status)
+    census.stop()
+    for name in expected:
+        assert len(census.pods_by_run[name]) == 1, (name, census.pods_by_run[name])
+
+
+def test_install_gives_two_ready_hardened_replicas_and_one_leader(chart):
+    pods = operator_pods(chart)
+    assert len(pods) == 2 and all(p.status.phase == "Running" for p in pods), [p.status.phase for p in pods]
+    assert all(all(c.ready for c in p.status.container_statuses) for p in pods), "a replica is not ready"
+    leader = wait_for(lambda: leader_pod(chart), 30, "one replica labelled leader")
+    assert lease_holder(chart) == leader.metadata.name
+    container = leader.spec.containers[0]
+    assert container.security_context.read_only_root_filesystem and not leader.spec.host_network
+    assert leader.spec.security_context.run_as_non_root and leader.spec.security_context.run_as_user == 65532
+    assert "@sha256:" in container.image  # the chart runs the image imported by digest
+    standby = next(p for p in pods if p.metadata.name != leader.metadata.name)
+    assert "coderun_leader 1.0" in metrics_of(leader) and "coderun_leader 0.0" in metrics_of(standby)
+
+
+def test_a_coderun_runs_through_the_in_cluster_operator(chart, namespace):
+    run = chart.wait_run(namespace, chart.create_run(namespace, {"language": "python", "code": "print(6 * 7)"}))
+    status = run["status"]
+    assert (status["phase"], status["stdout"], status["exitCode"]) == ("Succeeded", "42\n", 0), status
+
+    def counted() -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_of(leader_pod(chart)).splitlines()
+                   if line.startswith("coderun_runs_total{") and 'phase="Succeeded"' in line
+                   and 'language="python"' in line)
+    wait_for(lambda: counted() >= 1, 10, "the leader's metrics to count the run")
+
+
+def test_the_in_cluster_webhook_refuses_what_an_enforcing_policy_denies(chart, namespace):
+    policy = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+              "spec": {"codeRules": {"deniedPythonImports": ["socket"]}, "admission": "Enforce"}}
+    chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", policy)
+
+    def refused():
+        try:
+            name = chart.create_run(namespace, {"language": "python", "code": "import socket\n"})
+        except ApiException as e:
+            return e
+        chart.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+        return None  # the leader has not seen the policy yet
+    error = wait_for(refused, 20, "the webhook to refuse the run")
+    assert error.status == 403 and "imports 'socket'" in error.body, error.body
+    bad = {**policy, "metadata": {"name": "bad"}, "spec": {"redactionPatterns": ["(?<=x)y"]}}
+    with pytest.raises(ApiException) as malformed:
+        chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", bad)
+    assert "redactionPatterns" in malformed.value.body
+
+
+def test_helm_upgrade_with_runs_in_flight_loses_none(chart, namespace):
+    census = PodCensus(chart, namespace)
+    expected = run_all(chart, namespace, {f"{i * 3}\n": f"import time\ntime.sleep(2)\nprint({i} * 3)"
+                                          for i in range(6)})
+    more: dict[str, str] = {}
+
+    def create_during_upgrade():  # runs that arrive while the replicas roll
+        for i in range(6, 10):
+            time.sleep(1.5)
+            more.update(run_all(chart, namespace, {f"{i * 3}\n": f"print({i} * 3)"}))
+    creator = threading.Thread(target=create_during_upgrade)
+    creator.start()
+    before = {p.metadata.name for p in operator_pods(chart)}
+    install("--set", "operator.workers=6")  # a new pod template: every replica is replaced
+    creator.join()
+    after = {p.metadata.name for p in operator_pods(chart)}
+    assert not before & after, "helm upgrade did not replace the replicas"
+    assert_all_true(chart, namespace, {**expected, **more}, census)
+
+
+@pytest.mark.parametrize("how", ["deleted", "killed"])
+def test_the_leader_lost_during_a_burst_of_20_runs_loses_none(chart, namespace, how):
+    census = PodCensus(chart, namespace)
+    old = wait_for(lambda: leader_pod(chart), 30, "a leader")
+    expected = run_all(chart, namespace, {f"{i * i}\n": f"import time\ntime.sleep(1)\nprint({i} * {i})"
+                                          for i in range(20)})
+    lost_at = time.monotonic()
+    if how == "killed":  # SIGKILL, then the pod gone: nothing releases the Lease, a standby waits for it to expire
+        container_id = old.status.container_statuses[0].container_id.split("://", 1)[1]
+        _sh(ctr(), "--address", str(REPO / ".cluster" / "containerd" / "containerd.sock"), "-n", "k8s.io",
+            "tasks", "kill", "--signal", "SIGKILL", container_id)
+        chart.kubectl("delete", "pod", "-n", NAMESPACE, old.metadata.name, "--wait=false", "--grace-period=0",
+                      "--force")
+    else:  # kubectl delete pod: SIGTERM, kopf stops, the Lease is handed over
+        chart.kubectl("delete", "pod", "-n", NAMESPACE, old.metadata.name, "--wait=false")
+    new = wait_for(lambda: (h := lease_holder(chart)) and h != old.metadata.name and h, 60, "another leader")
+    took = time.monotonic() - lost_at
+    print(f"\nleader {how}: {new} took the Lease {took:.1f} s later")
+    # Handed over at once when told; after the Lease's 15 s when the leader vanished without a word.
+    assert took < (5 if how == "deleted" else 25), took
+    assert_all_true(chart, namespace, expected, census)
+
+
+def test_uninstall_keeps_the_crds_and_the_runs(chart, namespace):
+    name = chart.create_run(namespace, {"language": "python", "code": "print('kept')"})
+    assert chart.wait_run(namespace, name)["status"]["stdout"] == "kept\n"
+    assert json.loads(chart.kubectl("get", "crd", "coderuns.coderun.io", "-o", "json").stdout)[
+        "metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    _sh("bash", "e2e/install.sh", "uninstall")
+    assert helm("status", RELEASE, "-n", NAMESPACE, check=False).returncode != 0
+    wait_for(lambda: not operator_pods(chart), 60, "the operator pods to be gone")
+    assert chart.kubectl("get", "crd", "coderuns.coderun.io", "coderunpolicies.coderun.io", check=False).returncode == 0
+    assert chart.get_run(namespace, name)["status"]["stdout"] == "kept\n"
