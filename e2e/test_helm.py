@@ -47,13 +47,18 @@ def ctr() -> str:
     return _cached_binary("containerd-$CONTAINERD_VERSION/ctr")
 
 
+AGENTS = "coderun-e2e-agents"  # a run namespace the chart creates, with its default policy
+
+
 @pytest.fixture(scope="module")
 def chart(cluster):
-    install()
+    install("--set", "runNamespaces.create=true", "--set", f"runNamespaces.names={{{AGENTS}}}",
+            "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.spec.defaults.timeoutSeconds=9")
     yield cluster
     if os.environ.get("CODERUN_E2E_KEEP_CHART"):  # for a look at what the tests left
         return
     _sh("bash", "e2e/install.sh", "uninstall", check=False)
+    cluster.kubectl("delete", "namespace", AGENTS, "--wait=false", check=False)
     _sh("make", "up-host", check=False)  # the host-process operator the other modules use
 
 
@@ -120,6 +125,15 @@ def test_a_coderun_runs_through_the_in_cluster_operator(chart, namespace):
                    if line.startswith("coderun_runs_total{") and 'phase="Succeeded"' in line
                    and 'language="python"' in line)
     wait_for(lambda: counted() >= 1, 10, "the leader's metrics to count the run")
+
+
+def test_the_chart_made_a_restricted_run_namespace_with_its_default_policy(chart):
+    labels = chart.core.read_namespace(AGENTS).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    run = chart.wait_run(AGENTS, chart.create_run(AGENTS, {"language": "python", "code": "print('agents')"}))
+    status = run["status"]
+    assert (status["phase"], status["stdout"], status["policy"]) == ("Succeeded", "agents\n", "default"), status
+    assert status["effectiveLimits"]["timeoutSeconds"] == 9  # the chart's defaultPolicy.spec
 
 
 def test_the_in_cluster_webhook_refuses_what_an_enforcing_policy_denies(chart, namespace):
