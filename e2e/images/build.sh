@@ -30,16 +30,18 @@ RECIPE=$RECIPES/$NAME.sh
 # operator's base installs the dependencies pyproject.toml names. They key the
 # image too, as it is built on the base. A recipe may set it; none by default.
 BASE_INPUTS=()
+# shellcheck source=debian.sh
+source "$HERE/debian.sh"  # the Debian steps recipes share
 # shellcheck source=/dev/null
 source "$RECIPE"  # sets IMAGE_REF, RECIPE_INPUTS, MKIMAGE_ARGS and make_rootfs (maybe BASE_INPUTS, make_base_rootfs)
 
 recipe_key() {
-    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
+    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/debian.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
         ${BASE_INPUTS[@]+"${BASE_INPUTS[@]}"} ${RECIPE_INPUTS[@]+"${RECIPE_INPUTS[@]}"}) | sha256sum | cut -c1-16
 }
 
 base_key() {
-    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
+    (cd "$REPO" && sha256sum e2e/images/build.sh e2e/images/debian.sh e2e/images/mkimage.py "e2e/images/recipes/$NAME.sh" \
         ${BASE_INPUTS[@]+"${BASE_INPUTS[@]}"}) | sha256sum | cut -c1-16
 }
 

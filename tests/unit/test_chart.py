@@ -190,6 +190,7 @@ def test_optional_objects_render_when_asked(helm):
     namespaces = by_kind(objects, "Namespace")
     assert {n["metadata"]["name"] for n in namespaces} == {"agents", "batch"}
     assert all(n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted" for n in namespaces)
+    assert all(n["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for n in namespaces)
     policies = by_kind(objects, "CodeRunPolicy")
     assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in policies} == {("agents", "default"),
                                                                                        ("batch", "default")}

@@ -6,27 +6,14 @@ RECIPE_INPUTS=(src/coderun/sandbox/runner.py)
 MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:65532 --workdir /tmp
     --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)
 NODE_PACKAGES=(nodejs)
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # The packages: slow (debootstrap), so build.sh caches them apart from the runner.
 make_base_rootfs() {
-    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm
-    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
-    mkdir -p "$debs"
-    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
-    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
-    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
-    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
-    "${apt[@]}" update >&2
-    "${apt[@]}" install "${NODE_PACKAGES[@]}" >&2
-    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
-    echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
-    echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
-    chmod 1777 "$rootfs/tmp"
+    local rootfs=$1
+    debian_rootfs "$rootfs" sandbox /tmp/home "${NODE_PACKAGES[*]}"
     slim_rootfs "$rootfs"
-    chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort \
-        >"$REPO/sandbox-images/node/packages.lock"
-    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+    precompile_python "$rootfs" /usr/lib/python3.11  # the runner's imports
+    debian_finish "$rootfs" sandbox-images/node/packages.lock
 }
 
 # The runner on top of the cached packages (the only RECIPE_INPUT), checked by a real run.
@@ -59,14 +46,4 @@ assert frame["error"] == {"type": "TypeError", "message": "boom", "line": 2}, fr
 print("verified: runner ran a JavaScript program in", frame["metrics"]["wallMillis"], "ms", file=sys.stderr)
 PY
     rm -rf "$check"
-}
-
-# Drop what a sandbox never needs: package caches, docs, logs.
-slim_rootfs() {
-    local rootfs=$1
-    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
-        "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
-        "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old "$rootfs"/root/.bash_history
-    find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
-    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
 }

@@ -8,9 +8,7 @@
 # the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun. So an edit to
 # the code rebuilds the image in seconds; a change to the dependencies rebuilds the base.
 #
-# Byte-code is compiled at build time as unchecked-hash .pyc: mkimage.py sets every mtime to a fixed
-# value, which would make timestamp-checked .pyc files stale, and the root filesystem is read-only at run
-# time, so Python could neither trust nor rewrite them and would recompile every module on each start.
+# Byte-code is compiled at build time as unchecked-hash .pyc (precompile_python in ../debian.sh says why).
 IMAGE_REF=coderun.local/operator:v1
 VENV=/opt/coderun/venv
 BASE_INPUTS=(pyproject.toml)
@@ -20,13 +18,6 @@ MKIMAGE_ARGS=(--entrypoint "[\"$VENV/bin/coderun-operator\"]" --user 65532:65532
     --env "PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin" --env LANG=C.UTF-8
     --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1)
 OPERATOR_DEBS=(python3 python3-venv ca-certificates)
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-
-# slim_rootfs is the python image's (caches, docs, logs, man pages, locales; test suites under
-# /usr/lib/python3/dist-packages): taken from its recipe in a subshell, so nothing else of it leaks in.
-# That makes recipes/python.sh an input of this base and image.
-eval "$(source "$RECIPES/python.sh" && declare -f slim_rootfs)"
-BASE_INPUTS+=(e2e/images/recipes/python.sh)
 
 # Run a command in the rootfs $1 with a clean environment (nothing of the host's PYTHON*/PIP* settings).
 operator_chroot() {
@@ -38,19 +29,8 @@ operator_chroot() {
 # The packages and the third-party dependencies: slow (debootstrap, then PyPI), so build.sh caches them
 # apart from the code, keyed by pyproject.toml.
 make_base_rootfs() {
-    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm deps
-    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
-    mkdir -p "$debs"
-    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
-    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
-    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
-    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
-    "${apt[@]}" update >&2
-    "${apt[@]}" install "${OPERATOR_DEBS[@]}" >&2
-    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
-    echo 'coderun:x:65532:65532:coderun:/tmp:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
-    echo 'coderun:x:65532:' >>"$rootfs/etc/group"
-    chmod 1777 "$rootfs/tmp"
+    local rootfs=$1 deps
+    debian_rootfs "$rootfs" coderun /tmp "${OPERATOR_DEBS[*]}"
 
     # The dependencies of the package and of its `operator` extra, as pyproject.toml states them.
     mapfile -t deps < <(python3 -c 'import sys, tomllib
@@ -71,11 +51,8 @@ print(*project["dependencies"], *project["optional-dependencies"]["operator"], s
     operator_chroot "$rootfs" "$VENV/bin/pip" --disable-pip-version-check freeze --all | sed 's/^/  /' >&2
 
     slim_rootfs "$rootfs"
-    # The standard library and the dependencies, as unchecked-hash byte-code (see the top of this file).
-    # -f: pip and Debian wrote timestamp-checked .pyc files; lib2to3's test data does not compile, on purpose.
-    operator_chroot "$rootfs" python3 -m compileall -q -f --invalidation-mode unchecked-hash \
-        -x '/lib2to3/tests/' /usr/lib/python3.11 /usr/lib/python3/dist-packages "$VENV/lib" >&2
-    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+    precompile_python "$rootfs" /usr/lib/python3.11 /usr/lib/python3/dist-packages "$VENV/lib"
+    debian_finish "$rootfs"
 }
 
 # The coderun package itself (the RECIPE_INPUTS), as a wheel built on the host from exactly those files,
@@ -92,8 +69,7 @@ make_rootfs() {
     rm -rf "$rootfs/tmp/wheel"
     # pip and setuptools were for the build: the operator does not use them.
     operator_chroot "$rootfs" "$VENV/bin/python" -m pip uninstall --quiet -y pip setuptools >&2
-    operator_chroot "$rootfs" python3 -m compileall -q -f --invalidation-mode unchecked-hash \
-        "$VENV/lib/python3.11/site-packages/coderun" >&2
+    precompile_python "$rootfs" "$VENV/lib/python3.11/site-packages/coderun"
     verify_operator_rootfs "$rootfs"  # needs the base's /dev/null, so before /dev is emptied
     rm -rf "${rootfs:?}"/dev/* "${rootfs:?}"/tmp/* "${rootfs:?}"/root/.cache
 }

@@ -10,28 +10,14 @@ MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:6
 # (pythran, g++, python3-dev) out of the image.
 PYTHON_PACKAGES_FIRST=(python3-munkres)
 PYTHON_PACKAGES=(python3-numpy python3-pandas python3-matplotlib)
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 # The packages: slow (debootstrap, ~2 min), so build.sh caches them apart from the runner.
 make_base_rootfs() {
-    local rootfs=$1 debs=$CACHE_DIR/debs/bookworm
-    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
-    mkdir -p "$debs"
-    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
-    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
-    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
-    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
-    "${apt[@]}" update >&2
-    "${apt[@]}" install "${PYTHON_PACKAGES_FIRST[@]}" >&2
-    "${apt[@]}" install "${PYTHON_PACKAGES[@]}" >&2
-    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
-    echo 'sandbox:x:65532:65532:sandbox:/tmp/home:/usr/sbin/nologin' >>"$rootfs/etc/passwd"
-    echo 'sandbox:x:65532:' >>"$rootfs/etc/group"
-    chmod 1777 "$rootfs/tmp"
+    local rootfs=$1
+    debian_rootfs "$rootfs" sandbox /tmp/home "${PYTHON_PACKAGES_FIRST[*]}" "${PYTHON_PACKAGES[*]}"
     slim_rootfs "$rootfs"
-    chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort \
-        >"$REPO/sandbox-images/python/packages.lock"
-    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname  # the runtime provides these
+    precompile_python "$rootfs" /usr/lib/python3.11 /usr/lib/python3/dist-packages
+    debian_finish "$rootfs" sandbox-images/python/packages.lock
 }
 
 # The runner on top of the cached packages (the only RECIPE_INPUT), checked by a real run.
@@ -70,17 +56,4 @@ assert [a["name"] for a in frame["artifacts"]] == ["plot.png"], frame["artifacts
 print("verified: runner ran a pandas/matplotlib program in", frame["metrics"]["wallMillis"], "ms", file=sys.stderr)
 PY
     rm -rf "$check"
-}
-
-# Drop what a sandbox never needs: package caches, docs, logs and the test
-# suites of the Python libraries (about 110 MB). Byte-code stays: the root
-# filesystem is read-only at run time, so imports could not cache it then.
-slim_rootfs() {
-    local rootfs=$1
-    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
-        "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
-        "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old "$rootfs"/root/.bash_history
-    find "$rootfs/usr/lib/python3/dist-packages" -depth -type d -name tests -exec rm -rf {} +
-    find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
-    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
 }

@@ -1,0 +1,60 @@
+# The Debian steps the recipes share, sourced by build.sh (and so part of every image's key).
+
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+# debian_rootfs ROOTFS USER HOME PACKAGE_GROUP...: bookworm minbase with Python 3 (the runner's, or the
+# operator's), then each group of packages installed in its own apt call, in order (a group is one word of
+# space-separated names). Downloads are cached in $CACHE_DIR/debs across builds. USER is uid/gid 65532.
+debian_rootfs() {
+    local rootfs=$1 user=$2 home=$3 debs=$CACHE_DIR/debs/bookworm group
+    shift 3
+    command -v debootstrap >/dev/null || apt-get install -y debootstrap >&2
+    mkdir -p "$debs"
+    debootstrap --variant=minbase --include=python3 --cache-dir="$debs" bookworm "$rootfs" "$DEBIAN_MIRROR" >&2
+    cp /etc/resolv.conf "$rootfs/etc/resolv.conf"
+    find "$debs" -name '*.deb' -exec cp -t "$rootfs/var/cache/apt/archives/" {} +  # reuse earlier downloads
+    local apt=(chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends)
+    "${apt[@]}" update >&2
+    for group in "$@"; do
+        # shellcheck disable=SC2086 - a group is a list of names
+        "${apt[@]}" install $group >&2
+    done
+    cp -u "$rootfs"/var/cache/apt/archives/*.deb "$debs/"
+    echo "$user:x:65532:65532:$user:$home:/usr/sbin/nologin" >>"$rootfs/etc/passwd"
+    echo "$user:x:65532:" >>"$rootfs/etc/group"
+    chmod 1777 "$rootfs/tmp"
+}
+
+# Drop what an image never needs: package caches, docs, logs and the test
+# suites of the Python libraries (about 110 MB in the python image).
+slim_rootfs() {
+    local rootfs=$1
+    rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/log/* \
+        "$rootfs"/usr/share/man/* "$rootfs"/usr/share/info/* "$rootfs"/usr/share/locale/* \
+        "$rootfs"/var/cache/debconf/*-old "$rootfs"/var/lib/dpkg/*-old "$rootfs"/root/.bash_history
+    [ ! -d "$rootfs/usr/lib/python3/dist-packages" ] ||
+        find "$rootfs/usr/lib/python3/dist-packages" -depth -type d -name tests -exec rm -rf {} +
+    find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
+    find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
+}
+
+# debian_finish ROOTFS [LOCK]: write the package versions Debian gave to LOCK (a path in the repository),
+# and drop the files the container runtime provides.
+debian_finish() {
+    local rootfs=$1 lock=${2:-}
+    if [ -n "$lock" ]; then
+        chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort >"$REPO/$lock"
+    fi
+    rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname
+}
+
+# precompile_python ROOTFS DIR...: byte-code for every module under DIRs (inside ROOTFS) as unchecked-hash
+# .pyc. mkimage.py gives every file the same mtime, which makes the timestamp-checked .pyc files Debian and
+# pip write stale, and the root filesystem is read-only at run time: without this, Python would compile
+# numpy, pandas (or the operator's dependencies) in memory on every start.
+precompile_python() {
+    local rootfs=$1
+    shift
+    chroot "$rootfs" /usr/bin/env -i PATH=/usr/bin:/bin python3 -m compileall -q -f \
+        --invalidation-mode unchecked-hash -x '/lib2to3/tests/' "$@" >&2
+}
