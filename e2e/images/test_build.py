@@ -40,7 +40,7 @@ def repo(tmp_path):
         pytest.skip("build.sh needs flock and sha256sum")
     images = tmp_path / "repo" / "e2e" / "images"
     (images / "recipes").mkdir(parents=True)
-    for name in ("build.sh", "mkimage.py"):
+    for name in ("build.sh", "debian.sh", "mkimage.py"):
         shutil.copy2(HERE / name, images / name)
     (images / "recipes" / "layered.sh").write_text(RECIPE)
     (tmp_path / "repo" / "top.txt").write_text("one\n")
