@@ -8,14 +8,14 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds helm cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
-	test-e2e bench bench-idle
+	test-e2e bench bench-idle bench-attach
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
 	@echo "make test   - unit, runner and e2e tests (starts the local cluster if needed)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -74,3 +74,7 @@ bench: up-host
 
 bench-idle: up-host
 	$(PY) e2e/bench_idle.py
+
+# The warm pool's transport (issue 11): pods/attach to pre-started gVisor pods.
+bench-attach: up-host
+	$(PY) e2e/bench_attach.py
