@@ -26,8 +26,9 @@ controller = Controller()
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_) -> None:
     settings.posting.enabled = False  # the controller posts its own Events
-    if logging.getLogger().level > logging.DEBUG:  # without --verbose: no "Handler succeeded" line per event
+    if logging.getLogger().level > logging.DEBUG:  # without --verbose: no line per event or webhook call
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     # Few worker threads and a short GIL switch interval: the event loop (watches, /healthz) stays responsive
     # while handlers parse and redact large outputs.
     settings.execution.max_workers = int(os.environ.get("CODERUN_WORKERS", "8"))

@@ -97,6 +97,7 @@ class LeaderElector:
         self._on_lost = on_lost
         self._resource_version: str | None = None
         self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
         self.leading = False
 
     def _read(self) -> Record | None:
@@ -128,9 +129,9 @@ class LeaderElector:
             time.sleep(RETRY_SECONDS)
 
     def renew_forever(self) -> threading.Thread:
-        thread = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
-        thread.start()
-        return thread
+        self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
+        self._renewer.start()
+        return self._renewer
 
     def _renew_loop(self) -> None:
         last_renewed = time.monotonic()
@@ -157,16 +158,23 @@ class LeaderElector:
     def release(self) -> None:
         """Hand the Lease over (best effort): called once this replica has stopped processing."""
         self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join(k8s.REQUEST_TIMEOUT_SECONDS)  # its last write must not race the release
         if not self.leading:
             return
         self.leading = False
-        try:
-            record = self._read()
-            if record is not None and record.holder == self.identity:
-                self._write(released(record))
-                log.info("released Lease %s/%s", self.namespace, self.name)
-        except (k8s.Conflict, k8s.Transient, k8s.Refused) as e:
-            log.warning("could not release the Lease (a standby takes over when it expires): %s", str(e)[:200])
+        for _ in range(3):  # a Conflict here is a write we did not see: read again
+            try:
+                record = self._read()
+                if record is not None and record.holder == self.identity:
+                    self._write(released(record))
+                    log.info("released Lease %s/%s", self.namespace, self.name)
+                return
+            except k8s.Conflict:
+                continue
+            except (k8s.Transient, k8s.Refused) as e:
+                log.warning("could not release the Lease (a standby takes over when it expires): %s", str(e)[:200])
+                return
 
 
 def exit_now(why: str) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 from kopf import cli
 
@@ -39,10 +40,14 @@ def main() -> None:
     probes.lead()
     elector.renew_forever()
     leader.mark_own_pod(namespace, pod, leading=True)
+    logging.getLogger().handlers.clear()  # kopf installs its own; two would print every line twice
     try:
         cli.main()
     finally:
-        elector.release()  # kopf has stopped: a standby may take over now, not at the Lease's expiry
+        stopping = time.monotonic()
+        logging.getLogger("coderun.leader").info("kopf has stopped; releasing the Lease")
+        elector.release()  # a standby may take over now, not at the Lease's expiry
+        logging.getLogger("coderun.leader").info("released in %.1f s", time.monotonic() - stopping)
 
 
 if __name__ == "__main__":
