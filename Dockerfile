@@ -32,13 +32,14 @@ RUN apt-get update \
 FROM base AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # First the third-party dependencies, in a layer that only a change to
-# pyproject.toml rebuilds: its `dependencies` and its `operator` extra, wheels
-# only (there is no compiler in the image).
-COPY pyproject.toml /tmp/build/pyproject.toml
+# pyproject.toml or the lock rebuilds: its `dependencies` and its `operator`
+# extra at the versions requirements/operator.txt pins, wheels only (there is
+# no compiler in the image).
+COPY pyproject.toml requirements/operator.txt /tmp/build/
 RUN python3 -m venv /opt/coderun/venv \
  && python3 -c 'import sys, tomllib; project = tomllib.load(open(sys.argv[1], "rb"))["project"]; print(*project["dependencies"], *project["optional-dependencies"]["operator"], sep="\n")' \
         /tmp/build/pyproject.toml >/tmp/build/requirements.txt \
- && /opt/coderun/venv/bin/pip install --only-binary=:all: -r /tmp/build/requirements.txt \
+ && /opt/coderun/venv/bin/pip install --only-binary=:all: -c /tmp/build/operator.txt -r /tmp/build/requirements.txt \
  && rm -rf /tmp/build
 # Then coderun itself, `.[operator]`: its dependencies are in place, so only
 # setuptools (to build it) is downloaded.

@@ -7,7 +7,7 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds helm cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
+.PHONY: help venv crds helm operator-lock cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
 	test-e2e bench bench-idle bench-attach
 
 help:
@@ -26,6 +26,16 @@ $(VENV)/.installed: pyproject.toml
 
 crds: venv
 	$(PY) -m coderun.api.crd crds charts/coderun
+
+# Pins the operator image's dependencies (requirements/operator.txt) to what PyPI resolves today for
+# pyproject.toml's [operator] requirements, in a throwaway venv. Review the diff, then commit it.
+operator-lock:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; python3 -m venv "$$tmp/venv"; \
+	python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	print(*p["dependencies"], *p["optional-dependencies"]["operator"], sep="\n")' > "$$tmp/requirements.txt"; \
+	"$$tmp/venv/bin/pip" install -q --only-binary=:all: -r "$$tmp/requirements.txt"; \
+	{ sed -n '/^#/p' requirements/operator.txt; "$$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f; } \
+	  > "$$tmp/operator.txt"; mv "$$tmp/operator.txt" requirements/operator.txt
 
 # helm, built from its Go module into the cache like the cluster's binaries (the chart tests render with it).
 helm:

@@ -216,3 +216,4 @@ def test_every_value_is_commented():
             documented_at.append(indent)
         else:
             assert documented_at, f"values.yaml line {i + 1}: `{key.group(2)}` has no comment"
+

@@ -3,15 +3,15 @@
 # Dockerfile at the repository root, without Docker or a registry.
 #
 # Two layers of caching (see build.sh): the base (debootstrap, then the third-party dependencies that
-# pyproject.toml names for the package and its `operator` extra, from PyPI) is keyed by pyproject.toml
-# through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
+# pyproject.toml names for the package and its `operator` extra, from PyPI at the versions
+# requirements/operator.txt pins) is keyed by those two files through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
 # the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun. So an edit to
 # the code rebuilds the image in seconds; a change to the dependencies rebuilds the base.
 #
 # Byte-code is compiled at build time as unchecked-hash .pyc (precompile_python in ../debian.sh says why).
 IMAGE_REF=coderun.local/operator:v1
 VENV=/opt/coderun/venv
-BASE_INPUTS=(pyproject.toml)
+BASE_INPUTS=(pyproject.toml requirements/operator.txt)
 mapfile -t RECIPE_INPUTS < <(cd "$REPO" && printf '%s\n' pyproject.toml README.md &&
     find src/coderun -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort)
 MKIMAGE_ARGS=(--entrypoint "[\"$VENV/bin/coderun-operator\"]" --user 65532:65532 --workdir /tmp
@@ -27,7 +27,7 @@ operator_chroot() {
 }
 
 # The packages and the third-party dependencies: slow (debootstrap, then PyPI), so build.sh caches them
-# apart from the code, keyed by pyproject.toml.
+# apart from the code, keyed by pyproject.toml and requirements/operator.txt.
 make_base_rootfs() {
     local rootfs=$1 deps
     debian_rootfs "$rootfs" coderun /tmp "${OPERATOR_DEBS[*]}"
@@ -45,7 +45,9 @@ print(*project["dependencies"], *project["optional-dependencies"]["operator"], s
         cp "$PIP_CERT" "$rootfs/tmp/pip-cert.pem"
         pip_env+=(PIP_CERT=/tmp/pip-cert.pem)
     fi
-    operator_chroot "$rootfs" "${pip_env[@]}" "$VENV/bin/pip" install "${deps[@]}" >&2
+    cp "$REPO/requirements/operator.txt" "$rootfs/tmp/constraints.txt"  # the pinned versions
+    operator_chroot "$rootfs" "${pip_env[@]}" "$VENV/bin/pip" install -c /tmp/constraints.txt "${deps[@]}" >&2
+    rm -f "$rootfs/tmp/constraints.txt"
     rm -f "$rootfs/tmp/pip-cert.pem"
     echo "operator.sh: installed from PyPI:" >&2
     operator_chroot "$rootfs" "$VENV/bin/pip" --disable-pip-version-check freeze --all | sed 's/^/  /' >&2
