@@ -395,6 +395,9 @@ cmd_down() {
   # Shims and sandboxes are started by containerd but outlive it: end those whose socket or state is ours.
   pkill -KILL -f "containerd-shim-.* -address $CONTAINERD_SOCK" 2>/dev/null || true
   pkill -KILL -f "runsc.*--root=/run/coderun/runsc" 2>/dev/null || true
+  # A Deployment's pods (the chart's operator) are recreated between the pod deletion above and the kubelet's
+  # stop, and runc containers outlive their shim: end whatever is still in the pod cgroups our kubelet made.
+  find /sys/fs/cgroup/pids/kubepods* -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
   # Mounts made for pods (emptyDir, configmap, rootfs overlays, netns) under our directory.
   { grep -o " $CLUSTER_DIR[^ ]*\| /run/coderun/runsc[^ ]*\| /run/netns/cni-[^ ]*" /proc/mounts || true; } | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null || true; done
