@@ -7,12 +7,12 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds helm operator-lock cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
+.PHONY: help venv crds helm operator-lock test-e2e-chart cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
 	test-e2e bench bench-idle bench-attach
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
-	@echo "make test   - unit, runner and e2e tests (starts the local cluster if needed)"
+	@echo "make test   - unit, runner and e2e tests against the chart-installed operator (starts the cluster)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach"
@@ -77,7 +77,12 @@ test-unit: venv helm
 test-e2e: up-host
 	$(PY) -m pytest e2e -q
 
-test: test-unit test-e2e
+# The same suite against the operator as users install it: the image and the Helm chart (make up).
+test-e2e-chart: up
+	CODERUN_E2E_OPERATOR=chart $(PY) -m pytest e2e -q
+
+# CI's command: the e2e suite against the operator as users install it (the image and the chart).
+test: test-unit test-e2e-chart
 
 bench: up-host
 	$(PY) e2e/bench_latency.py

@@ -171,12 +171,100 @@ def cluster() -> Cluster:
     return Cluster()
 
 
+# Which operator the suite runs against: "host" (default; `make up-host`, the checkout as a host process) or
+# "chart" (`make up`: the operator image and the Helm chart, two replicas, as users install it).
+OPERATOR_MODE = os.environ.get("CODERUN_E2E_OPERATOR", "host")
+
+
+class HostOperator:
+    """The host-process operator (e2e/operator.sh): its endpoints on this host, its log file."""
+    log_file = REPO / ".cluster" / "logs" / "operator.log"
+
+    def healthz_url(self) -> str:
+        return "http://127.0.0.1:8080/healthz"
+
+    def metrics_url(self) -> str:
+        return "http://127.0.0.1:9108/metrics"
+
+    def log_mark(self) -> Any:
+        return self.log_file.stat().st_size if self.log_file.exists() else 0
+
+    def log_since(self, mark: Any) -> str:
+        data = self.log_file.read_bytes() if self.log_file.exists() else b""
+        return data[mark if len(data) >= mark else 0:].decode("utf-8", "replace")
+
+    def control(self, action: str) -> None:
+        """kill (SIGKILL), stop, start."""
+        subprocess.run(["bash", "e2e/operator.sh", action], cwd=REPO, check=True, capture_output=True)
+
+
+class ChartOperator:
+    """The chart's operator (e2e/install.sh): the leading replica's endpoints, every replica's log."""
+    namespace, selector = "coderun-system", "app.kubernetes.io/instance=coderun"
+
+    def __init__(self, cluster: "Cluster"):
+        self.cluster = cluster
+
+    def leader(self):
+        def one():
+            pods = [p for p in self.cluster.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
+                    if not p.metadata.deletion_timestamp and p.status.pod_ip
+                    and (p.metadata.labels or {}).get("coderun.io/leader") == "true"]
+            return pods[0] if len(pods) == 1 else None
+        return wait_for(one, 60, "one leading operator replica")
+
+    def healthz_url(self) -> str:  # the health server's /healthz asks kopf's own liveness endpoint
+        return f"http://{self.leader().status.pod_ip}:8081/healthz"
+
+    def metrics_url(self) -> str:
+        return f"http://{self.leader().status.pod_ip}:9108/metrics"
+
+    def log_mark(self) -> Any:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def log_since(self, mark: Any) -> str:
+        return self.cluster.kubectl("logs", "-n", self.namespace, "-l", self.selector, "--since-time", mark,
+                                    "--tail=-1", "--prefix", check=False).stdout
+
+    def control(self, action: str) -> None:
+        """kill: SIGKILL the leader's container and remove its pod (the standby takes over when the Lease
+        expires); stop: no replicas; start: the chart's replicas back, with a leader."""
+        deployment = ["-n", self.namespace, "deployment/coderun"]
+        if action == "kill":
+            leader = self.leader()
+            container = leader.status.container_statuses[0].container_id.split("://", 1)[1]
+            ctr = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo "
+                                  "$CODERUN_CACHE/bin/containerd-$CONTAINERD_VERSION/ctr"], cwd=REPO,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            subprocess.run([ctr, "--address", str(REPO / ".cluster" / "containerd" / "containerd.sock"), "-n",
+                            "k8s.io", "tasks", "kill", "--signal", "SIGKILL", container], check=True,
+                           capture_output=True)
+            self.cluster.kubectl("delete", "pod", "-n", self.namespace, leader.metadata.name, "--wait=false",
+                                 "--grace-period=0", "--force")
+        elif action == "stop":
+            self.cluster.kubectl("scale", *deployment, "--replicas=0")
+            wait_for(lambda: not self.cluster.core.list_namespaced_pod(self.namespace,
+                                                                       label_selector=self.selector).items,
+                     90, "the operator replicas to be gone")
+        elif action == "start":
+            self.cluster.kubectl("scale", *deployment, "--replicas=2")
+            self.leader()
+        else:
+            raise ValueError(action)
+
+
 @pytest.fixture(scope="session")
 def operator(cluster) -> Cluster:
-    """The operator running from this checkout (restarted once per session, so it runs the code under test)."""
+    """The operator running from this checkout (restarted once per session, so it runs the code under test);
+    `cluster.operator` controls it and says where its endpoints and log are."""
+    if OPERATOR_MODE == "chart":
+        subprocess.run(["make", "up"], cwd=REPO, check=True, capture_output=True)
+        cluster.operator = ChartOperator(cluster)
+        return cluster
     subprocess.run(["make", "up-host"], cwd=REPO, check=True, capture_output=True)
     if not os.environ.get("CODERUN_E2E_KEEP_OPERATOR"):
         subprocess.run(["bash", "e2e/operator.sh", "restart"], cwd=REPO, check=True)
+    cluster.operator = HostOperator()
     return cluster
 
 

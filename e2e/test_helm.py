@@ -3,7 +3,8 @@ replicas with one leading, a CodeRun and the webhook through the in-cluster oper
 in flight, the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
 
 The rest of the e2e suite runs the operator as a host process (`make up-host`, the code under test without an
-image build); this module stops it, installs the chart, and gives the host operator back at the end.
+image build) unless CODERUN_E2E_OPERATOR=chart; this module installs the chart itself and gives the suite its
+operator back at the end.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import urllib.request
 import pytest
 from kubernetes.client.rest import ApiException
 
-from conftest import REPO, PodCensus, wait_for
+from conftest import OPERATOR_MODE, REPO, PodCensus, wait_for
 
 NAMESPACE, RELEASE = "coderun-system", "coderun"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
@@ -59,7 +60,8 @@ def chart(cluster):
         return
     _sh("bash", "e2e/install.sh", "uninstall", check=False)
     cluster.kubectl("delete", "namespace", AGENTS, "--wait=false", check=False)
-    _sh("make", "up-host", check=False)  # the host-process operator the other modules use
+    # The operator the other modules use: the host process, or (CODERUN_E2E_OPERATOR=chart) the chart again.
+    _sh("make", "up" if OPERATOR_MODE == "chart" else "up-host", check=False)
 
 
 def operator_pods(cluster) -> list:

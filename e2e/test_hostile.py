@@ -30,10 +30,8 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner import FRAME_PREFIX
-from conftest import REPO, TERMINAL, wait_for
+from conftest import TERMINAL, wait_for
 
-OPERATOR_LOG = REPO / ".cluster" / "logs" / "operator.log"
-HEALTHZ = "http://127.0.0.1:8080/healthz"
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
 OVERHEAD_MILLICPU = 50          # the gvisor RuntimeClass's podFixed cpu, counted by the scheduler
@@ -1069,11 +1067,11 @@ class SuiteResult:
     batches: int = 0
 
 
-def _watch_health(stop: threading.Event, out: list) -> None:
+def _watch_health(healthz: str, stop: threading.Event, out: list) -> None:
     while not stop.is_set():
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(HEALTHZ, timeout=5) as r:
+            with urllib.request.urlopen(healthz, timeout=5) as r:
                 r.read()
                 outcome = str(r.status)
         except Exception as e:  # noqa: BLE001 - recorded and asserted
@@ -1146,14 +1144,15 @@ def hostile(operator) -> SuiteResult:
     cluster.core.create_namespace({"metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
     result = SuiteResult(namespace=namespace)
-    log_start = OPERATOR_LOG.stat().st_size if OPERATOR_LOG.exists() else 0
+    log_start = cluster.operator.log_mark()
     node = cluster.node_ip()
     trap = HostTrap(node)
     header = (f"NODE = {node!r}\nNODE6 = {cluster.node_ipv6_addresses()!r}\nTRAP = {trap.port!r}\n"
               f"AWS = {AWS!r}\nGHP = {GHP!r}\nFRAME = {FRAME_PREFIX!r}\nFORGED = {FORGED!r}\n"
               f"CONTROL = {CONTROL!r}\nHOST_KERNEL = {HOST_KERNEL!r}\nimport re\n")
     stop = threading.Event()
-    watchers = [threading.Thread(target=_watch_health, args=(stop, result.health), daemon=True),
+    watchers = [threading.Thread(target=_watch_health, args=(cluster.operator.healthz_url(), stop, result.health),
+                                 daemon=True),
                 threading.Thread(target=_canaries, args=(cluster, namespace, stop, result.canaries), daemon=True)]
     for t in watchers:
         t.start()
@@ -1172,9 +1171,7 @@ def hostile(operator) -> SuiteResult:
             t.join(130)
         trap.close()
         result.trap_hits = list(trap.hits)
-        if OPERATOR_LOG.exists():
-            data = OPERATOR_LOG.read_bytes()
-            result.log = data[log_start if len(data) >= log_start else 0:].decode("utf-8", "replace")
+        result.log = cluster.operator.log_since(log_start)
     yield result
     cluster.core.delete_namespace(namespace, propagation_policy="Background")
 

@@ -16,9 +16,9 @@ def test_metrics_liveness_events_and_printer_columns(operator, namespace):
     ok = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": "print(1)"}))
     bad = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": "1/0"}))
 
-    status, body = fetch("http://127.0.0.1:8080/healthz")
+    status, body = fetch(operator.operator.healthz_url())
     assert status == 200
-    status, metrics = fetch("http://127.0.0.1:9108/metrics")
+    status, metrics = fetch(operator.operator.metrics_url())
     assert status == 200
     assert re.search(r'coderun_runs_total\{language="python",phase="Succeeded",reason="Completed"\} [1-9]', metrics)
     assert re.search(r'coderun_runs_total\{language="python",phase="Failed",reason="NonZeroExit"\} [1-9]', metrics)
@@ -37,16 +37,16 @@ def test_metrics_liveness_events_and_printer_columns(operator, namespace):
     assert re.search(rf'{bad["metadata"]["name"]}\s+Failed\s+NonZeroExit\s+1\s+\d+', table), table
 
 
-def active_runs():
-    return float(re.search(r"^coderun_active_runs (\S+)$", fetch("http://127.0.0.1:9108/metrics")[1], re.M).group(1))
+def active_runs(operator):
+    return float(re.search(r"^coderun_active_runs (\S+)$", fetch(operator.operator.metrics_url())[1], re.M).group(1))
 
 
 def test_the_active_runs_gauge_follows_runs_and_forgets_deleted_ones(operator, namespace):
     name = operator.create_run(namespace, {"language": "python", "code": "import time; time.sleep(60)",
                                            "limits": {"timeoutSeconds": 90}})
     operator.wait_running(namespace, name)
-    assert active_runs() >= 1
-    before = active_runs()
+    assert active_runs(operator) >= 1
+    before = active_runs(operator)
     operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     # A run deleted before it finished must not stay counted (the gauge used to grow forever).
-    wait_for(lambda: active_runs() <= before - 1, 30, "the deleted run to leave the active gauge")
+    wait_for(lambda: active_runs(operator) <= before - 1, 30, "the deleted run to leave the active gauge")

@@ -1,13 +1,10 @@
 """The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
-import subprocess
 
-from conftest import REPO, PodCensus, wait_for
+from conftest import PodCensus, wait_for
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 
 
-def _operator(action: str) -> None:
-    subprocess.run(["bash", "e2e/operator.sh", action], cwd=REPO, check=True, capture_output=True)
 
 
 def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namespace):
@@ -21,7 +18,7 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
             expected[name] = f"{i * 11}\n"
         wait_for(lambda: any((operator.get_run(namespace, n).get("status") or {}).get("podName") for n in expected),
                  60, "a run to have its pod")
-        _operator("kill")
+        operator.operator.control("kill")
         # While the operator is down: runs keep running, and new ones arrive with no status at all.
         for i in range(3, 5):
             name = operator.create_run(namespace, {"language": "python", "limits": small,
@@ -30,10 +27,10 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
         wait_for(lambda: any(p.status.container_statuses and p.status.container_statuses[0].state.terminated
                              for p in operator.core.list_namespaced_pod(namespace).items),
                  60, "a run's program to finish while the operator is down")
-        _operator("start")
+        operator.operator.control("start")
         results = {name: operator.wait_run(namespace, name, timeout=120)["status"] for name in expected}
     finally:
-        _operator("start")
+        operator.operator.control("start")
         census.stop()
     for name, status in results.items():
         assert (status["phase"], status["stdout"]) == ("Succeeded", expected[name]), (name, status)
@@ -44,9 +41,9 @@ def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
     name = operator.create_run(namespace, {"language": "python", "code": "print(1)"})
     operator.wait_run(namespace, name)
     assert not operator.get_run(namespace, name)["metadata"].get("finalizers")
-    _operator("stop")
+    operator.operator.control("stop")
     try:
         operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         wait_for(lambda: name not in operator.run_names(namespace), 10, "the run to be gone without the operator")
     finally:
-        _operator("start")
+        operator.operator.control("start")
