@@ -127,6 +127,19 @@ def test_quota_refusal_fails_the_run_with_the_api_servers_message(env):
     assert run["status"]["reason"] == "StartFailed" and "exceeded quota" in run["status"]["message"]
 
 
+
+def test_a_refused_namespace_deny_all_fails_the_run_at_once_not_as_a_bug(env):
+    api, _, _ = env
+    def namespace_terminating(obj):
+        if obj["kind"] == "NetworkPolicy":
+            raise Refused("the API server refused NetworkPolicy coderun-sandbox-default-deny: unable to create "
+                          "new content in namespace demo because it is being terminated", 403)
+    api.fail["create_or_get"] = namespace_terminating
+    run = submit(env, make_run())
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Failed", "StartFailed")
+    assert "being terminated" in run["status"]["message"]
+    assert ("Pod", NS, "demo-sandbox") not in api.objects
+
 # ------------------------------------------------------------------ progress and collection
 def test_running_then_collected_then_pod_deleted_and_cache_labelled(env):
     api, _, ctl = env

@@ -132,10 +132,10 @@ def _wait(ctl: core.Controller, run: Mapping[str, Any], decision: Decision, reas
 def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
            key: str | None) -> None:
     meta = run["metadata"]
-    conflict = _ensure_namespace_default_deny(ctl, meta["namespace"])
     configmap = build_input_configmap(run, spec, decision)
     pod = build_pod(run, decision, configmap["metadata"]["name"])
-    try:
+    try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
+        conflict = _ensure_namespace_default_deny(ctl, meta["namespace"])
         for child in (configmap, build_network_policy(run, decision.policy.egress), pod):
             conflict = conflict or not_ours(ctl.api.create_or_get(child), meta["uid"], child)
             if conflict:
