@@ -18,11 +18,10 @@ import urllib.request
 import pytest
 from kubernetes.client.rest import ApiException
 
-from conftest import OPERATOR_MODE, REPO, PodCensus, wait_for
+from conftest import OPERATOR_MODE, REPO, ChartOperator, PodCensus, wait_for
 
 NAMESPACE, RELEASE = "coderun-system", "coderun"
 SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
-LEADER = "coderun.io/leader"
 SMALL = {"cpu": "250m", "memory": "128Mi", "timeoutSeconds": 60}
 
 
@@ -35,17 +34,9 @@ def install(*helm_args: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _cached_binary(path: str) -> str:
-    return _sh("bash", "-c", f"source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/{path}").stdout.strip()
-
-
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return _sh(_cached_binary("helm-$HELM_VERSION/helm"), *args, "--kubeconfig", str(REPO / ".cluster" / "kubeconfig"),
-               check=check)
-
-
-def ctr() -> str:
-    return _cached_binary("containerd-$CONTAINERD_VERSION/ctr")
+    binary = _sh("bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/helm-$HELM_VERSION/helm")
+    return _sh(binary.stdout.strip(), *args, "--kubeconfig", str(REPO / ".cluster" / "kubeconfig"), check=check)
 
 
 AGENTS = "coderun-e2e-agents"  # a run namespace the chart creates, with its default policy
@@ -70,8 +61,8 @@ def operator_pods(cluster) -> list:
 
 
 def leader_pod(cluster):
-    leaders = [p for p in operator_pods(cluster) if (p.metadata.labels or {}).get(LEADER) == "true"]
-    return leaders[0] if len(leaders) == 1 else None
+    """The one leading replica (waits for it): what the rest of the suite uses in chart mode."""
+    return ChartOperator(cluster).leader()
 
 
 def lease_holder(cluster) -> str | None:
@@ -107,7 +98,7 @@ def test_install_gives_two_ready_hardened_replicas_and_one_leader(chart):
     pods = operator_pods(chart)
     assert len(pods) == 2 and all(p.status.phase == "Running" for p in pods), [p.status.phase for p in pods]
     assert all(all(c.ready for c in p.status.container_statuses) for p in pods), "a replica is not ready"
-    leader = wait_for(lambda: leader_pod(chart), 30, "one replica labelled leader")
+    leader = leader_pod(chart)
     assert lease_holder(chart) == leader.metadata.name
     container = leader.spec.containers[0]
     assert container.security_context.read_only_root_filesystem and not leader.spec.host_network
@@ -181,7 +172,7 @@ def test_helm_upgrade_with_runs_in_flight_loses_none(chart, namespace):
 @pytest.mark.parametrize("how", ["deleted", "killed"])
 def test_the_leader_lost_during_a_burst_of_20_runs_loses_none(chart, namespace, how):
     census = PodCensus(chart, namespace)
-    old = wait_for(lambda: leader_pod(chart), 30, "a leader")
+    old = leader_pod(chart)
 
     def burst(numbers: range) -> dict[str, str]:
         return run_all(chart, namespace, {f"{i * i}\n": f"import time\ntime.sleep(1)\nprint({i} * {i})"
@@ -192,11 +183,7 @@ def test_the_leader_lost_during_a_burst_of_20_runs_loses_none(chart, namespace, 
                                stderr=subprocess.STDOUT, text=True)
     lost_at = time.monotonic()
     if how == "killed":  # SIGKILL, then the pod gone: nothing releases the Lease, a standby waits for it to expire
-        container_id = old.status.container_statuses[0].container_id.split("://", 1)[1]
-        _sh(ctr(), "--address", str(REPO / ".cluster" / "containerd" / "containerd.sock"), "-n", "k8s.io",
-            "tasks", "kill", "--signal", "SIGKILL", container_id)
-        chart.kubectl("delete", "pod", "-n", NAMESPACE, old.metadata.name, "--wait=false", "--grace-period=0",
-                      "--force")
+        ChartOperator(chart).control("kill")
     else:  # kubectl delete pod: SIGTERM, kopf stops, the Lease is handed over
         chart.kubectl("delete", "pod", "-n", NAMESPACE, old.metadata.name, "--wait=false")
     expected.update(burst(range(10, 20)))  # created while the leader is gone or handing over

@@ -35,7 +35,7 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     sys.setswitchinterval(0.001)
     settings.watching.server_timeout = 300
     settings.networking.error_backoffs = [1, 2, 5]
-    metrics.serve(int(os.environ.get("CODERUN_METRICS_PORT", "9108")), controller.store.active_count)
+    metrics.serve(controller.store.active_count)
     if WEBHOOK_PORT:
         host = os.environ.get("CODERUN_WEBHOOK_HOST", "127.0.0.1")  # how the API server reaches us
         certfile, keyfile = os.environ.get("CODERUN_WEBHOOK_CERT"), os.environ.get("CODERUN_WEBHOOK_KEY")

@@ -114,9 +114,9 @@ class LeaderElector:
         announced = False
         while True:
             try:
-                record = self._read()
-                observation = observe(observation, record, time.monotonic())
-                if may_take(observation, self.identity, time.monotonic()):
+                record, now = self._read(), time.monotonic()
+                observation = observe(observation, record, now)
+                if may_take(observation, self.identity, now):
                     self._write(held_by(record, self.identity, _now_wall()))
                     self.leading = True
                     log.info("leading: Lease %s/%s is held by %s", self.namespace, self.name, self.identity)

@@ -26,7 +26,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s")
     namespace, pod = os.environ["POD_NAMESPACE"], os.environ["POD_NAME"]
     from .handlers import controller  # the standby's metrics too: a scrape of either replica answers
-    metrics.serve(int(os.environ.get("CODERUN_METRICS_PORT", "9108")), controller.store.active_count)
+    metrics.serve(controller.store.active_count)
     probes = health.Health(liveness.replace("0.0.0.0", "127.0.0.1"))
     health.serve(int(os.environ.get("CODERUN_HEALTH_PORT", "8081")), probes)
     leader.mark_own_pod(namespace, pod, leading=False)  # a restarted leader's container starts as a standby

@@ -1,6 +1,7 @@
 """Prometheus metrics: runs by outcome, latency histograms, active runs. Fed from the statuses we write."""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Mapping
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -30,10 +31,11 @@ def language_label(language: object) -> str:
     return language if isinstance(language, str) and language in DEFAULT_POLICY.runtimes else OTHER_LANGUAGE
 
 
+PORT = int(os.environ.get("CODERUN_METRICS_PORT", "9108"))
 _serving: set[int] = set()
 
 
-def serve(port: int, active_runs: Callable[[], int]) -> None:
+def serve(active_runs: Callable[[], int], port: int = PORT) -> None:
     """Once per port: a replicated operator starts it before the election, kopf's startup asks again."""
     ACTIVE.set_function(active_runs)
     if port not in _serving:
