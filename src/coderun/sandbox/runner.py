@@ -44,9 +44,12 @@ PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
 SANDBOX_VIOLATION = "SandboxViolation"
 INVALID_INPUT = "InvalidInput"
 RUNNER_ERROR = "RunnerError"
-# Every reason a frame can carry; only the last two come with a `message` (the operator words the others).
+# A warm pod's input stream ended before the whole input arrived: the program never ran, so the operator may
+# run it elsewhere without running it twice.
+INPUT_INCOMPLETE = "InputIncomplete"
+# Every reason a frame can carry; only the last three come with a `message` (the operator words the others).
 REASONS = (COMPLETED, NON_ZERO_EXIT, TIMEOUT, OUTPUT_LIMIT_EXCEEDED, SIGNALED, DISK_LIMIT_EXCEEDED,
-           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR)
+           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR, INPUT_INCOMPLETE)
 # limit.kind in a frame that ended on one of the sandbox's own limits.
 LIMIT_KINDS = ("disk", "inodes", "processes", "termination-log")
 
@@ -220,6 +223,62 @@ def load_run_spec(input_dir: str) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"run.json is not valid JSON: {exc}") from None
     return parse_run_spec(raw)
+
+
+# The warm pool's input (`--input-stdin`): one ASCII decimal length, a newline, then that many bytes of JSON
+# {"nonce": str, "data": {key: text}, "binaryData": {key: base64}}: the input ConfigMap's keys, plus the nonce
+# the runner puts in its frame so the operator can trust a frame read from the attach stream.
+ACCEPTED_PREFIX = "CODERUN-ACCEPTED "
+MAX_STDIN_INPUT_BYTES = 16 * 1024 * 1024
+NONCE = re.compile(r"^[0-9a-f]{32,128}$")
+
+
+class InputIncomplete(Exception):
+    """The input stream ended (or broke) before the whole document arrived."""
+
+
+def read_exactly(stream, count: int) -> bytes:
+    chunks, missing = [], count
+    while missing:
+        chunk = stream.read(min(missing, READ_CHUNK))
+        if not chunk:
+            raise InputIncomplete(f"the input stream ended after {count - missing} of {count} bytes")
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_stdin_input(stream, input_dir: str) -> str:
+    """Read the warm pool's input document from `stream` into `input_dir`, laid out as the ConfigMap mount is
+    (one file per key), and return the nonce. InputIncomplete on a short stream, InvalidInput on a bad one."""
+    header = stream.readline(24)
+    if not header.endswith(b"\n"):
+        raise InputIncomplete("the input stream ended before its length line")
+    _require(header[:-1].isdigit(), "the input's length line is not a decimal number")
+    length = int(header)
+    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
+    try:
+        document = json.loads(read_exactly(stream, length))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"the input is not valid JSON: {str(exc)[:200]}") from None
+    _require(isinstance(document, dict), "the input must be a JSON object")
+    nonce, data, binary = document.get("nonce"), document.get("data") or {}, document.get("binaryData") or {}
+    _require(isinstance(nonce, str) and bool(NONCE.match(nonce)), "the input's nonce must be 32-128 hex digits")
+    _require(isinstance(data, dict) and isinstance(binary, dict), "data and binaryData must be objects")
+    os.makedirs(input_dir, mode=0o700, exist_ok=True)
+    for key, value in [*data.items(), *binary.items()]:
+        _require(isinstance(key, str) and bool(CONFIGMAP_KEY.match(key)) and isinstance(value, str),
+                 f"input key {str(key)[:64]!r} must be a ConfigMap key with a string value")
+        content = value.encode("utf-8", "surrogatepass") if key in data else _base64(value, key)
+        write_new_file(input_dir, key, content)
+    return nonce
+
+
+def _base64(value: str, key: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise InvalidInput(f"input key {key!r} is not valid base64") from None
 
 
 def write_new_file(work_dir: str, relative: str, content: bytes) -> None:
@@ -1433,27 +1492,34 @@ DEFAULT_PATHS = {
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
 }
-USAGE = ("usage: runner.py [--input DIR] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
-         "Run one sandboxed program and print a framed result.")
+STDIN_INPUT_DIR = "/tmp/.coderun-input"         # where --input-stdin lays the input out
+USAGE = ("usage: runner.py [--input DIR | --input-stdin] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
+         "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
+         "input on stdin instead of reading a mounted ConfigMap.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
     """`--name VALUE` or `--name=VALUE` for the four paths. Hand-rolled
     because importing argparse costs ~10 ms on every run."""
     paths = dict(DEFAULT_PATHS)
-    args = list(argv)
+    args, input_stdin = list(argv), False
     while args:
         option = args.pop(0)
         if option in ("-h", "--help"):
             print(USAGE)
             sys.exit(0)
+        if option == "--input-stdin":
+            input_stdin = True
+            continue
         name, has_value, value = option.partition("=")
         key = name[2:].replace("-", "_") if name.startswith("--") else None
         if key not in paths or not (has_value or args):
             print(f"{USAGE}\nrunner.py: bad argument {option!r}", file=sys.stderr)
             sys.exit(2)
         paths[key] = value if has_value else args.pop(0)
-    return types.SimpleNamespace(**paths)
+    if input_stdin and "--input" not in [a.partition("=")[0] for a in argv]:
+        paths["input"] = STDIN_INPUT_DIR
+    return types.SimpleNamespace(**paths, input_stdin=input_stdin)
 
 
 def open_termination_log(path: str) -> int | None:
@@ -1490,6 +1556,23 @@ def make_undumpable() -> bool:
         return False
 
 
+def accept_stdin_input(input_dir: str) -> tuple[str | None, dict | None]:
+    """A warm pod's input: (nonce, None) once all of it is read, announced on stdout (the operator's proof that
+    the program may be running); else (None, the failure frame). The nonce is never written anywhere the
+    program can read: only this process, undumpable and outside the program's PID namespace, holds it."""
+    try:
+        nonce = read_stdin_input(sys.stdin.buffer, input_dir)
+    except InputIncomplete as exc:
+        return None, failure_frame(INPUT_INCOMPLETE, str(exc))
+    except InvalidInput as exc:
+        return None, failure_frame(INVALID_INPUT, str(exc))
+    except OSError as exc:
+        return None, failure_frame(RUNNER_ERROR, f"could not read the input: {exc}")
+    sys.stdout.buffer.write(f"{ACCEPTED_PREFIX}{hashlib.sha256(nonce.encode()).hexdigest()[:16]}\n".encode())
+    sys.stdout.buffer.flush()
+    return nonce, None
+
+
 def main(argv: list[str] | None = None) -> int:
     # Wall-clock start, so the operator can tell sandbox start-up time from the program's own.
     started_at_millis = int(time.time() * 1000)
@@ -1501,11 +1584,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in SHIELDED_SIGNALS:
         signal.signal(getattr(signal, name), lambda number, _frame: None)
     termination_fd = open_termination_log(args.termination_log)
-    try:
-        frame = execute(args, is_pid1, termination_fd)
-    except Exception as exc:  # the frame must still be printed
-        frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
+    nonce, frame = None, None
+    if args.input_stdin:
+        nonce, frame = accept_stdin_input(args.input)
+        started_at_millis = int(time.time() * 1000)  # the program's start-up begins now, not at the pod's
+    if frame is None:
+        try:
+            frame = execute(args, is_pid1, termination_fd)
+        except Exception as exc:  # the frame must still be printed
+            frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
     frame["startedAtMillis"] = started_at_millis
+    if nonce is not None:
+        frame["nonce"] = nonce
     if is_pid1:
         kill_all_other_processes()
     frame_json = encode_frame(frame)
