@@ -1,11 +1,12 @@
 """Both sides of the runner protocol, spelt once: the builders' input ConfigMap goes through the runner's own
 parser, and the operator reads the runner's constants instead of repeating them."""
 import base64
+import io
 import json
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Reason
-from coderun.controlplane.builders import build_input_configmap
+from coderun.controlplane.builders import build_input_configmap, warm_input
 from coderun.controlplane.builders.objects import REDACTION_MARGIN_BYTES
 from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
 from coderun.controlplane.results import frame
@@ -43,4 +44,21 @@ def test_the_operator_speaks_the_runners_words():
     assert frame.PREFIX == runner.FRAME_PREFIX
     runner_reasons = {value for name, value in vars(runner).items()
                       if name.isupper() and isinstance(value, str) and value[:1].isupper() and value.isalpha()}
-    assert runner_reasons - {r.value for r in Reason} <= {"InvalidInput", "RunnerError"}
+    # InputIncomplete: a warm pod whose input broke off; the operator starts that run cold (warm.go_cold).
+    assert runner_reasons - {r.value for r in Reason} <= {"InvalidInput", "RunnerError", "InputIncomplete"}
+
+
+def test_a_warm_pods_input_is_the_input_configmap_with_a_nonce(run_body, tmp_path):
+    """What the operator sends over attach is what the runner lays out as if the ConfigMap were mounted."""
+    spec = CodeRunSpec.model_validate({
+        "language": "python", "code": "print(1)", "stdin": "hello",
+        "files": [{"path": "blob.bin", "contentBase64": base64.b64encode(b"\x00\xff").decode()}]})
+    configmap = build_input_configmap(run_body(), spec, evaluate(spec, DEFAULT_POLICY))
+    nonce = "ab" * 32
+    stream = io.BytesIO(warm_input(configmap, nonce))
+
+    assert runner.read_stdin_input(stream, str(tmp_path / "input")) == nonce
+    for key, value in configmap["data"].items():
+        assert (tmp_path / "input" / key).read_text() == value
+    assert (tmp_path / "input" / "file-0").read_bytes() == b"\x00\xff"
+    assert stream.read() == b""  # exactly the announced length was read

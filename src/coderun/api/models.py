@@ -281,6 +281,9 @@ class CodeRunStatus(ApiModel):
     policy_rule: str | None = Field(None, description="The policy rule that refused the run, when one did.")
     effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
     pod_name: str | None = None
+    start_mode: str | None = Field(None, description=(
+        "Warm: the run took a pre-started pod from its policy's warm pool; Cold: a pod was created for it."),
+        json_schema_extra={"enum": ["Warm", "Cold"]})
     cached_from: str | None = Field(None, description="The earlier CodeRun whose result was reused.")
     cache_key: str | None = Field(None, description="sha256 of everything that decides the result (see spec.cache).")
     start_time: str | None = Field(None, description="When the sandbox pod was created.",

@@ -31,6 +31,10 @@ class Policy:
     max_concurrent_runs: int | None = None
     approval: str = APPROVAL_NEVER
     admission: str = ADMISSION_ENFORCE
+    # Pre-started pods kept per language in the policy's namespace (0: none, the built-in policy's case).
+    warm_pool_size: int = 0
+    warm_pool_languages: tuple[str, ...] = ()
+    uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
 
     def approval_required(self) -> bool:
         return self.approval == APPROVAL_ALWAYS or (self.approval == APPROVAL_WITH_EGRESS and bool(self.egress))
@@ -91,7 +95,7 @@ DEFAULT_POLICY = Policy(
 )
 
 
-def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec) -> Policy:
+def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | None = None) -> Policy:
     """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent. (The operator
     checks first what the schema cannot: see controlplane/policy/load.py.)"""
     ttl = spec.ttl_seconds_after_finished
@@ -104,4 +108,6 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec) -> Policy:
         max_processes=spec.max_processes or DEFAULT_POLICY.max_processes,
         max_inodes=spec.max_inodes or DEFAULT_POLICY.max_inodes,
         code_rules=spec.code_rules, egress=tuple(spec.egress or ()), max_concurrent_runs=spec.max_concurrent_runs,
-        approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission)
+        approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission,
+        warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
+        warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else ())

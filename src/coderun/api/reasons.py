@@ -10,6 +10,11 @@ class Phase(StrEnum):
     REJECTED = "Rejected"
 
 
+class StartMode(StrEnum):
+    WARM = "Warm"  # a pre-started pod of the policy's warm pool
+    COLD = "Cold"  # a pod created for the run
+
+
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED, Phase.REJECTED})
 
 

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 
 import kopf
 
@@ -98,8 +99,12 @@ async def start_ticking(memo: kopf.Memo, **_) -> None:
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one pass
                 logging.getLogger("coderun").error("tick failed: %s: %s", type(e).__name__, str(e)[:300])
     memo["tick"] = asyncio.create_task(tick_forever())
+    memo["pools_stop"] = threading.Event()
+    threading.Thread(target=controller.keep_pools, args=(TICK_SECONDS, memo["pools_stop"]), name="warm-pools",
+                     daemon=True).start()
 
 
 @kopf.on.cleanup()
 async def stop_ticking(memo: kopf.Memo, **_) -> None:
     memo["tick"].cancel()
+    memo["pools_stop"].set()

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from kubernetes.stream import stream
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .metrics import API_REQUESTS
@@ -133,8 +134,83 @@ def get_pod(namespace: str, name: str) -> dict[str, Any] | None:
     return _plain(pod) if pod is not None else None
 
 
-def delete_pod(namespace: str, name: str) -> None:
-    _call(f"pod {name}", _core().delete_namespaced_pod, name, namespace, grace_period_seconds=0, missing_ok=True)
+def delete_pod(namespace: str, name: str, resource_version: str | None = None) -> None:
+    """Delete a pod at once; with `resource_version`, only if it is still as we saw it (else nothing happens)."""
+    body = {"preconditions": {"resourceVersion": resource_version}} if resource_version else None
+    try:
+        _call(f"pod {name}", _core().delete_namespaced_pod, name, namespace, grace_period_seconds=0, body=body,
+              missing_ok=True)
+    except Transient as e:
+        if not (resource_version and isinstance(e.__cause__, ApiException) and e.__cause__.status == 409):
+            raise
+
+
+def create_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod named by generateName (a warm pool pod): the pod as created."""
+    return _plain(_call("a warm pool pod", _core().create_namespaced_pod, pod["metadata"]["namespace"], pod))
+
+
+def claim_pod(namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Apply a JSON patch whose first operation tests the resourceVersion: the pod as patched, or None when
+    somebody changed it first (the test failed), or it is gone. Never a half-claimed pod: one patch is atomic."""
+    API_REQUESTS.labels("claim_pod").inc()
+    try:
+        return _plain(_core().patch_namespaced_pod(name, namespace, patch, _request_timeout=REQUEST_TIMEOUT_SECONDS))
+    except ApiException as e:
+        if e.status in (404, 409, 422):
+            return None
+        raise _failure(f"pod {name}", e) from e
+    except (OSError, ValueError) as e:
+        raise Transient(f"pod {name}: {type(e).__name__}: {str(e)[:200]}") from e
+
+
+class Attached:
+    """A container's stdin and stdout through the API server (pods/attach over a WebSocket)."""
+
+    def __init__(self, socket):
+        self._socket = socket
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._socket.write_stdin(data)
+        except Exception as e:  # noqa: BLE001 - websocket errors are many; any of them means the stream broke
+            raise Transient(f"attach: sending failed: {type(e).__name__}: {str(e)[:200]}") from e
+
+    def read_until(self, done: Callable[[bytes], bool], limit_bytes: int, seconds: float) -> bytes:
+        """Stdout until `done(stdout so far)`, the stream closes, `limit_bytes` arrived or `seconds` passed."""
+        received, deadline = b"", time.monotonic() + seconds
+        try:
+            while self._socket.is_open() and not done(received) and len(received) <= limit_bytes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._socket.update(timeout=min(remaining, 1.0))
+                received += self._socket.read_stdout(timeout=0) or b""
+        except Exception as e:  # noqa: BLE001
+            raise Transient(f"attach: reading failed: {type(e).__name__}: {str(e)[:200]}") from e
+        return received
+
+    def close(self) -> None:
+        try:
+            self._socket.close()
+        except Exception:  # noqa: BLE001, S110 - closing a broken stream is best effort
+            pass
+
+
+def attach(namespace: str, pod: str, container: str) -> Attached:
+    """Attach to a running container's stdin and stdout (RBAC: pods/attach). Each attach has its own client:
+    the stream helper swaps the client's transport while it connects, which other threads must not see."""
+    API_REQUESTS.labels("attach").inc()
+    core = client.CoreV1Api(client.ApiClient(_api().configuration))
+    try:
+        socket = stream(core.connect_get_namespaced_pod_attach, pod, namespace, container=container, stdin=True,
+                        stdout=True, stderr=False, tty=False, binary=True, _preload_content=False,
+                        _request_timeout=REQUEST_TIMEOUT_SECONDS)
+    except ApiException as e:  # the stream helper reports every failure, 403 included, as status 0
+        raise Transient(f"attach to pod {pod}: {e.reason or e.status}"[:300]) from e
+    except (OSError, ValueError) as e:
+        raise Transient(f"attach to pod {pod}: {type(e).__name__}: {str(e)[:200]}") from e
+    return Attached(socket)
 
 
 def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tuple[str, bool]:

@@ -22,6 +22,14 @@ API_REQUESTS = Counter("coderun_api_requests_total", "Requests the operator sent
                        "included: kopf keeps one per resource)", ["call"])
 ACTIVE = Gauge("coderun_active_runs", "Runs accepted and not yet finished")
 LEADER = Gauge("coderun_leader", "1 on the replica that holds the Lease and processes runs, 0 on a standby")
+POOL_READY = Gauge("coderun_pool_ready_pods", "Warm pool pods ready to be claimed", ["namespace", "policy", "language"])
+POOL_CLAIMS = Counter("coderun_pool_claims_total", "Runs started on a warm pool pod", ["language"])
+POOL_MISSES = Counter("coderun_pool_misses_total", "Runs of a policy with a warm pool that started cold: no ready "
+                      "pod (empty) or limits other than the pool's (limits)", ["language", "why"])
+POOL_ATTACH_FAILURES = Counter("coderun_pool_attach_failures_total", "Claimed warm pods that could not be attached "
+                               "(each run then started cold)")
+POOL_REFILL_SECONDS = Histogram("coderun_pool_refill_seconds", "Warm pool pod created -> its runner running",
+                                buckets=_LATENCY_BUCKETS)
 OTHER_LANGUAGE = "other"
 
 

@@ -8,6 +8,11 @@ LABEL_RUN = "coderun.io/run"
 LABEL_RUN_UID = "coderun.io/run-uid"
 LABEL_SANDBOX = "coderun.io/sandbox"
 MANAGER = "coderun"
+# Warm pool pods: the policy (name, fitted to a label) and language they serve, and the exact pool key
+# (policy digest, runtime, limits) in an annotation, so a changed policy's old pods are told apart.
+LABEL_POOL = "coderun.io/pool"
+LABEL_POOL_LANGUAGE = "coderun.io/pool-language"
+ANNOTATION_POOL_KEY = "coderun.io/pool-key"
 
 _MAX_NAME = 63  # pod hostnames and label values are limited to 63 characters
 
@@ -21,6 +26,10 @@ def _fit(base: str, suffix: str, limit: int) -> str:
     keep = limit - len(digest) - (len(suffix) + 2 if suffix else 1)
     head = base[:keep].rstrip("-.")
     return f"{head}-{digest}-{suffix}" if suffix else f"{head}-{digest}"
+
+
+def fit_name(name: str, limit: int = _MAX_NAME) -> str:
+    return _fit(name, "", limit)
 
 
 def child_name(run_name: str, suffix: str) -> str:

@@ -10,11 +10,14 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, CodeRunSpec, EgressRule
 from ..policy import Decision
-from .names import LABEL_RUN_UID, LABEL_SANDBOX, child_name, run_labels
+from .names import (ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID,
+                    LABEL_SANDBOX, MANAGER, child_name, fit_name as _fit_name, run_labels)
 
 INPUT_MOUNT = "/coderun/input"
 TMP_MOUNT = "/tmp"
 RUNNER_COMMAND = ("python3", "/opt/coderun/runner.py", "--input", INPUT_MOUNT)
+# A warm pool pod's runner waits for its input on stdin (sent over pods/attach when a run claims the pod).
+POOL_RUNNER_COMMAND = ("python3", "/opt/coderun/runner.py", "--input-stdin")
 SANDBOX_UID = 65532
 CONTAINER_NAME = "run"
 # Pod deadline beyond the program's timeout: startup (image, sandbox, interpreter) and result upload.
@@ -127,14 +130,26 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
 
 def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
     """The hardened sandbox pod (README, "What every run gets"). Nothing here is the caller's to switch off."""
+    metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
+    metadata["annotations"] = {"coderun.io/policy": decision.policy.name}
+    pod = _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
+                       decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
+    pod["spec"]["containers"][0]["volumeMounts"].insert(0, {"name": "input", "mountPath": INPUT_MOUNT,
+                                                            "readOnly": True})
+    pod["spec"]["volumes"].insert(0, {"name": "input", "configMap": {"name": input_configmap}})
+    return pod
+
+
+def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str],
+                 deadline_seconds: int) -> dict[str, Any]:
+    """What every sandbox pod is, cold or warm: gVisor, no token, no network of its own, non-root, read-only
+    root, every capability dropped, limits equal to requests, a private /tmp."""
     limits = decision.limits
     ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN))
     resources = {"cpu": limits.cpu, "memory": limits.memory, "ephemeral-storage": ephemeral}
     drop_all = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}
-    metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
-    metadata["annotations"] = {"coderun.io/policy": decision.policy.name}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": metadata,
@@ -148,27 +163,65 @@ def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) 
             "dnsPolicy": "None",
             "dnsConfig": {"nameservers": ["127.0.0.1"]},
             "terminationGracePeriodSeconds": 1,
-            "activeDeadlineSeconds": limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS,
+            "activeDeadlineSeconds": deadline_seconds,
             "securityContext": {"runAsNonRoot": True, "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID,
                                 "fsGroup": SANDBOX_UID, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": CONTAINER_NAME,
                 "image": decision.runtime.image,
                 "imagePullPolicy": "IfNotPresent",
-                "command": list(RUNNER_COMMAND),
+                "command": command,
                 "workingDir": TMP_MOUNT,
                 "env": [],
                 "resources": {"requests": dict(resources), "limits": dict(resources)},
                 "securityContext": drop_all,
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "File",
-                "volumeMounts": [{"name": "input", "mountPath": INPUT_MOUNT, "readOnly": True},
-                                 {"name": "tmp", "mountPath": TMP_MOUNT}],
+                "volumeMounts": [{"name": "tmp", "mountPath": TMP_MOUNT}],
             }],
-            "volumes": [{"name": "input", "configMap": {"name": input_configmap}},
-                        {"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}],
+            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}],
         },
     }
+
+
+def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], idle_seconds: int) -> dict[str, Any]:
+    """A warm pool pod: the sandbox pod above, its runner waiting on stdin, owned by the policy until a run
+    claims it (`claim_patch`). `pool` holds its labels (policy, language) and the pool key it serves; it goes
+    after `idle_seconds` unclaimed, so a pool never keeps a stale pod for ever."""
+    metadata = {"generateName": pool_name_prefix(pool[LABEL_POOL]), "namespace": namespace,
+                "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_POOL: pool[LABEL_POOL],
+                           LABEL_POOL_LANGUAGE: pool[LABEL_POOL_LANGUAGE]},
+                "annotations": {"coderun.io/policy": decision.policy.name, ANNOTATION_POOL_KEY: pool["key"]}}
+    if decision.policy.uid:
+        metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
+                                        "name": decision.policy.name, "uid": decision.policy.uid}]
+    pod = _sandbox_pod(metadata, decision, list(POOL_RUNNER_COMMAND), idle_seconds)
+    pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": True})
+    return pod
+
+
+def pool_name_prefix(policy_label: str) -> str:
+    return f"{_fit_name(f'pool-{policy_label}', 52)}-"
+
+
+def claim_patch(run: Mapping[str, Any], pool_pod: Mapping[str, Any], deadline_seconds: int) -> list[dict[str, Any]]:
+    """A JSON patch that makes a pool pod this run's, applied only if nobody changed the pod since we saw it
+    (the `test` on resourceVersion): two replicas, or a leader and its successor, never claim one pod. The run
+    becomes the pod's controller (the operator follows it like a cold run's pod; it goes when the run goes), and
+    the pod's deadline shrinks from the pool's idle time to this run's."""
+    meta = run["metadata"]
+    labels = {**(pool_pod["metadata"].get("labels") or {}), **run_labels(meta["name"], meta["uid"])}
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": pool_pod["metadata"]["resourceVersion"]},
+            {"op": "replace", "path": "/metadata/labels", "value": labels},
+            {"op": "replace", "path": "/metadata/ownerReferences", "value": [owner_reference(run)]},
+            {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": deadline_seconds}]
+
+
+def warm_input(configmap: Mapping[str, Any], nonce: str) -> bytes:
+    """The input ConfigMap's keys as a warm pod's runner reads them from stdin (runner.read_stdin_input)."""
+    body = json.dumps({"nonce": nonce, "data": configmap.get("data") or {},
+                       "binaryData": configmap.get("binaryData") or {}}, separators=(",", ":")).encode()
+    return b"%d\n" % len(body) + body
 
 
 def build_artifacts_configmap(run: Mapping[str, Any], contents: Mapping[str, bytes]) -> dict[str, Any]:

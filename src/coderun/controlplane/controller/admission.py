@@ -12,14 +12,14 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from coderun.api.models import CodeRunSpec, DecisionRecord
-from coderun.api.reasons import Phase, Reason
+from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
                         build_network_policy, build_pod, code_hash)
 from ..builders.names import MANAGER
 from ..policy import Decision, Denial, decision_from_record, evaluate, select_policy
 from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome
 from ..results.status import Outcome, accepted_status, created_at, millis_between, waiting_status
-from . import core
+from . import core, warm
 from .collection import ArtifactsConflict, copy_artifacts
 
 
@@ -131,6 +131,8 @@ def _wait(ctl: core.Controller, run: Mapping[str, Any], decision: Decision, reas
 
 def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
            key: str | None) -> None:
+    if warm.try_start(ctl, run, spec, decision, key):
+        return
     meta = run["metadata"]
     configmap = build_input_configmap(run, spec, decision)
     pod = build_pod(run, decision, configmap["metadata"]["name"])
@@ -149,6 +151,7 @@ def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, deci
         return
     now = ctl.now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
+    status["startMode"] = StartMode.COLD
     status["metrics"] = {**((run.get("status") or {}).get("metrics") or {}),
                          "queueMillis": millis_between(created_at(run), now)}
     if key:

@@ -11,17 +11,17 @@ import binascii
 import hashlib
 from typing import Any, Mapping
 
-from coderun.api.reasons import Phase, Reason
+from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import build_artifacts_configmap
 from ..builders.objects import CONTAINER_NAME
 from ..policy import DEFAULT_POLICY, Decision
 from ..results.cache import CACHE_LABEL, cache_key, image_digest, is_reusable, label_value
-from ..results.frame import FrameError, parse_frame
+from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.pod_state import (container_status, eviction, image_with_digest, is_running, never_fits,
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
 from ..results.redact import Redactor
 from ..results.status import (Outcome, outcome_from_frame, outcome_without_frame, parse_time, running_status)
-from . import core
+from . import core, warm
 
 # Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
@@ -31,6 +31,8 @@ _redactors: dict[tuple[str, ...], Redactor] = {}
 def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
     meta, status = run["metadata"], run.get("status") or {}
     ns = meta["namespace"]
+    if pod is not None and pod["metadata"]["name"] != status["podName"]:
+        pod = None  # a warm pod given up for a cold start: not this run's pod any more
     if pod is None and not pod_deleted:
         pod = ctl.api.get_pod(ns, status["podName"])  # not in the store (yet): ask before calling it gone
         if pod is not None:
@@ -51,6 +53,8 @@ def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
     if is_running(pod):
         if status.get("phase") != Phase.RUNNING:
             ctl.write_status(run, running_status(run, ctl.now()))
+        if status.get("startMode") == StartMode.WARM:
+            warm.recover(ctl, ctl.store.run(meta["uid"]) or run, pod)
         return
     started = parse_time(status.get("startTime")) or ctl.now()
     from .admission import decide
@@ -65,26 +69,55 @@ def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
 
 
 def collect(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
-    """Read the log once, trust only the vouched frame, store artifacts, write the status, delete the pod."""
-    from .admission import decide
-    meta, status = run["metadata"], run.get("status") or {}
-    ns, pod_name = meta["namespace"], pod["metadata"]["name"]
-    spec, decision = decide(run, ctl.store.policies(ns))
-    policy = decision.policy if isinstance(decision, Decision) else None
-    state = terminated(pod)
-    effective = status.get("effectiveLimits")
-    text, complete = ctl.api.read_log(ns, pod_name, CONTAINER_NAME, LOG_LIMIT_BYTES)
+    """The container ended: read the log once and trust only the frame the termination message vouches for."""
+    state = terminated(pod) or {}
+    text, complete = ctl.api.read_log(run["metadata"]["namespace"], pod["metadata"]["name"], CONTAINER_NAME,
+                                      LOG_LIMIT_BYTES)
     try:
         frame = parse_frame(text, state.get("message"), complete)
     except FrameError as e:
-        outcome = eviction(pod, effective) or outcome_without_frame(str(e), e.truncated, container_status(pod),
-                                                                      effective)
+        frame = e
+    finish_from_frame(ctl, run, pod, frame, oom_killed=state.get("reason") == "OOMKilled")
+
+
+def collect_streamed(ctl: core.Controller, run: Mapping[str, Any], pod_name: str, text: str, nonce: str) -> None:
+    """A warm pod's frame, straight off the attach stream, vouched by the claim's nonce. Anything less is left
+    to `collect` when the container ends (the log and the termination message hold the same frame)."""
+    status = run.get("status") or {}
+    if core.is_terminal(run) or status.get("podName") != pod_name:
+        return
+    try:
+        frame = parse_streamed_frame(text, nonce)
+    except FrameError as e:
+        core.log.warning("run %s: %s; waiting for the pod's log", run["metadata"]["name"], e)
+        return
+    pod = ctl.store.pod(run["metadata"]["uid"])
+    if pod is None or pod["metadata"]["name"] != pod_name:
+        pod = {"metadata": {"name": pod_name}}
+    finish_from_frame(ctl, run, pod, frame, oom_killed=False)
+
+
+def finish_from_frame(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any],
+                      frame: RunnerFrame | FrameError, oom_killed: bool) -> None:
+    """Store artifacts, write the status, delete the pod, in that order (a crash in between is repaired)."""
+    from .admission import decide
+    meta, status = run["metadata"], run.get("status") or {}
+    ns, pod_name = meta["namespace"], pod["metadata"]["name"]
+    if isinstance(frame, RunnerFrame) and warm.incomplete_input(frame) and status.get("startMode") == StartMode.WARM:
+        warm.go_cold(ctl, run, pod_name, "the warm pod's input was cut short; the program did not run")
+        return
+    spec, decision = decide(run, ctl.store.policies(ns))
+    policy = decision.policy if isinstance(decision, Decision) else None
+    effective = status.get("effectiveLimits")
+    if isinstance(frame, FrameError):
+        outcome = eviction(pod, effective) or outcome_without_frame(str(frame), frame.truncated,
+                                                                      container_status(pod), effective)
     else:
         try:
             artifacts, skipped, conflict = *store_artifacts(ctl, run, frame.artifacts), None
         except ArtifactsConflict as e:
             artifacts, skipped, conflict = [], [], e
-        outcome = outcome_from_frame(spec, frame, redactor(policy), state.get("reason") == "OOMKilled", effective,
+        outcome = outcome_from_frame(spec, frame, redactor(policy), oom_killed, effective,
                                      parse_time(status.get("startTime")), artifacts,
                                      [s.model_dump() for s in frame.artifactsSkipped] + skipped)
         if conflict:

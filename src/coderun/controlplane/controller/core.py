@@ -51,6 +51,13 @@ class Controller:
         self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # namespaces where a run finished: their queued runs are looked at once no run lock is held
         self._freed: set[str] = set()
+        # The warm pool (warm.py): run uid -> the thread feeding its claimed pod; runs that must start cold
+        # (their warm pod failed); warm runs whose runner announced its input to an earlier operator.
+        self.sessions: dict[str, threading.Thread] = {}
+        self.cold_only: set[str] = set()
+        self.accepted_elsewhere: set[str] = set()
+        self._pool_wakeup = threading.Event()
+        self._pool_ready_seen: set[str] = set()
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -60,15 +67,52 @@ class Controller:
             with self._locks_guard:
                 self._locks.pop(uid, None)
             self._failures.pop(uid, None)
+            self.cold_only.discard(uid)
+            self.accepted_elsewhere.discard(uid)
             return
         self.store.put_run(run)
         self.reconcile(uid)
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        from . import warm
         self._note_digest(pod)
         uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
-        if uid is not None:
-            self.reconcile(uid, pod_event_deleted=deleted)
+        if uid is None:
+            warm.observe_ready(pod, self._pool_ready_seen)
+            if deleted:
+                self._pool_ready_seen.discard(pod["metadata"].get("uid"))
+                self.wake_pool()
+            return
+        run = self.store.run(uid)
+        # Only the deletion of the pod the run follows ends it (not a warm pod it gave up for a cold start).
+        current = run is not None and (run.get("status") or {}).get("podName") == pod["metadata"]["name"]
+        self.reconcile(uid, pod_event_deleted=deleted and current)
+
+    def with_run(self, uid: str, step: Callable[[dict[str, Any]], None]) -> None:
+        """Run `step` on the run as the store holds it now, under its lock, unless it is gone or finished (for
+        threads other than the event handlers, e.g. a warm pod's session)."""
+        with self._lock(uid):
+            run = self.store.run(uid)
+            if run is not None and not is_terminal(run):
+                self._guarded(uid, run, lambda: step(run))
+        self._start_queued()
+
+    # ------------------------------------------------------------------ the warm pool
+    def wake_pool(self) -> None:
+        self._pool_wakeup.set()
+
+    def keep_pools(self, interval_seconds: float, stop: threading.Event) -> None:
+        """The pool loop (a thread of its own): refill when a claim or a deletion wakes it, else every interval."""
+        from . import warm
+        while not stop.is_set():
+            self._pool_wakeup.wait(interval_seconds)
+            self._pool_wakeup.clear()
+            try:
+                warm.refill(self)
+            except real_k8s.Transient as e:
+                log.warning("warm pool: %s; will retry", e)
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one pass
+                log.error("warm pool: %s: %s", type(e).__name__, str(e)[:300])
 
     def on_policy(self, policy: Mapping[str, Any], deleted: bool) -> None:
         """Keep the namespace's policies current; runs already admitted keep the decision they recorded."""

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any, Iterator, Mapping
 
 from coderun.api.reasons import TERMINAL_PHASES
+from ..builders import LABEL_POOL
 
 
 def _version(obj: Mapping[str, Any]) -> int | None:
@@ -37,6 +38,7 @@ class Store:
         self._lock = threading.Lock()
         self._runs: dict[str, dict[str, Any]] = {}
         self._pods: dict[str, dict[str, Any]] = {}  # by the owning run's uid
+        self._pool: dict[str, dict[str, Any]] = {}  # unclaimed warm pool pods, by pod uid
         self._expiries: list[tuple[datetime, str]] = []
         self._scheduled: set[str] = set()
         # namespace -> CodeRunPolicy name -> Policy, or InvalidPolicyMark for one that cannot be applied
@@ -99,11 +101,24 @@ class Store:
         with self._lock:
             return dict(self._policies.get(namespace, {}))
 
+    def all_policies(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return {namespace: dict(policies) for namespace, policies in self._policies.items()}
+
     # ---- pods
     def put_pod(self, pod: Mapping[str, Any]) -> str | None:
+        """A run's pod (returns the run's uid), or an unclaimed warm pool pod (kept apart; returns None)."""
         uid = owner_uid(pod)
+        pod_uid = pod["metadata"].get("uid")
+        if uid is None and LABEL_POOL in (pod["metadata"].get("labels") or {}):
+            with self._lock:
+                held = self._pool.get(pod_uid)
+                if held is None or (_version(held) or 0) <= (_version(pod) or 0):
+                    self._pool[pod_uid] = dict(pod)
+            return None
         if uid is not None:
             with self._lock:
+                self._pool.pop(pod_uid, None)
                 held = self._pods.get(uid)
                 if held is None or held["metadata"].get("uid") != pod["metadata"].get("uid") or \
                         (_version(held) or 0) <= (_version(pod) or 0):
@@ -113,6 +128,7 @@ class Store:
     def forget_pod(self, pod: Mapping[str, Any]) -> str | None:
         uid = owner_uid(pod)
         with self._lock:
+            self._pool.pop(pod["metadata"].get("uid"), None)
             held = self._pods.get(uid)
             if held is not None and held["metadata"].get("uid") == pod["metadata"].get("uid"):
                 del self._pods[uid]
@@ -121,6 +137,10 @@ class Store:
     def pod(self, run_uid: str) -> dict[str, Any] | None:
         with self._lock:
             return self._pods.get(run_uid)
+
+    def pool_pods(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._pool.values())
 
     # ---- expiry: a heap of (when, run uid), so nothing scans finished runs
     def expire_at(self, when: datetime, uid: str) -> None:

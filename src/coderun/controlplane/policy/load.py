@@ -33,7 +33,13 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
             compile_pattern(pattern)
         except InvalidPattern as e:
             raise InvalidPolicy(f"{where}: {e}; use RE2 syntax (no look-around, no back-references)") from None
-    policy = policy_from_spec(name, raw, spec)
+    policy = policy_from_spec(name, raw, spec, (obj.get("metadata") or {}).get("uid"))
+    unknown = [lang for lang in policy.warm_pool_languages if lang not in policy.runtimes]
+    if unknown:
+        raise InvalidPolicy(f"spec.warmPool.languages: {unknown[0]!r} is not a runtime of this policy; use one of "
+                            f"{sorted(policy.runtimes)}")
+    if policy.warm_pool_size and policy.egress:  # CEL refuses it at apply; a policy from elsewhere may not be
+        raise InvalidPolicy("spec.warmPool: a warm pool cannot serve a policy with egress; remove one of them")
     above = first_above(policy.defaults, policy.maximums)
     if above:
         wire, value, maximum = above

@@ -11,6 +11,7 @@ is only rejected when it is not the runner's, never because of what the program 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from typing import Annotated, Any
 
@@ -131,9 +132,33 @@ def parse_frame(log: str, termination_message: str | None, log_complete: bool = 
     if actual != expected:
         raise FrameError("the last result frame does not match the runner's digest (cut short or forged)",
                          truncated=not log_complete)
+    return _typed(json_frame(frame_line))
+
+
+def parse_streamed_frame(stream: str, nonce: str) -> RunnerFrame:
+    """A warm pod's frame as the attach stream carried it, vouched by the nonce the operator sent with the input
+    (the runner read it before the program existed and the program cannot read the runner's memory). The
+    termination message, the cold path's proof, only arrives with the kubelet's relist: too late to wait for."""
+    frame_line = _last_frame_line(stream)
+    if frame_line is None:
+        raise FrameError("the attach stream carried no result frame")
+    raw = json_frame(frame_line)
+    if not isinstance(raw, dict) or not hmac.compare_digest(str(raw.get("nonce", "")), nonce):
+        raise FrameError("the streamed frame does not carry this claim's nonce")
+    return _typed(raw)
+
+
+def json_frame(frame_line: str) -> Any:
     try:
-        return RunnerFrame.model_validate(json.loads(frame_line))
-    except (ValueError, RecursionError, ValidationError) as e:
+        return json.loads(frame_line)
+    except (ValueError, RecursionError) as e:
+        raise FrameError(f"the result frame is not valid: {str(e)[:300]}") from e
+
+
+def _typed(raw: Any) -> RunnerFrame:
+    try:
+        return RunnerFrame.model_validate(raw)
+    except ValidationError as e:
         raise FrameError(f"the result frame is not valid: {str(e)[:300]}") from e
 
 

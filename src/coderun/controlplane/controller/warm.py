@@ -1,0 +1,313 @@
+"""The warm pool: pre-started sandbox pods per policy and language, each claimed once by a run that fits it.
+
+A pool pod is the sandbox pod of a cold run with its runner already up and waiting on stdin. A run whose
+policy keeps a pool, and whose cpu, memory and disk are the pool's, claims a ready pod with one conditional
+patch, records the claim in its status, then a session thread attaches, sends the input with a fresh nonce
+and reads the frame straight off the stream: no pod start, no kubelet relist on the critical path.
+
+Nothing here is needed for a result, only for speed. The claimed pod is owned by the run and followed like a
+cold run's pod, so if the stream breaks (or the operator dies) the result still comes from the log and the
+termination message once the container ends. The input is only ever sent by the session that claimed the pod;
+a pod whose input never arrived is deleted and the run starts cold, and a runner that got only part of its
+input never runs the program (InputIncomplete), so no program runs twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import secrets
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Any, Mapping
+
+from coderun.api.reasons import Phase, Reason, StartMode
+from coderun.sandbox.runner import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
+from .. import metrics
+from ..builders import (ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE, build_input_configmap,
+                        build_pool_pod, claim_patch, code_hash, warm_input)
+from ..builders.names import fit_name
+from ..builders.objects import CONTAINER_NAME, POD_DEADLINE_MARGIN_SECONDS
+from ..policy import Decision, Policy
+from ..results.pod_state import is_running, terminated
+from ..results.status import accepted_status, created_at, millis_between, parse_time
+from . import core
+from .store import owner_uid
+
+log = logging.getLogger("coderun")
+
+# An unclaimed pod is replaced after this long, so a pool never keeps a pod (or an image) for ever.
+POOL_IDLE_SECONDS = 3600
+# The attach handshake and the input; past this the pod is given up and the run starts cold.
+ATTACH_SECONDS = 10
+# The most result a stream may carry (the log's own cap).
+STREAM_LIMIT_BYTES = 8 * 1024 * 1024
+# A claimed pod whose runner has not said it accepted its input this long after the claim, with no session
+# in this process to send it (the operator restarted), never got it: the run starts cold.
+UNSENT_INPUT_SECONDS = 15
+# After a start, pool pods whose policy the watch has not delivered yet are not stale.
+STARTUP_GRACE_SECONDS = 30
+MAX_SESSIONS = 256
+
+_started = time.monotonic()
+
+
+def pool_key(namespace: str, policy: Policy | str, digest: str, runtime, limits) -> str:
+    """What makes pods interchangeable: namespace, policy (name and exact spec), image, sandbox runtime and the
+    resources fixed at pod creation. Timeout and output caps travel with the input, so they may differ."""
+    name = policy if isinstance(policy, str) else policy.name
+    parts = (namespace, name, digest, runtime.language, runtime.image, runtime.runtime_class_name,
+             limits.cpu, limits.memory, limits.disk)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def run_pool_key(namespace: str, decision: Decision) -> str:
+    return pool_key(namespace, decision.policy.name, decision.policy.digest, decision.runtime, decision.limits)
+
+
+def wanted_pools(namespace: str, policy: Policy) -> dict[str, tuple[str, Decision]]:
+    """The pools a policy asks for: pool key -> (language, the decision its pods are built from)."""
+    if not isinstance(policy, Policy) or policy.warm_pool_size <= 0 or policy.egress:
+        return {}
+    pools = {}
+    for language in policy.warm_pool_languages or tuple(policy.runtimes):
+        runtime = policy.runtimes.get(language)
+        if runtime is not None:
+            decision = Decision(policy=policy, runtime=runtime, limits=policy.defaults)
+            pools[pool_key(namespace, policy, policy.digest, runtime, policy.defaults)] = (language, decision)
+    return pools
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return is_running(pod) and not pod["metadata"].get("deletionTimestamp")
+
+
+def is_spent(pod: Mapping[str, Any]) -> bool:
+    """An unclaimed pool pod that can never serve: it ended (idle deadline, a crash) or is being deleted."""
+    return bool(terminated(pod) or pod["metadata"].get("deletionTimestamp")
+                or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+
+
+# ---------------------------------------------------------------------------------------------- claiming
+def try_start(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decision, key: str | None) -> bool:
+    """Start the run on a warm pod if its policy keeps a pool it fits and a pod is ready: True when it did (or
+    the run is gone), False to start it cold."""
+    meta = run["metadata"]
+    ns, uid = meta["namespace"], meta["uid"]
+    claimed = ctl.store.pod(uid)
+    if claimed is not None and LABEL_POOL in (claimed["metadata"].get("labels") or {}):
+        if claimed["metadata"].get("deletionTimestamp"):
+            return False
+        return _accept(ctl, run, spec, decision, key, claimed)  # claimed before a restart; input never sent
+    if uid in ctl.cold_only or len(ctl.sessions) >= MAX_SESSIONS:
+        return False
+    policy = ctl.store.policies(ns).get(decision.policy.name)
+    language = metrics.language_label(decision.runtime.language)
+    if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
+        return False
+    wanted = wanted_pools(ns, policy)
+    if not any(lang == decision.runtime.language for lang, _ in wanted.values()):
+        return False
+    pool = run_pool_key(ns, decision)
+    if pool not in wanted:
+        metrics.POOL_MISSES.labels(language, "limits").inc()
+        return False
+    now = ctl.now()
+    for pod in sorted((p for p in ctl.store.pool_pods()
+                       if p["metadata"].get("namespace") == ns and _key_of(p) == pool and is_ready(p)),
+                      key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        deadline = _deadline_seconds(pod, decision.limits.timeout_seconds, now)
+        if deadline is None:
+            continue
+        patched = ctl.api.claim_pod(ns, pod["metadata"]["name"], claim_patch(run, pod, deadline))
+        if patched is None:
+            continue  # another replica or run took it first
+        ctl.store.put_pod(patched)
+        metrics.POOL_CLAIMS.labels(language).inc()
+        ctl.wake_pool()
+        return _accept(ctl, run, spec, decision, key, patched)
+    metrics.POOL_MISSES.labels(language, "empty").inc()
+    ctl.wake_pool()
+    return False
+
+
+def _key_of(pod: Mapping[str, Any]) -> str | None:
+    return (pod["metadata"].get("annotations") or {}).get(ANNOTATION_POOL_KEY)
+
+
+def _deadline_seconds(pod: Mapping[str, Any], timeout_seconds: int, now: datetime) -> int | None:
+    """The pod's new activeDeadlineSeconds (counted from its start): this run's timeout from now on, plus the
+    cold pod's margin. None when it would exceed what the pod has left (the API server allows only shrinking)."""
+    started = parse_time((pod.get("status") or {}).get("startTime"))
+    current = (pod.get("spec") or {}).get("activeDeadlineSeconds") or POOL_IDLE_SECONDS
+    if started is None:
+        return None
+    wanted = math.ceil(max((now - started).total_seconds(), 0)) + timeout_seconds + POD_DEADLINE_MARGIN_SECONDS
+    return wanted if wanted <= current else None
+
+
+def _accept(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decision, key: str | None,
+            pod: Mapping[str, Any]) -> bool:
+    """The claim in the status (before any input is sent), then the session that sends it."""
+    meta, now, pod_name = run["metadata"], ctl.now(), pod["metadata"]["name"]
+    status = accepted_status(run, decision, pod_name, decision.runtime.image, code_hash(spec), now)
+    status["startMode"] = StartMode.WARM
+    status["message"] = f"warm sandbox pod {pod_name} claimed; sending the program"
+    status["metrics"] = {**((run.get("status") or {}).get("metrics") or {}),
+                         "queueMillis": millis_between(created_at(run), now)}
+    if key:
+        status["cacheKey"] = key
+    if ctl.write_status(run, status) is None:
+        ctl.api.delete_pod(meta["namespace"], pod_name)  # the run is gone
+        return True
+    configmap = build_input_configmap(run, spec, decision)
+    nonce = secrets.token_hex(32)
+    session = threading.Thread(target=_session, name=f"warm-{meta['name'][:40]}", daemon=True,
+                               args=(ctl, meta["uid"], meta["namespace"], pod_name, warm_input(configmap, nonce),
+                                     nonce, decision.limits.timeout_seconds))
+    ctl.sessions[meta["uid"]] = session
+    session.start()
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- the session
+def _session(ctl: core.Controller, uid: str, ns: str, pod_name: str, document: bytes, nonce: str,
+             timeout_seconds: int) -> None:
+    """Attach, send the input, read the frame; hand it to the collector. Any failure before the input was sent
+    gives the pod up (the run goes cold); after it, the log is the fallback."""
+    received, sent = b"", False
+    try:
+        attached = ctl.api.attach(ns, pod_name, CONTAINER_NAME)
+        try:
+            attached.send(document)
+            sent = True
+            received = attached.read_until(_has_frame, STREAM_LIMIT_BYTES,
+                                           timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
+        finally:
+            attached.close()
+    except ctl.api.Transient as e:
+        log.warning("warm pod %s/%s: %s", ns, pod_name, e)
+    except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+        log.error("warm pod %s/%s: session failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
+    finally:
+        ctl.sessions.pop(uid, None)
+    if not sent:
+        metrics.POOL_ATTACH_FAILURES.inc()
+        ctl.with_run(uid, lambda run: go_cold(ctl, run, pod_name, "the warm pod could not be attached"))
+        return
+    text = received.decode("ascii", "replace")
+    if FRAME_PREFIX in text:
+        from .collection import collect_streamed
+        ctl.with_run(uid, lambda run: collect_streamed(ctl, run, pod_name, text, nonce))
+    # else: the stream ended without a frame; the pod's end brings the result through the log
+
+
+def _has_frame(received: bytes) -> bool:
+    at = received.find(b"\n" + FRAME_PREFIX.encode())
+    return at >= 0 and received.find(b"\n", at + 1) >= 0
+
+
+def go_cold(ctl: core.Controller, run: Mapping[str, Any], pod_name: str, why: str) -> None:
+    """Give a warm pod up before its program ran: delete it and start the run again as a cold run."""
+    meta, status = run["metadata"], run.get("status") or {}
+    if status.get("podName") != pod_name or status.get("startMode") != StartMode.WARM:
+        return
+    ctl.cold_only.add(meta["uid"])
+    pod = ctl.store.pod(meta["uid"])
+    ctl.api.delete_pod(meta["namespace"], pod_name)
+    if pod is not None and pod["metadata"]["name"] == pod_name:
+        ctl.store.forget_pod(pod)
+    log.info("run %s/%s: %s; starting it cold", meta["namespace"], meta["name"], why)
+    written = ctl.write_status(run, {"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None,
+                                     "startMode": None, "startTime": None, "message": f"{why}; starting cold"})
+    if written is not None:
+        from .admission import admit
+        admit(ctl, ctl.store.run(meta["uid"]) or run)
+
+
+def recover(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+    """A Warm run with its pod still running and no session here (this replica started after the claim): if
+    the runner announced the input, the program runs and its end brings the result; if not, and the claim is
+    old enough that no sender can still be connecting, the input never arrived and the run goes cold."""
+    meta, status = run["metadata"], run.get("status") or {}
+    if meta["uid"] in ctl.sessions or meta["uid"] in ctl.accepted_elsewhere:
+        return
+    claimed = parse_time(status.get("startTime"))
+    if claimed is None or ctl.now() - claimed < timedelta(seconds=UNSENT_INPUT_SECONDS):
+        return
+    text, _ = ctl.api.read_log(meta["namespace"], pod["metadata"]["name"], CONTAINER_NAME, 4096)
+    if ACCEPTED_PREFIX in text:
+        ctl.accepted_elsewhere.add(meta["uid"])
+        return
+    go_cold(ctl, run, pod["metadata"]["name"], "the warm pod never received its input (the operator restarted)")
+
+
+def incomplete_input(frame) -> bool:
+    return frame.reason == INPUT_INCOMPLETE
+
+
+# ---------------------------------------------------------------------------------------------- the pool
+def refill(ctl: core.Controller) -> None:
+    """Keep every pool at its size: create what is missing, delete what no policy wants (changed, shrunk,
+    removed) and pods that can never serve. Runs on the tick and when a claim wakes it."""
+    wanted: dict[tuple[str, str], tuple[str, Decision, int]] = {}
+    for namespace, policies in ctl.store.all_policies().items():
+        for policy in policies.values():
+            for key, (language, decision) in wanted_pools(namespace, policy).items():
+                wanted[(namespace, key)] = (language, decision, policy.warm_pool_size)
+    by_pool: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    settled = time.monotonic() - _started > STARTUP_GRACE_SECONDS
+    for pod in ctl.store.pool_pods():
+        meta = pod["metadata"]
+        pool = (meta.get("namespace"), _key_of(pod))
+        if is_spent(pod) or (pool not in wanted and settled):
+            if not meta.get("deletionTimestamp"):
+                _delete_unclaimed(ctl, pod)
+            continue
+        by_pool.setdefault(pool, []).append(pod)
+    for (namespace, key), (language, decision, size) in wanted.items():
+        pods = sorted(by_pool.get((namespace, key), ()), key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        metrics.POOL_READY.labels(namespace, decision.policy.name, language).set(sum(1 for p in pods if is_ready(p)))
+        for extra in pods[size:]:
+            _delete_unclaimed(ctl, extra)
+        missing = size - len(pods)
+        if missing > 0:
+            _create_pool_pods(ctl, namespace, key, language, decision, missing)
+
+
+def _delete_unclaimed(ctl: core.Controller, pod: Mapping[str, Any]) -> None:
+    """Delete a pool pod only as we saw it: if a run claimed it meanwhile, its resourceVersion moved and the
+    API server refuses the deletion."""
+    meta = pod["metadata"]
+    ctl.api.delete_pod(meta["namespace"], meta["name"], resource_version=meta.get("resourceVersion"))
+
+
+def _create_pool_pods(ctl: core.Controller, namespace: str, key: str, language: str, decision: Decision,
+                      count: int) -> None:
+    from .admission import _ensure_namespace_default_deny
+    try:
+        if _ensure_namespace_default_deny(ctl, namespace):
+            log.warning("warm pool of %s/%s: the namespace's default-deny policy is not coderun's; no pool pods",
+                        namespace, decision.policy.name)
+            return
+        labels = {LABEL_POOL: fit_name(decision.policy.name), LABEL_POOL_LANGUAGE: language, "key": key}
+        for _ in range(count):
+            created = ctl.api.create_pod(build_pool_pod(namespace, decision, labels, POOL_IDLE_SECONDS))
+            ctl.store.put_pod(created)
+    except ctl.api.Refused as e:  # a quota, an admission policy: say so, try again on a later tick
+        log.warning("warm pool of %s/%s: %s", namespace, decision.policy.name, e)
+
+
+def observe_ready(pod: Mapping[str, Any], seen: set[str]) -> None:
+    """Refill time: a pool pod's creation to its runner running (once per pod)."""
+    meta = pod["metadata"]
+    if owner_uid(pod) is None and LABEL_POOL in (meta.get("labels") or {}) and is_ready(pod) \
+            and meta.get("uid") not in seen:
+        seen.add(meta["uid"])
+        created = parse_time(meta.get("creationTimestamp"))
+        started = ((pod.get("status") or {}).get("containerStatuses") or [{}])[0].get("state", {}).get("running", {})
+        running = parse_time(started.get("startedAt"))
+        if created and running:
+            metrics.POOL_REFILL_SECONDS.observe(max((running - created).total_seconds(), 0))
+
