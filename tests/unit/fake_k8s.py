@@ -30,6 +30,9 @@ class FakeK8s:
         # call name -> function(args) that may raise, to simulate the API server refusing or failing
         self.fail: dict[str, Callable[..., None]] = {}
         self._versions = itertools.count(100)
+        self._names = itertools.count(1)
+        self.attach_answers: dict[str, Any] = {}
+        self.sent: dict[str, bytes] = {}
 
     def _hook(self, name: str, *args) -> None:
         self.calls.append(name)
@@ -58,9 +61,51 @@ class FakeK8s:
         self._hook("get_pod", namespace, name)
         return copy.deepcopy(self.objects.get(("Pod", namespace, name)))
 
-    def delete_pod(self, namespace, name):
+    def delete_pod(self, namespace, name, resource_version=None):
         self._hook("delete_pod", namespace, name)
+        pod = self.objects.get(("Pod", namespace, name))
+        if pod is not None and resource_version not in (None, pod["metadata"]["resourceVersion"]):
+            return  # the precondition failed: the pod changed since the caller saw it
         self.objects.pop(("Pod", namespace, name), None)
+
+    # ---- the warm pool
+    def create_pod(self, pod):
+        self._hook("create_pod", pod)
+        pod = copy.deepcopy(pod)
+        meta = pod["metadata"]
+        meta["name"] = meta.pop("generateName") + str(next(self._names))
+        meta["uid"] = f"pod-uid-{meta['name']}"
+        meta["creationTimestamp"] = "2026-11-22T09:00:00Z"
+        self.objects[("Pod", meta["namespace"], meta["name"])] = self._stamp(pod)
+        return copy.deepcopy(pod)
+
+    def claim_pod(self, namespace, name, patch):
+        """JSON patch with the API server's semantics for what the claim uses: test, then replace."""
+        self._hook("claim_pod", namespace, name, patch)
+        pod = self.objects.get(("Pod", namespace, name))
+        if pod is None:
+            return None
+        patched = copy.deepcopy(pod)
+        for op in patch:
+            *parents, leaf = op["path"].strip("/").split("/")
+            target = patched
+            for part in parents:
+                target = target[part]
+            if op["op"] == "test":
+                if target.get(leaf) != op["value"]:
+                    return None
+            else:
+                target[leaf] = copy.deepcopy(op["value"])
+        self.objects[("Pod", namespace, name)] = self._stamp(patched)
+        return copy.deepcopy(patched)
+
+    def attach(self, namespace, pod, container):
+        """`attach_answers[pod]`: a function(input bytes) -> stdout bytes, or an exception to raise."""
+        self._hook("attach", namespace, pod)
+        answer = self.attach_answers.get(pod)
+        if isinstance(answer, Exception) or answer is None:
+            raise answer or Transient(f"attach to pod {pod}: no such stream")
+        return _FakeAttached(answer, self.sent, pod)
 
     def read_log(self, namespace, pod, container, limit_bytes):
         self._hook("read_log", namespace, pod)
@@ -122,3 +167,17 @@ class FakeK8s:
     def post_event(self, obj, type_, reason, message):
         self._hook("post_event", obj, type_, reason, message)
         self.events.append((type_, reason, message))
+
+
+class _FakeAttached:
+    def __init__(self, answer, sent, pod):
+        self._answer, self._sent, self._pod, self._input = answer, sent, pod, None
+
+    def send(self, data: bytes) -> None:
+        self._input = self._sent[self._pod] = data
+
+    def read_until(self, done, limit_bytes, seconds):
+        return self._answer(self._input)
+
+    def close(self) -> None:
+        pass

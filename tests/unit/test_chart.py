@@ -77,9 +77,9 @@ def test_an_image_digest_wins_over_the_tag(helm):
 
 
 # What each Kubernetes client method that k8s.py calls needs, as (apiGroup, resource, verb).
-# A WebSocket attach is authorized as `create` on pods/attach (the API server's upgrade check since 1.31).
+# A WebSocket attach (connect_get) is authorized as `get` on pods/attach, and since 1.31 as `create` too.
 _VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch",
-          "replace": "update", "connect": "create"}
+          "replace": "update", "connect": "get"}
 _RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/log"), "node": ("", "nodes"),
               "get_namespaced_pod_attach": ("", "pods/attach"),
               "namespaced_event": ("", "events"), "namespaced_config_map": ("", "configmaps"),
@@ -102,6 +102,8 @@ def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
     for verb, rest in re.findall(r"(?:_(?:core|networking|custom|coordination)\(\)|\bcore)\.([a-z]+)_([a-z_]+)", source):
         assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
         needed.add((*_RESOURCES[rest], _VERBS[verb]))
+        if verb == "connect":
+            needed.add((*_RESOURCES[rest], "create"))
     return needed
 
 

@@ -41,6 +41,10 @@ def test_bundles_are_the_four_the_docs_promise():
     ({"defaults": {"memory": "4Gi"}}, "spec.defaults.memory=4Gi is above the maximum 2Gi"),
     ({"maxConcurrentRuns": 0}, "spec.maxConcurrentRuns"),
     ({"runtimes": [{"language": "python", "image": "x"}]}, "spec.runtimes.0.command"),
+    ({"warmPool": {"size": 2, "languages": ["cobol"]}}, "spec.warmPool.languages: 'cobol' is not a runtime"),
+    ({"warmPool": {"size": 2}, "egress": [{"cidr": "10.0.0.1/32"}]}, "a warm pool cannot serve a policy with egress"),
+    ({"warmPool": {"size": 2, "cpuRequest": "2"}}, "spec.warmPool.cpuRequest=2 is above the pods' cpu limit"),
+    ({"warmPool": {"size": 500}}, "spec.warmPool.size"),
 ])
 def test_a_malformed_policy_is_refused_naming_the_field(spec, says):
     with pytest.raises(InvalidPolicy, match=None) as raised:
@@ -110,3 +114,18 @@ def test_denied_patterns_apply_per_language_and_name_the_line():
 def test_code_too_deep_to_parse_is_refused_not_a_crash():
     denial = check_code("python", "x = " + "-" * 100000 + "1", PYTHON_RULES, "strict")  # the parser gives up
     assert denial is not None and denial.rule == "codeRules" and "could not be checked" in denial.message
+
+
+def test_a_warm_pool_is_per_language_and_may_reserve_less_cpu_than_its_limit():
+    from coderun.controlplane.builders import build_pool_pod
+    from coderun.controlplane.controller.warm import wanted_pools
+    loaded = policy(warmPool={"size": 3, "cpuRequest": "100m"})
+    pools = wanted_pools("team-a", loaded)
+    assert sorted(language for language, _ in pools.values()) == ["javascript", "python"]  # every runtime
+    key, (language, decision) = next(iter(pools.items()))
+    pod = build_pool_pod("team-a", decision, {"coderun.io/pool": "p", "coderun.io/pool-language": language,
+                                              "key": key}, 3600)
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["cpu"] == "100m" and resources["limits"]["cpu"] == loaded.defaults.cpu
+    assert resources["requests"]["memory"] == resources["limits"]["memory"]  # memory is never overcommitted
+    assert wanted_pools("team-a", policy()) == {}  # no warmPool, no pods

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from .models import (LANGUAGE_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressRule, Limits, ResourceLimits,
-                     Runtime, _cel)
+from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressRule, Limits, ResourceLimits,
+                     Runtime, _cel, _quantity_range)
 
 POLICY_KIND = "CodeRunPolicy"
 POLICY_PLURAL = "coderunpolicies"
@@ -62,6 +62,10 @@ class WarmPool(ApiModel):
     languages: list[str] | None = Field(None, max_length=32, description=(
         "The languages to keep pods for; unset means every runtime of the policy."),
         json_schema_extra={"items": {"type": "string", "maxLength": 32, "pattern": LANGUAGE_PATTERN}})
+    cpu_request: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "CPU each waiting pod reserves on its node; its limit stays the policy's default cpu. Unset: the limit "
+        "(Guaranteed, like a cold pod). Lower it to keep many pods on few nodes: a claimed pod then gets its full "
+        "CPU only while the node has it spare."), json_schema_extra=_quantity_range("10m", "64", "100m"))
 
 
 class CodeRunPolicySpec(ApiModel):

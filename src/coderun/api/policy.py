@@ -34,6 +34,7 @@ class Policy:
     # Pre-started pods kept per language in the policy's namespace (0: none, the built-in policy's case).
     warm_pool_size: int = 0
     warm_pool_languages: tuple[str, ...] = ()
+    warm_pool_cpu_request: str | None = None
     uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
 
     def approval_required(self) -> bool:
@@ -110,4 +111,5 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | N
         code_rules=spec.code_rules, egress=tuple(spec.egress or ()), max_concurrent_runs=spec.max_concurrent_runs,
         approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission,
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
+        warm_pool_cpu_request=spec.warm_pool.cpu_request if spec.warm_pool else None,
         warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else ())

@@ -196,7 +196,10 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]
     pod = _sandbox_pod(metadata, decision, list(POOL_RUNNER_COMMAND), idle_seconds)
-    pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": True})
+    container = pod["spec"]["containers"][0]
+    container.update({"stdin": True, "stdinOnce": True})
+    if decision.policy.warm_pool_cpu_request:  # the policy chose to reserve less than the limit while it waits
+        container["resources"]["requests"]["cpu"] = decision.policy.warm_pool_cpu_request
     return pod
 
 

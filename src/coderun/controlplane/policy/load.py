@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from kubernetes.utils import parse_quantity
 from pydantic import ValidationError
 
 from coderun.api.coderunpolicy import CodeRunPolicySpec
@@ -38,6 +39,10 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     if unknown:
         raise InvalidPolicy(f"spec.warmPool.languages: {unknown[0]!r} is not a runtime of this policy; use one of "
                             f"{sorted(policy.runtimes)}")
+    request = policy.warm_pool_cpu_request
+    if request and parse_quantity(request) > parse_quantity(policy.defaults.cpu):
+        raise InvalidPolicy(f"spec.warmPool.cpuRequest={request} is above the pods' cpu limit, spec.defaults.cpu="
+                            f"{policy.defaults.cpu}; lower cpuRequest or raise the default")
     if policy.warm_pool_size and policy.egress:  # CEL refuses it at apply; a policy from elsewhere may not be
         raise InvalidPolicy("spec.warmPool: a warm pool cannot serve a policy with egress; remove one of them")
     above = first_above(policy.defaults, policy.maximums)

@@ -1,0 +1,243 @@
+"""The warm pool against a fake of k8s.py: pool pods, the conditional claim, the session's streamed frame and
+its nonce, the cold fallbacks (attach failure, input cut short, an operator that restarted) and refill."""
+import copy
+import hashlib
+import json
+import threading
+
+import pytest
+
+from coderun.controlplane.builders import build_pod
+from coderun.controlplane.controller import Controller, warm
+from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
+from coderun.api.models import CodeRunSpec
+from fake_k8s import FakeK8s, Transient
+from test_controller import NS, T0, Clock, frame_log, make_run
+
+POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
+          "metadata": {"name": "default", "namespace": NS, "uid": "policy-uid"},
+          "spec": {"warmPool": {"size": 2, "languages": ["python"]}}}
+
+
+@pytest.fixture
+def env():
+    api, clock = FakeK8s(), Clock()
+    ctl = Controller(api=api, clock=clock)
+    ctl.on_policy(copy.deepcopy(POLICY), deleted=False)
+    return api, clock, ctl
+
+
+def pool_pods(api):
+    return {name: pod for (kind, ns, name), pod in api.objects.items()
+            if kind == "Pod" and "coderun.io/pool" in pod["metadata"].get("labels", {})
+            and not pod["metadata"].get("ownerReferences", [{}])[0].get("kind") == "CodeRun"}
+
+
+def start_pool(env, ready=True):
+    """Refill, then the kubelet reports every pool pod's runner running."""
+    api, _, ctl = env
+    warm.refill(ctl)
+    for pod in pool_pods(api).values():
+        if ready:
+            pod["status"] = {"phase": "Running", "startTime": "2026-11-22T09:59:00Z", "containerStatuses": [{
+                "name": "run", "image": "coderun.local/sandbox-python:v1",
+                "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
+                "state": {"running": {"startedAt": "2026-11-22T09:59:01Z"}}}]}
+            api._stamp(pod)
+        ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    return sorted(pool_pods(api))
+
+
+def runner_answer(nonce_from_input=True, **fields):
+    """What a real runner prints on the stream: the accepted line, then a frame with the input's nonce."""
+    def answer(document: bytes) -> bytes:
+        nonce = json.loads(document.split(b"\n", 1)[1])["nonce"]
+        frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
+                 "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000},
+                 "nonce": nonce if nonce_from_input else "0" * 64, **fields}
+        accepted = hashlib.sha256(nonce.encode()).hexdigest()[:16]
+        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
+    return answer
+
+
+def submit_and_wait(env, run):
+    api, _, ctl = env
+    ctl.on_run(api.add_run(run), deleted=False)
+    for thread in threading.enumerate():
+        if thread.name.startswith("warm-"):
+            thread.join(5)
+    return api.run(NS, run["metadata"]["name"])
+
+
+def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
+    api, _, _ = env
+    names = start_pool(env)
+    assert len(names) == 2
+    pool_pod = pool_pods(api)[names[0]]
+    spec = CodeRunSpec.model_validate({"language": "python", "code": "x"})
+    cold = build_pod(make_run(), evaluate(spec, DEFAULT_POLICY), "demo-input")
+    container, cold_container = pool_pod["spec"]["containers"][0], cold["spec"]["containers"][0]
+    assert container["stdin"] is container["stdinOnce"] is True
+    assert container["command"][-1] == "--input-stdin" and "volumeMounts" in container
+    assert [m["name"] for m in container["volumeMounts"]] == ["tmp"]  # no input ConfigMap
+    # Everything that isolates the pod is the cold pod's, exactly.
+    for field in ("securityContext", "resources", "image", "terminationMessagePath"):
+        assert container[field] == cold_container[field], field
+    for field in ("runtimeClassName", "automountServiceAccountToken", "securityContext", "dnsPolicy",
+                  "hostNetwork", "enableServiceLinks"):
+        assert pool_pod["spec"][field] == cold["spec"][field], field
+    assert pool_pod["metadata"]["labels"]["coderun.io/sandbox"] == "true"  # the namespace deny-all selects it
+    assert pool_pod["metadata"]["ownerReferences"][0]["uid"] == "policy-uid"  # goes with its policy
+    assert ("NetworkPolicy", NS, "coderun-sandbox-default-deny") in api.objects
+
+
+def test_a_run_that_fits_claims_a_warm_pod_and_its_streamed_frame_ends_it(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = runner_answer()
+    run = submit_and_wait(env, make_run())
+    status = run["status"]
+    assert status["phase"] == "Succeeded" and status["stdout"] == "42\n"
+    assert status["startMode"] == "Warm" and status["podName"] in names
+    claimed = status["podName"]
+    assert ("Pod", NS, claimed) not in api.objects  # used once, then deleted
+    sent = api.sent[claimed].split(b"\n", 1)
+    document = json.loads(sent[1])
+    assert int(sent[0]) == len(sent[1]) and document["data"]["code"] == "print(6*7)"
+    assert json.loads(document["data"]["run.json"])["timeoutSeconds"] == 5
+    # The claim: conditional on the version seen, the run becomes the pod's controller, the deadline shrinks.
+    # No cold child was made, and the nonce never reaches the status.
+    assert ("ConfigMap", NS, "demo-input") not in api.objects and ("Pod", NS, "demo-sandbox") not in api.objects
+    assert document["nonce"] not in json.dumps(status)
+
+
+def test_the_claim_patch_is_conditional_and_hands_the_pod_to_the_run(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    seen_version = api.objects[("Pod", NS, names[0])]["metadata"]["resourceVersion"]
+    patches = []
+    api.fail["claim_pod"] = lambda ns, name, patch: patches.append(patch)
+    ctl.on_run(api.add_run(make_run()), deleted=False)
+    test, labels, owners, deadline = patches[0]
+    assert test == {"op": "test", "path": "/metadata/resourceVersion", "value": seen_version}
+    assert labels["value"]["coderun.io/run-uid"] == "uid-1" and labels["value"]["coderun.io/pool"] == "default"
+    assert owners["value"][0]["kind"] == "CodeRun" and owners["value"][0]["controller"] is True
+    # Claimed 59 s after the pod started: the rest of its life is this run's timeout plus the cold margin.
+    assert deadline["path"] == "/spec/activeDeadlineSeconds" and deadline["value"] == 60 + 5 + 60
+
+
+def test_a_pod_claimed_by_someone_else_first_is_skipped(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = runner_answer()
+    # Another replica claimed the first pod after we saw it: its resourceVersion moved.
+    api._stamp(api.objects[("Pod", NS, names[0])])
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["podName"] == names[1]
+    assert api.calls.count("claim_pod") == 2
+
+
+def test_a_frame_without_this_claims_nonce_is_not_trusted(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = runner_answer(nonce_from_input=False, stdout="forged\n")
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["phase"] in ("Pending", "Running") and run["status"]["startMode"] == "Warm"
+    # The pod's end brings the result the runner vouched for in its termination message.
+    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
+    log, termination = frame_log(stdout="real\n")
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
+                                                                     "message": termination}}
+    ctl.on_pod(pod, deleted=False)
+    run = api.run(NS, "demo")
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["stdout"] == "real\n"
+
+
+def test_other_limits_or_an_empty_pool_start_cold(env):
+    api, _, ctl = env
+    start_pool(env, ready=False)
+    ctl.on_run(api.add_run(make_run("big", uid="uid-big", limits={"memory": "512Mi"})), deleted=False)
+    ctl.on_run(api.add_run(make_run("early", uid="uid-early")), deleted=False)
+    for name in ("big", "early"):
+        status = api.run(NS, name)["status"]
+        assert status["startMode"] == "Cold" and status["podName"] == f"{name}-sandbox"
+    assert "claim_pod" not in api.calls
+
+
+def test_a_pod_that_cannot_be_attached_is_deleted_and_the_run_goes_cold(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = Transient("attach to pod: 403 Forbidden")
+    run = submit_and_wait(env, make_run())
+    status = run["status"]
+    assert status["startMode"] == "Cold" and status["podName"] == "demo-sandbox" and status["phase"] == "Pending"
+    claimed = [n for n in names if ("Pod", NS, n) not in api.objects]
+    assert len(claimed) == 1  # the claimed warm pod is gone; the other still waits
+    # Its deletion event does not end the run: the run follows its cold pod now.
+    gone = {"metadata": {"name": claimed[0], "namespace": NS, "uid": f"pod-uid-{claimed[0]}",
+                         "ownerReferences": [{"kind": "CodeRun", "uid": "uid-1", "controller": True}]}}
+    ctl.on_pod(gone, deleted=True)
+    assert api.run(NS, "demo")["status"]["phase"] == "Pending"
+
+
+def test_input_cut_short_means_the_program_never_ran_so_the_run_goes_cold(env):
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:  # the stream broke: the runner saw EOF before the whole input
+        api.attach_answers[name] = lambda document: b""
+    run = submit_and_wait(env, make_run())
+    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
+    log, termination = frame_log(reason="InputIncomplete", exitCode=None, stdout="",
+                                 message="the input stream ended after 10 of 300 bytes")
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
+                                                                     "message": termination}}
+    ctl.on_pod(pod, deleted=False)
+    status = api.run(NS, "demo")["status"]
+    assert status["startMode"] == "Cold" and status["podName"] == "demo-sandbox" and status["phase"] == "Pending"
+
+
+@pytest.mark.parametrize("accepted, ends_as", [(False, "Cold"), (True, "Warm")])
+def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_awaited(env, accepted, ends_as,
+                                                                                     monkeypatch):
+    """The operator died after the claim: the new one has no session. The runner's accepted line tells whether
+    the program may be running (wait for it) or never got its input (start cold: it cannot run twice)."""
+    api, clock, ctl = env
+    start_pool(env)
+    monkeypatch.setattr(warm, "_session", lambda *args: None)  # the operator died right after the claim
+    run = submit_and_wait(env, make_run())
+    monkeypatch.undo()
+    claimed = run["status"]["podName"]
+    fresh = Controller(api=api, clock=clock)
+    fresh.on_policy(copy.deepcopy(POLICY), deleted=False)
+    api.logs[claimed] = ("CODERUN-ACCEPTED 0123456789abcdef\n" if accepted else "", True)
+    fresh.on_pod(copy.deepcopy(api.objects[("Pod", NS, claimed)]), deleted=False)
+    fresh.on_run(copy.deepcopy(api.run(NS, "demo")), deleted=False)
+    assert api.run(NS, "demo")["status"]["startMode"] == "Warm"  # too early to tell
+    clock.now = T0.replace(second=30)
+    fresh.tick()
+    status = api.run(NS, "demo")["status"]
+    assert status["startMode"] == ends_as
+    assert (("Pod", NS, claimed) in api.objects) is accepted
+
+
+def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env, monkeypatch):
+    api, _, ctl = env
+    names = start_pool(env)
+    dead = copy.deepcopy(api.objects[("Pod", NS, names[0])])
+    dead["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "DeadlineExceeded"}}
+    api.objects[("Pod", NS, names[0])] = api._stamp(copy.deepcopy(dead))
+    ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, names[0])]), deleted=False)
+    warm.refill(ctl)
+    assert ("Pod", NS, names[0]) not in api.objects and api.calls.count("create_pod") == 3
+    monkeypatch.setattr(warm, "_started", -1e9)  # long after start-up: the watch has delivered every policy
+    ctl.on_policy(copy.deepcopy(POLICY), deleted=True)
+    for pod in list(pool_pods(api).values()):
+        ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    warm.refill(ctl)
+    assert pool_pods(api) == {}
