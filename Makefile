@@ -8,11 +8,11 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds helm operator-lock test-e2e-chart cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
-	test-e2e bench bench-idle bench-attach
+	test-e2e test-e2e-warm bench bench-idle bench-attach
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
-	@echo "make test   - unit, runner and e2e tests against the chart-installed operator (starts the cluster)"
+	@echo "make test   - unit, runner and e2e tests against the chart-installed operator, cold and warm (starts the cluster)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach"
@@ -81,10 +81,18 @@ test-e2e: up-host
 test-e2e-chart: up
 	CODERUN_E2E_OPERATOR=chart $(PY) -m pytest e2e -q
 
-# CI's command: the e2e suite against the operator as users install it (the image and the chart).
-test: test-unit test-e2e-chart
+# The core suite again with a warm pool in every test namespace (conftest's CODERUN_E2E_WARM): outcomes, limits,
+# floods, artifacts and hostile code must end the same on a claimed warm pod as on a cold one.
+WARM_SUITE := e2e/test_coderun.py e2e/test_containment.py e2e/test_hostile.py e2e/test_network.py e2e/test_node.py \
+	e2e/test_sdk.py
+test-e2e-warm: up
+	CODERUN_E2E_OPERATOR=chart CODERUN_E2E_WARM=1 $(PY) -m pytest $(WARM_SUITE) -q
 
-bench: up-host
+# CI's command: the e2e suite against the operator as users install it (the image and the chart), then the core
+# suite on warm pods.
+test: test-unit test-e2e-chart test-e2e-warm
+
+bench: up
 	$(PY) e2e/bench_latency.py
 
 bench-idle: up-host

@@ -1,11 +1,14 @@
-"""Latency of a CodeRun against a bare pod with the same spec, on the running local cluster (`make bench`).
+"""Latency of a CodeRun, warm and cold, against a bare pod and a Job, on the running local cluster (`make bench`).
 
-For `print(1)`, N times each, one at a time, timed from the client's create call:
-  CodeRun: -> its sandbox pod exists; -> the CodeRun has a terminal status (the result is readable).
-  bare pod (the operator's own pod spec, no operator): -> the container is reported terminated;
-           -> the pod phase is Succeeded.
-Then N CodeRuns at once (250m CPU each, so the node queues them): how long until all have their result.
-Times are taken from watch events as the client sees them. Prints medians and p90s.
+For `print(1)`, one at a time, timed from the client's create call to what the client's watch sees:
+  warm CodeRun (a policy with a warm pool): -> terminal status written (each run created once the pool has
+           a ready pod; the refill is measured on its own below);
+  cold CodeRun (no pool): -> its sandbox pod exists; -> terminal status written;
+  bare pod (the operator's own pod spec, no operator): -> container reported terminated;
+  Job (the same pod as a Job's template): -> the Job controller's pod exists.
+Then a pool of 20 (cpuRequest 20m, so 20 fit on this 2-CPU node) takes 20 CodeRuns created at once, and the
+pool's refill: every pod created -> its runner running, and the pool back to 20 ready after the burst.
+Prints medians, p90s and p99s.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ class Stopwatch:
 
     def __init__(self, namespace: str):
         self.seen: dict[tuple[str, str], float] = {}
+        self.pool_ready: set[str] = set()  # unclaimed pool pods whose runner runs
         self.cond = threading.Condition()
         core, custom = client.CoreV1Api(), client.CustomObjectsApi()
         for target in (lambda: self._pods(core, namespace), lambda: self._runs(custom, namespace)):
@@ -49,11 +53,34 @@ class Stopwatch:
         for event in watch.Watch().stream(core.list_namespaced_pod, namespace, timeout_seconds=3600):
             pod = event["object"]
             self._mark(("pod-created", pod.metadata.name))
+            for owner in pod.metadata.owner_references or ():
+                if owner.kind == "Job":
+                    self._mark(("job-pod-created", owner.name))
             statuses = pod.status.container_statuses or []
+            self._pool_pod(pod, statuses, event["type"])
             if statuses and statuses[0].state.terminated:
                 self._mark(("container-terminated", pod.metadata.name))
             if pod.status.phase == "Succeeded":
                 self._mark(("pod-succeeded", pod.metadata.name))
+
+    def _pool_pod(self, pod, statuses, event_type) -> None:
+        if "coderun.io/pool" not in (pod.metadata.labels or {}):
+            return
+        claimed = any(o.kind == "CodeRun" for o in pod.metadata.owner_references or ())
+        ready = bool(statuses and statuses[0].state.running) and not claimed and event_type != "DELETED" \
+            and pod.metadata.deletion_timestamp is None
+        with self.cond:
+            (self.pool_ready.add if ready else self.pool_ready.discard)(pod.metadata.name)
+            if ready:
+                self.seen.setdefault(("pool-pod-ready", pod.metadata.name), time.monotonic())
+            self.cond.notify_all()
+
+    def wait_pool(self, ready: int, timeout: float = 300) -> float:
+        """Until `ready` pool pods wait unclaimed; returns when that was."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.pool_ready) >= ready, timeout):
+                raise TimeoutError(f"{ready} pool pods not ready within {timeout}s ({len(self.pool_ready)} are)")
+            return time.monotonic()
 
     def _runs(self, custom, namespace):
         for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION,
@@ -69,22 +96,41 @@ class Stopwatch:
             return self.seen[key]
 
 
-def bench_coderuns(custom, stopwatch, namespace, n):
+def create_run(custom, namespace: str, name: str, **limits) -> float:
+    body = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "metadata": {"name": name},
+            "spec": {"language": "python", "code": CODE, **({"limits": limits} if limits else {})}}
+    start = time.monotonic()
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+    return start
+
+
+def finished_status(custom, namespace: str, name: str) -> dict:
+    status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)["status"]
+    assert status["phase"] == "Succeeded" and status["stdout"] == "1\n", status
+    return status
+
+
+def bench_cold(custom, stopwatch, namespace, n):
     to_pod, to_result = [], []
     for i in range(n):
-        name = f"bench-run-{i}"
-        body = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
-                "metadata": {"name": name, "annotations": {
-                    "coderun.io/created-at": datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-                    .replace("+00:00", "Z")}},
-                "spec": {"language": "python", "code": CODE}}
-        start = time.monotonic()
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        name = f"cold-{i}"
+        start = create_run(custom, namespace, name)
         to_pod.append(stopwatch.wait(("pod-created", f"{name}-sandbox")) - start)
         to_result.append(stopwatch.wait(("run-finished", name)) - start)
-        run = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-        assert run["status"]["stdout"] == "1\n", run["status"]
+        assert finished_status(custom, namespace, name)["startMode"] == "Cold"
     return to_pod, to_result
+
+
+def bench_warm(custom, stopwatch, namespace, n):
+    """Sequential warm runs, each created once a pool pod is ready; how many still started cold."""
+    to_result, modes = [], []
+    for i in range(n):
+        stopwatch.wait_pool(1)
+        name = f"warm-{i}"
+        start = create_run(custom, namespace, name)
+        to_result.append(stopwatch.wait(("run-finished", name)) - start)
+        modes.append(finished_status(custom, namespace, name)["startMode"])
+    return to_result, modes
 
 
 def bench_bare_pods(core, stopwatch, namespace, n):
@@ -107,51 +153,117 @@ def bench_bare_pods(core, stopwatch, namespace, n):
     return to_terminated, to_succeeded
 
 
-def bench_concurrent(custom, stopwatch, namespace, n):
-    """N runs created at once; seconds until the last result, and each run's own created->result time."""
+def bench_jobs(stopwatch, namespace, n):
+    """The Job controller's reaction: Job created -> its pod created (the bare pod's spec as the template)."""
+    batch = client.BatchV1Api()
+    spec = CodeRunSpec.model_validate({"language": "python", "code": CODE})
+    decision = evaluate(spec, DEFAULT_POLICY)
+    to_pod = []
+    for i in range(n):
+        fake_run = {"metadata": {"name": f"bench-job-{i}", "namespace": namespace, "uid": str(uuid.uuid4())}}
+        configmap = build_input_configmap(fake_run, spec, decision)
+        pod = build_pod(fake_run, decision, configmap["metadata"]["name"])
+        del configmap["metadata"]["ownerReferences"]
+        client.CoreV1Api().create_namespaced_config_map(namespace, configmap)
+        name = f"bench-job-{i}"
+        job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+               "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": 0,
+                        "template": {"metadata": {"labels": {"coderun.io/sandbox": "true"}}, "spec": pod["spec"]}}}
+        start = time.monotonic()
+        batch.create_namespaced_job(namespace, job)
+        to_pod.append(stopwatch.wait(("job-pod-created", name)) - start)
+        batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+    return to_pod
+
+
+def bench_burst(custom, stopwatch, namespace, n):
+    """N warm runs created at once on a full pool of N: the last result, each run's time, then the refill."""
+    stopwatch.wait_pool(n)
     start = time.monotonic()
     names = [f"burst-{i}" for i in range(n)]
     for name in names:
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
-            "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "metadata": {"name": name},
-            "spec": {"language": "python", "code": CODE, "limits": {"cpu": "250m", "timeoutSeconds": 30}}})
+        create_run(custom, namespace, name)
     finished = [stopwatch.wait(("run-finished", name), timeout=600) - start for name in names]
-    phases = {custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-              ["status"]["phase"] for name in names}
-    assert phases == {"Succeeded"}, phases
-    return max(finished), finished
+    modes = [finished_status(custom, namespace, name)["startMode"] for name in names]
+    refilled = stopwatch.wait_pool(n) - start
+    return max(finished), finished, modes, refilled
+
+
+def apply_policy(custom, namespace: str, warm_pool: dict) -> None:
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "coderunpolicies", {
+        "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+        "spec": {"warmPool": {"languages": ["python"], **warm_pool}}})
+
+
+def new_namespace(core) -> str:
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": namespace,
+                                        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    return namespace
 
 
 def summary(label: str, seconds: list[float]) -> str:
     ms = sorted(s * 1000 for s in seconds)
-    p90 = ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))]
-    return f"{label:<48} median {statistics.median(ms):7.0f} ms   p90 {p90:7.0f} ms   (n={len(ms)})"
+    pick = lambda q: ms[min(len(ms) - 1, int(round(q * (len(ms) - 1))))]  # noqa: E731
+    return (f"{label:<46} p50 {statistics.median(ms):6.0f} ms  p90 {pick(0.9):6.0f} ms  p99 {pick(0.99):6.0f} ms"
+            f"  (n={len(ms)})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=20, help="sequential runs of each kind")
-    parser.add_argument("--burst", type=int, default=30, help="runs created at once")
+    parser.add_argument("-n", type=int, default=50, help="sequential CodeRuns, warm and cold")
+    parser.add_argument("--pods", type=int, default=20, help="sequential bare pods and Jobs")
+    parser.add_argument("--burst", type=int, default=20, help="warm runs created at once, on a pool that size")
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace,
-                                        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
+    cold_ns, warm_ns, burst_ns = new_namespace(core), new_namespace(core), None
     try:
-        stopwatch = Stopwatch(namespace)
-        to_pod, to_result = bench_coderuns(custom, stopwatch, namespace, args.n)
-        to_terminated, to_succeeded = bench_bare_pods(core, stopwatch, namespace, args.n)
-        burst_seconds, burst = bench_concurrent(custom, stopwatch, namespace, args.burst)
+        stopwatch = Stopwatch(cold_ns)
+        to_pod, cold = bench_cold(custom, stopwatch, cold_ns, args.n)
+        to_terminated, to_succeeded = bench_bare_pods(core, stopwatch, cold_ns, args.pods)
+        job_to_pod = bench_jobs(stopwatch, cold_ns, args.pods)
+        core.delete_namespace(cold_ns)
+        # Sequential warm runs: a pool of 3, each pod reserving 100m of its 1 CPU (3 fit beside the operator).
+        warm_watch = Stopwatch(warm_ns)
+        apply_policy(custom, warm_ns, {"size": 3, "cpuRequest": "100m"})
+        warm, warm_modes = bench_warm(custom, warm_watch, warm_ns, args.n)
+        core.delete_namespace(warm_ns)
+        burst_ns = new_namespace(core)
+        burst_watch = Stopwatch(burst_ns)
+        created = time.monotonic()
+        apply_policy(custom, burst_ns, {"size": args.burst, "cpuRequest": "20m"})
+        filled = burst_watch.wait_pool(args.burst) - created
+        burst_seconds, burst, burst_modes, refilled = bench_burst(custom, burst_watch, burst_ns, args.burst)
+        pod_ready = [burst_watch.seen[("pool-pod-ready", name)] - burst_watch.seen[("pod-created", name)]
+                     for (kind, name) in list(burst_watch.seen) if kind == "pool-pod-ready"]
     finally:
-        core.delete_namespace(namespace)
-    print(f"print(1), {args.n} runs each, sequential, gVisor, 1 CPU / 256Mi")
-    print(summary("CodeRun created -> sandbox pod created", to_pod))
-    print(summary("CodeRun created -> terminal status written", to_result))
+        for namespace in (cold_ns, warm_ns, burst_ns):
+            if namespace:
+                core.delete_namespace(namespace, propagation_policy="Background", _request_timeout=30) \
+                    if _exists(core, namespace) else None
+    print(f"print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
+    print(summary("warm CodeRun created -> terminal status", warm) +
+          f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
+    print(summary("cold CodeRun created -> terminal status", cold))
+    print(summary("cold CodeRun created -> sandbox pod created", to_pod))
     print(summary("bare pod created -> container terminated", to_terminated))
     print(summary("bare pod created -> pod phase Succeeded", to_succeeded))
-    print(f"{args.burst} CodeRuns created at once (250m CPU each): all Succeeded, the last after {burst_seconds:.1f} s")
-    print(summary("  each: created -> terminal status written", burst))
+    print(summary("Job created -> its pod created", job_to_pod))
+    print(f"{args.burst} warm CodeRuns created at once on a pool of {args.burst}: "
+          f"{burst_modes.count('Warm')} Warm, the last result after {burst_seconds:.2f} s")
+    print(summary("  each: created -> terminal status", burst))
+    print(f"pool of {args.burst} from empty: all ready after {filled:.1f} s; "
+          f"after the burst, back to {args.burst} ready {refilled:.1f} s after the first run was created")
+    print(summary("  each pool pod: created -> runner running", pod_ready))
+
+
+def _exists(core, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+        return True
+    except client.ApiException:
+        return False
 
 
 if __name__ == "__main__":

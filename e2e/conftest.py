@@ -273,6 +273,32 @@ def _namespace_name(node_name: str) -> str:
     return f"e2e-{base}-{uuid.uuid4().hex[:5]}"
 
 
+# CODERUN_E2E_WARM=1 (`make test-e2e-warm`): every test namespace gets a `default` CodeRunPolicy that is the
+# built-in policy plus a warm pool, and the fixture waits for the pool, so the suite's runs take warm pods.
+WARM_MODE = os.environ.get("CODERUN_E2E_WARM") == "1"
+WARM_POOL = {"size": 2, "cpuRequest": "50m"}
+START_MODES: defaultdict[str, int] = defaultdict(int)
+
+
+def apply_warm_pool(cluster, namespace: str, warm_pool: dict | None = None, ready: int | None = None,
+                    **spec) -> None:
+    """A `default` policy like the built-in one (admission Record) with a warm pool; waits for `ready` pods."""
+    warm_pool = warm_pool or WARM_POOL
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "coderunpolicies", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+        "spec": {"admission": "Record", "warmPool": warm_pool, **spec}})
+    wait_for(lambda: pool_ready(cluster, namespace) >= (warm_pool["size"] if ready is None else ready), 120,
+             f"the warm pool of {namespace}")
+
+
+def pool_ready(cluster, namespace: str) -> int:
+    """Unclaimed warm pool pods whose runner runs."""
+    return sum(1 for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items
+               if not any(o.kind == "CodeRun" for o in p.metadata.owner_references or ())
+               and not p.metadata.deletion_timestamp and p.status.container_statuses
+               and p.status.container_statuses[0].state.running)
+
+
 @pytest.fixture
 def namespace(cluster, request) -> str:
     """A fresh namespace for one test, labelled Pod Security `restricted` as the chart labels run namespaces."""
@@ -282,8 +308,18 @@ def namespace(cluster, request) -> str:
     if marker:
         labels = marker.args[0]
     cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+    if WARM_MODE and not request.node.get_closest_marker("cold_only"):
+        apply_warm_pool(cluster, name)
     yield name
+    if WARM_MODE:
+        for run in cluster.custom.list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)["items"]:
+            START_MODES[(run.get("status") or {}).get("startMode") or "none"] += 1
     cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if WARM_MODE:
+        terminalreporter.write_line(f"warm mode: runs by startMode {dict(START_MODES)}")
 
 
 class PodCensus:

@@ -51,7 +51,7 @@ def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
         ctl.api.delete_pod(ns, pod["metadata"]["name"])
         return
     if is_running(pod):
-        if status.get("phase") != Phase.RUNNING:
+        if status.get("phase") != Phase.RUNNING and not warm.answering_soon(ctl, run):
             ctl.write_status(run, running_status(run, ctl.now()))
         if status.get("startMode") == StartMode.WARM:
             warm.recover(ctl, ctl.store.run(meta["uid"]) or run, pod)

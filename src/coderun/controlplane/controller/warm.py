@@ -49,6 +49,9 @@ UNSENT_INPUT_SECONDS = 15
 # After a start, pool pods whose policy the watch has not delivered yet are not stale.
 STARTUP_GRACE_SECONDS = 30
 MAX_SESSIONS = 256
+# Pool pods starting at once per pool: a gVisor start costs about a CPU-second, which claimed pods need more.
+MAX_STARTING = 4
+RUNNING_STATUS_AFTER_SECONDS = 1
 
 _started = time.monotonic()
 
@@ -243,6 +246,14 @@ def recover(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
     go_cold(ctl, run, pod["metadata"]["name"], "the warm pod never received its input (the operator restarted)")
 
 
+def answering_soon(ctl: core.Controller, run: Mapping[str, Any]) -> bool:
+    """A warm run whose session is live and younger than a second: its result is likely on the way, so the
+    Running status (one more write beside the program) waits for the tick; a longer program gets it then."""
+    claimed = parse_time((run.get("status") or {}).get("startTime"))
+    return (run["metadata"]["uid"] in ctl.sessions and claimed is not None
+            and ctl.now() - claimed < timedelta(seconds=RUNNING_STATUS_AFTER_SECONDS))
+
+
 def incomplete_input(frame) -> bool:
     return frame.reason == INPUT_INCOMPLETE
 
@@ -271,7 +282,8 @@ def refill(ctl: core.Controller) -> None:
         metrics.POOL_READY.labels(namespace, decision.policy.name, language).set(sum(1 for p in pods if is_ready(p)))
         for extra in pods[size:]:
             _delete_unclaimed(ctl, extra)
-        missing = size - len(pods)
+        starting = sum(1 for p in pods if not is_ready(p))
+        missing = min(size - len(pods), MAX_STARTING - starting)
         if missing > 0:
             _create_pool_pods(ctl, namespace, key, language, decision, missing)
 

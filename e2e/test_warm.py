@@ -1,0 +1,186 @@
+"""The warm pool on the real cluster: pods kept per policy, a run on a claimed pod with the same status as a cold
+run, the pool refilled, the cold fallback, and the operator killed mid-claim (no run lost, none run twice).
+
+Whether a program ran is read from the kubelet's own container logs on this host (/var/log/pods): a warm pod's
+runner prints `CODERUN-ACCEPTED` once it has the whole input, before the program starts, and nothing else can.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PodCensus, apply_warm_pool, pool_ready, wait_for
+
+POD_LOGS = Path("/var/log/pods")
+
+# Programs whose statuses must not depend on where they ran: (name, spec).
+CASES = [
+    ("success", {"code": "import sys; print('out'); print('err', file=sys.stderr)"}),
+    ("exception", {"code": "def f():\n    raise ValueError('bad value')\nf()\n"}),
+    ("exit-code", {"code": "import sys; sys.exit(3)"}),
+    ("stdin-and-files", {"code": "import sys; print(sys.stdin.read(), open('data/in.txt').read())",
+                         "stdin": "from stdin", "files": [{"path": "data/in.txt", "content": "from a file"}]}),
+    ("timeout", {"code": "while True: pass", "limits": {"timeoutSeconds": 2}}),
+    ("output-flood", {"code": "import sys\nwhile True: sys.stdout.write('x' * 65536)"}),
+    ("oom", {"code": "chunks = []\nwhile True: chunks.append(bytearray(32 * 1024 * 1024))"}),
+    ("disk", {"code": "open('/tmp/big', 'wb').write(b'0' * 100 * 1024 * 1024)"}),
+    ("artifacts", {"code": "import os\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'a.txt'), 'w')"
+                           ".write('artifact')\nprint('done')"}),
+    ("secret-redacted", {"code": "print('key AKIAABCDEFGHIJKLMNOP')"}),
+    ("javascript", {"language": "javascript", "code": "console.log(6 * 7); null.x;"}),
+]
+# What may differ between a warm and a cold run of the same program: when, where, how long.
+WHERE_AND_WHEN = ("startMode", "podName", "startTime", "completionTime", "metrics", "policyDigest", "message")
+
+
+def comparable(status: dict) -> dict:
+    status = copy.deepcopy(status)
+    for field in WHERE_AND_WHEN:
+        status.pop(field, None)
+    status.get("decision", {}).pop("policyDigest", None)
+    for condition in status.get("conditions") or ():
+        condition.pop("lastTransitionTime", None)
+        if condition.get("type") == "Accepted":
+            condition.pop("message", None)
+    for artifact in status.get("artifacts") or ():
+        artifact.pop("configMap", None)
+    return status
+
+
+def test_a_warm_run_has_the_status_a_cold_run_has(cluster, operator, namespace):
+    """The same programs in a namespace with a pool and in one without, under the same policy otherwise."""
+    cold_ns = f"{namespace}-cold"
+    cluster.core.create_namespace({"metadata": {"name": cold_ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
+    try:
+        cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", cold_ns, "coderunpolicies", {
+            "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+            "spec": {"admission": "Record"}})
+        apply_warm_pool(cluster, namespace, {"size": 3, "cpuRequest": "50m"})
+        for name, spec in CASES:
+            spec = {"language": "python", **spec}
+            wait_for(lambda: pool_ready(cluster, namespace) >= 1, 120, "a ready warm pod")
+            warm = cluster.wait_run(namespace, cluster.create_run(namespace, spec, name=name), timeout=120)
+            cold = cluster.wait_run(cold_ns, cluster.create_run(cold_ns, spec, name=name), timeout=120)
+            assert warm["status"]["startMode"] == "Warm", (name, warm["status"])
+            assert cold["status"]["startMode"] == "Cold", (name, cold["status"])
+            assert comparable(warm["status"]) == comparable(cold["status"]), name
+            assert warm["status"]["podName"].startswith("pool-default-")
+    finally:
+        cluster.core.delete_namespace(cold_ns, propagation_policy="Background")
+
+
+def test_the_pool_refills_and_follows_its_policy(cluster, operator, namespace):
+    apply_warm_pool(cluster, namespace, {"size": 2, "cpuRequest": "50m"})
+    first = {p.metadata.name for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items}
+    run = cluster.wait_run(namespace, cluster.create_run(namespace, {"language": "python", "code": "print(1)"}))
+    assert run["status"]["startMode"] == "Warm" and run["status"]["podName"] in first
+    wait_for(lambda: pool_ready(cluster, namespace) == 2, 60, "the pool back to 2 ready pods")
+    pods = {p.metadata.name for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items}
+    assert run["status"]["podName"] not in pods  # a claimed pod is never reused
+    # A changed policy replaces its pods; a policy without a pool has none.
+    cluster.custom.patch_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default",
+                                                  {"spec": {"warmPool": {"size": 1, "cpuRequest": "50m"}}})
+    wait_for(lambda: pool_ready(cluster, namespace) == 1 and len(cluster.core.list_namespaced_pod(
+        namespace, label_selector="coderun.io/pool").items) == 1, 90, "the pool shrunk to 1")
+    cluster.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default")
+    wait_for(lambda: not cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items, 90,
+             "the pool gone with its policy")
+
+
+def test_a_run_that_does_not_fit_the_pool_starts_cold(cluster, operator, namespace):
+    apply_warm_pool(cluster, namespace, {"size": 1, "cpuRequest": "50m"})
+    run = cluster.wait_run(namespace, cluster.create_run(namespace, {
+        "language": "python", "code": "print(1)", "limits": {"memory": "128Mi"}}))
+    assert run["status"]["startMode"] == "Cold" and run["status"]["podName"].endswith("-sandbox")
+    assert run["status"]["stdout"] == "1\n"
+
+
+def test_a_warm_pod_someone_else_attached_to_first_costs_speed_not_the_run(cluster, operator, namespace):
+    """stdinOnce: an attach that closes the runner's stdin before the operator's makes the runner end with
+    InputIncomplete; a claim of that pod never runs the program twice and the run still gets its result."""
+    apply_warm_pool(cluster, namespace, {"size": 1, "cpuRequest": "50m"})
+    pod = cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items[0].metadata.name
+    cluster.kubectl("attach", "-i", "-n", namespace, pod, input="")  # connects, sends nothing, closes stdin
+    run = cluster.wait_run(namespace, cluster.create_run(namespace, {"language": "python", "code": "print(7)"}))
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["stdout"] == "7\n", run["status"]
+
+
+class AcceptedInputs:
+    """Which pods' runners accepted an input: read from the kubelet's container log files while they exist."""
+
+    def __init__(self, namespace: str):
+        self.by_pod_uid: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._glob = f"{namespace}_*/run/*.log"
+        self._thread = threading.Thread(target=self._scan, daemon=True)
+        self._thread.start()
+
+    def _scan(self) -> None:
+        while not self._stop.is_set():
+            for log in POD_LOGS.glob(self._glob):
+                try:
+                    count = log.read_text(errors="replace").count("CODERUN-ACCEPTED ")
+                except OSError:
+                    continue
+                uid = log.parent.parent.name.rsplit("_", 1)[1]
+                self.by_pod_uid[uid] = max(self.by_pod_uid.get(uid, 0), count)
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.mark.skipif(not POD_LOGS.is_dir(), reason="needs the kubelet's pod logs on this host (the local cluster)")
+def test_the_operator_killed_mid_claim_loses_no_run_and_runs_none_twice(cluster, operator, namespace):
+    apply_warm_pool(cluster, namespace, {"size": 6, "cpuRequest": "50m"})
+    census, accepted = PodCensus(cluster, namespace), AcceptedInputs(namespace)
+    # Each program takes long enough (1.5 s) for its pod's log to be read while the pod exists.
+    names = []
+    try:
+        for i in range(12):
+            names.append(cluster.create_run(namespace, {"language": "python",
+                                                        "code": f"import time; time.sleep(1.5); print({i})"},
+                                            name=f"mid-{i}"))
+            if i == 3:
+                cluster.operator.control("kill")  # while the runs before are being claimed and fed
+        runs = [cluster.wait_run(namespace, name, timeout=180) for name in names]
+    finally:
+        time.sleep(1)
+        census.stop()
+        accepted.stop()
+        cluster.operator.control("start")
+    for i, run in enumerate(runs):
+        assert run["status"]["phase"] == "Succeeded" and run["status"]["stdout"] == f"{i}\n", run["status"]
+    executions = {}
+    for run in runs:
+        pods = census.pods_by_run[run["metadata"]["name"]]
+        fed = [uid for uid in pods if accepted.by_pod_uid.get(uid)]
+        executions[run["metadata"]["name"]] = (run["status"]["startMode"], len(pods), len(fed))
+    for name, (mode, pods, fed) in executions.items():
+        # A warm run's program ran in exactly the one pod that accepted its input; a run that went cold ran
+        # only in its cold pod, whatever warm pod it had claimed (and given up) before.
+        assert (fed == 1) if mode == "Warm" else (fed == 0), (name, executions)
+        assert sum(accepted.by_pod_uid.get(uid, 0) for uid in census.pods_by_run[name]) <= 1, (name, executions)
+    print(f"\nruns by (startMode, pods, pods that accepted input): {executions}")
+
+
+def test_pool_metrics_count_claims_and_misses(cluster, operator, namespace):
+    import urllib.request
+    apply_warm_pool(cluster, namespace, {"size": 1, "cpuRequest": "50m"})
+    cluster.wait_run(namespace, cluster.create_run(namespace, {"language": "python", "code": "print(1)"}))
+    cluster.wait_run(namespace, cluster.create_run(namespace, {"language": "python", "code": "print(1)",
+                                                               "limits": {"memory": "128Mi"}}))
+    text = urllib.request.urlopen(cluster.operator.metrics_url(), timeout=5).read().decode()
+    claims = re.search(r'^coderun_pool_claims_total\{language="python"\} (\S+)$', text, re.M)
+    misses = re.search(r'^coderun_pool_misses_total\{language="python",why="limits"\} (\S+)$', text, re.M)
+    ready = re.search(rf'^coderun_pool_ready_pods\{{language="python",namespace="{namespace}",policy="default"\}} '
+                      r'(\S+)$', text, re.M)
+    assert claims and float(claims.group(1)) >= 1 and misses and float(misses.group(1)) >= 1, text[-2000:]
+    assert ready and "coderun_pool_refill_seconds_count" in text
