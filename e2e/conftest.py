@@ -287,13 +287,15 @@ def apply_warm_pool(cluster, namespace: str, warm_pool: dict | None = None, read
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "coderunpolicies", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
         "spec": {"admission": "Record", "warmPool": warm_pool, **spec}})
-    wait_for(lambda: pool_ready(cluster, namespace) >= (warm_pool["size"] if ready is None else ready), 120,
-             f"the warm pool of {namespace}")
+    languages = len(warm_pool.get("languages") or ("python", "javascript"))
+    wait_for(lambda: pool_ready(cluster, namespace) >= (warm_pool["size"] * languages if ready is None else ready),
+             120, f"the warm pool of {namespace}")
 
 
-def pool_ready(cluster, namespace: str) -> int:
-    """Unclaimed warm pool pods whose runner runs."""
-    return sum(1 for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items
+def pool_ready(cluster, namespace: str, language: str | None = None) -> int:
+    """Unclaimed warm pool pods whose runner runs (of one language, or all)."""
+    selector = f"coderun.io/pool-language={language}" if language else "coderun.io/pool"
+    return sum(1 for p in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
                if not any(o.kind == "CodeRun" for o in p.metadata.owner_references or ())
                and not p.metadata.deletion_timestamp and p.status.container_statuses
                and p.status.container_statuses[0].state.running)

@@ -53,7 +53,11 @@ MAX_SESSIONS = 256
 MAX_STARTING = 4
 RUNNING_STATUS_AFTER_SECONDS = 1
 
+# A pool whose pods the API server refused is not asked again before this (a quota does not lift at once).
+REFUSED_RETRY_SECONDS = 30
+
 _started = time.monotonic()
+_refused_until: dict[tuple[str, str], float] = {}
 
 
 def pool_key(namespace: str, policy: Policy | str, digest: str, runtime, limits) -> str:
@@ -298,6 +302,8 @@ def _delete_unclaimed(ctl: core.Controller, pod: Mapping[str, Any]) -> None:
 def _create_pool_pods(ctl: core.Controller, namespace: str, key: str, language: str, decision: Decision,
                       count: int) -> None:
     from .admission import _ensure_namespace_default_deny
+    if _refused_until.get((namespace, key), 0) > time.monotonic():
+        return
     try:
         if _ensure_namespace_default_deny(ctl, namespace):
             log.warning("warm pool of %s/%s: the namespace's default-deny policy is not coderun's; no pool pods",
@@ -307,8 +313,10 @@ def _create_pool_pods(ctl: core.Controller, namespace: str, key: str, language: 
         for _ in range(count):
             created = ctl.api.create_pod(build_pool_pod(namespace, decision, labels, POOL_IDLE_SECONDS))
             ctl.store.put_pod(created)
-    except ctl.api.Refused as e:  # a quota, an admission policy: say so, try again on a later tick
-        log.warning("warm pool of %s/%s: %s", namespace, decision.policy.name, e)
+    except ctl.api.Refused as e:  # a quota, an admission policy, a namespace going away: say so, try again later
+        _refused_until[(namespace, key)] = time.monotonic() + REFUSED_RETRY_SECONDS
+        log.warning("warm pool of %s/%s: %s; trying again in %d s", namespace, decision.policy.name, e,
+                    REFUSED_RETRY_SECONDS)
 
 
 def observe_ready(pod: Mapping[str, Any], seen: set[str]) -> None:

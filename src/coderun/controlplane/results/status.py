@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec, Validation
-from coderun.api.reasons import ConditionType, Phase, Reason
+from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
 from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision
 from .frame import RunnerFrame
@@ -124,7 +124,11 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
     conditions = status.get("conditions")
     if outcome.phase == Phase.REJECTED:
         conditions = set_condition(conditions, ConditionType.ACCEPTED, False, outcome.reason, outcome.message, gen, now)
-    if any(c["type"] == ConditionType.RUNNING for c in conditions or []):
+    # Running (now False) on every run whose program ran, whether or not a Running status was written on the way
+    # (a fast program, a warm pod): the same program ends with the same conditions.
+    program_ran = bool(status.get("podName")) and outcome.phase != Phase.REJECTED \
+        and outcome.reason not in INFRASTRUCTURE_REASONS
+    if program_ran or any(c["type"] == ConditionType.RUNNING for c in conditions or []):
         conditions = set_condition(conditions, ConditionType.RUNNING, False, outcome.reason, "the run has ended",
                                    gen, now)
     succeeded = outcome.phase == Phase.SUCCEEDED
