@@ -97,6 +97,11 @@ class Cluster:
         return wait_for(lambda: self.core.read_namespaced_pod(name, namespace).status.pod_ip, timeout,
                         f"pod {namespace}/{name} to get an IP")
 
+    def run_pods(self, namespace: str) -> list:
+        """The namespace's pods other than waiting warm pool pods (a claimed one is a run's pod)."""
+        return [p for p in self.core.list_namespaced_pod(namespace).items
+                if "coderun.io/pool" not in (p.metadata.labels or {}) or "coderun.io/run" in p.metadata.labels]
+
     def logs(self, namespace: str, name: str) -> str:
         return self.core.read_namespaced_pod_log(name, namespace)
 
@@ -313,10 +318,15 @@ def namespace(cluster, request) -> str:
     if WARM_MODE and not request.node.get_closest_marker("cold_only"):
         apply_warm_pool(cluster, name)
     yield name
-    if WARM_MODE:
-        for run in cluster.custom.list_namespaced_custom_object(GROUP, VERSION, name, PLURAL)["items"]:
-            START_MODES[(run.get("status") or {}).get("startMode") or "none"] += 1
+    count_start_modes(cluster, name)
     cluster.core.delete_namespace(name, propagation_policy="Background")
+
+
+def count_start_modes(cluster, namespace: str) -> None:
+    """Warm mode's tally: how many of a namespace's runs took a warm pod (the session summary prints it)."""
+    if WARM_MODE:
+        for run in cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
+            START_MODES[(run.get("status") or {}).get("startMode") or "none"] += 1
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -143,7 +143,7 @@ def test_policy_refuses_an_unknown_language_and_excessive_limits(operator, names
     assert "python" in ruby_status["message"]
     assert greedy_status["policyRule"] == "maximums.memory" and "2Gi" in greedy_status["message"]
     assert condition(greedy_status, "Accepted")["status"] == "False"
-    assert not operator.core.list_namespaced_pod(namespace).items
+    assert not operator.run_pods(namespace)
 
 
 def test_pod_deleted_from_outside_fails_the_run(operator, namespace):
@@ -177,7 +177,7 @@ def test_children_are_owned_hardened_and_cleaned_up(operator, namespace):
     policies = operator.networking.list_namespaced_network_policy(namespace).items
     assert all(cm.metadata.owner_references[0].name == name for cm in cms) and cms
     assert {p.metadata.name for p in policies} >= {f"{name}-deny", "coderun-sandbox-default-deny"}
-    wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 30, "the finished pod to be deleted")
+    wait_for(lambda: not operator.run_pods(namespace), 30, "the finished pod to be deleted")
     assert status["podName"] == f"{name}-sandbox"
 
 
@@ -187,7 +187,7 @@ def test_a_run_no_node_can_take_fails_fast_as_unschedulable(operator, namespace)
     status = operator.wait_run(namespace, name, timeout=30)["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable")
     assert "lower spec.limits.cpu" in status["message"]
-    wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 30, "the pod to be deleted")
+    wait_for(lambda: not operator.run_pods(namespace), 30, "the pod to be deleted")
 
 
 def test_a_sandbox_the_namespace_refuses_fails_with_the_api_servers_reason(operator, namespace):

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner import FRAME_PREFIX
-from conftest import TERMINAL, wait_for
+from conftest import TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wait_for
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
@@ -1143,6 +1143,9 @@ def hostile(operator) -> SuiteResult:
     namespace = f"e2e-hostile-{int(time.time()) % 100000}"
     cluster.core.create_namespace({"metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
+    if WARM_MODE:  # a pool whose pods have the suite's SMALL limits, so its runs (not those asking more) go warm
+        apply_warm_pool(cluster, namespace, {"size": 6, "cpuRequest": "50m", "languages": ["python"]},
+                        defaults={k: v for k, v in SMALL.items() if k != "timeoutSeconds"})
     result = SuiteResult(namespace=namespace)
     log_start = cluster.operator.log_mark()
     node = cluster.node_ip()
@@ -1173,6 +1176,7 @@ def hostile(operator) -> SuiteResult:
         result.trap_hits = list(trap.hits)
         result.log = cluster.operator.log_since(log_start)
     yield result
+    count_start_modes(cluster, namespace)
     cluster.core.delete_namespace(namespace, propagation_policy="Background")
 
 

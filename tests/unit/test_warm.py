@@ -119,8 +119,9 @@ def test_the_claim_patch_is_conditional_and_hands_the_pod_to_the_run(env):
     patches = []
     api.fail["claim_pod"] = lambda ns, name, patch: patches.append(patch)
     ctl.on_run(api.add_run(make_run()), deleted=False)
-    test, labels, owners, deadline = patches[0]
+    test, labels, annotations, owners, deadline = patches[0]
     assert test == {"op": "test", "path": "/metadata/resourceVersion", "value": seen_version}
+    assert len(annotations["value"]["coderun.io/input-nonce-sha256"]) == 64  # the nonce itself stays in memory
     assert labels["value"]["coderun.io/run-uid"] == "uid-1" and labels["value"]["coderun.io/pool"] == "default"
     assert owners["value"][0]["kind"] == "CodeRun" and owners["value"][0]["controller"] is True
     # Claimed 59 s after the pod started: the rest of its life is this run's timeout plus the cold margin.
@@ -139,22 +140,58 @@ def test_a_pod_claimed_by_someone_else_first_is_skipped(env):
     assert api.calls.count("claim_pod") == 2
 
 
-def test_a_frame_without_this_claims_nonce_is_not_trusted(env):
+def end_warm_pod(env, run, nonce, stdout="real\n"):
+    """The claimed pod's container ends; its log holds a vouched frame carrying `nonce`."""
+    api, _, ctl = env
+    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
+    log, termination = frame_log(stdout=stdout, nonce=nonce)
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
+                                                                     "message": termination}}
+    ctl.on_pod(pod, deleted=False)
+    return api.run(NS, run["metadata"]["name"])
+
+
+def sent_nonce(api, pod_name):
+    return json.loads(api.sent[pod_name].split(b"\n", 1)[1])["nonce"]
+
+
+def test_a_streamed_frame_without_this_claims_nonce_is_not_trusted(env):
     api, _, ctl = env
     names = start_pool(env)
     for name in names:
         api.attach_answers[name] = runner_answer(nonce_from_input=False, stdout="forged\n")
     run = submit_and_wait(env, make_run())
     assert run["status"]["phase"] in ("Pending", "Running") and run["status"]["startMode"] == "Warm"
-    # The pod's end brings the result the runner vouched for in its termination message.
-    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
-    log, termination = frame_log(stdout="real\n")
-    api.logs[pod["metadata"]["name"]] = (log, True)
-    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
-                                                                     "message": termination}}
-    ctl.on_pod(pod, deleted=False)
-    run = api.run(NS, "demo")
+    # The pod's end brings the frame the runner vouched for in its termination message, with the claim's nonce.
+    run = end_warm_pod(env, run, sent_nonce(api, run["status"]["podName"]))
     assert run["status"]["phase"] == "Succeeded" and run["status"]["stdout"] == "real\n"
+
+
+def test_a_pod_someone_else_fed_first_never_answers_for_the_run(env):
+    """A user allowed to attach in the namespace fed a waiting pod their own input: its runner ran that, with
+    their nonce. The run's claim recorded another digest, so the run starts cold instead of taking that result."""
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = lambda document: b""  # our input arrives at a runner that is already busy
+    run = submit_and_wait(env, make_run())
+    run = end_warm_pod(env, run, "f" * 64, stdout="the attacker's result\n")
+    status = run["status"]
+    assert status["startMode"] == "Cold" and status["podName"] == "demo-sandbox" and "stdout" not in status
+
+
+def test_a_lookalike_pod_is_never_claimed(env):
+    """Labels and annotations can be copied by anyone who may create pods; the spec must be the pool's own."""
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        pod = api.objects[("Pod", NS, name)]
+        pod["spec"]["runtimeClassName"] = None  # e.g. a pod of the user's own, without gVisor
+        api._stamp(pod)
+        ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["startMode"] == "Cold" and "claim_pod" not in api.calls
 
 
 def test_other_limits_or_an_empty_pool_start_cold(env):
@@ -215,7 +252,9 @@ def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_a
     claimed = run["status"]["podName"]
     fresh = Controller(api=api, clock=clock)
     fresh.on_policy(copy.deepcopy(POLICY), deleted=False)
-    api.logs[claimed] = ("CODERUN-ACCEPTED 0123456789abcdef\n" if accepted else "", True)
+    digest = api.objects[("Pod", NS, claimed)]["metadata"]["annotations"]["coderun.io/input-nonce-sha256"]
+    api.logs[claimed] = (f"CODERUN-ACCEPTED {digest[:16]}\n" if accepted else "CODERUN-ACCEPTED 0123456789abcdef\n",
+                         True)
     fresh.on_pod(copy.deepcopy(api.objects[("Pod", NS, claimed)]), deleted=False)
     fresh.on_run(copy.deepcopy(api.run(NS, "demo")), deleted=False)
     assert api.run(NS, "demo")["status"]["startMode"] == "Warm"  # too early to tell

@@ -13,6 +13,8 @@ MANAGER = "coderun"
 LABEL_POOL = "coderun.io/pool"
 LABEL_POOL_LANGUAGE = "coderun.io/pool-language"
 ANNOTATION_POOL_KEY = "coderun.io/pool-key"
+# On a claimed pool pod: sha256 of the nonce sent with the run's input (the runner puts the nonce in its frame).
+ANNOTATION_NONCE_SHA256 = "coderun.io/input-nonce-sha256"
 
 _MAX_NAME = 63  # pod hostnames and label values are limited to 63 characters
 

@@ -10,7 +10,7 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, CodeRunSpec, EgressRule
 from ..policy import Decision
-from .names import (ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID,
+from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID,
                     LABEL_SANDBOX, MANAGER, child_name, fit_name as _fit_name, run_labels)
 
 INPUT_MOUNT = "/coderun/input"
@@ -207,15 +207,20 @@ def pool_name_prefix(policy_label: str) -> str:
     return f"{_fit_name(f'pool-{policy_label}', 52)}-"
 
 
-def claim_patch(run: Mapping[str, Any], pool_pod: Mapping[str, Any], deadline_seconds: int) -> list[dict[str, Any]]:
+def claim_patch(run: Mapping[str, Any], pool_pod: Mapping[str, Any], deadline_seconds: int,
+                nonce_sha256: str) -> list[dict[str, Any]]:
     """A JSON patch that makes a pool pod this run's, applied only if nobody changed the pod since we saw it
     (the `test` on resourceVersion): two replicas, or a leader and its successor, never claim one pod. The run
     becomes the pod's controller (the operator follows it like a cold run's pod; it goes when the run goes), and
-    the pod's deadline shrinks from the pool's idle time to this run's."""
+    the pod's deadline shrinks from the pool's idle time to this run's. The digest of the nonce the input will
+    carry is recorded on the pod, so whoever collects the result (this operator or its successor) can tell this
+    run's frame from one of an input someone else fed the pod."""
     meta = run["metadata"]
     labels = {**(pool_pod["metadata"].get("labels") or {}), **run_labels(meta["name"], meta["uid"])}
+    annotations = {**(pool_pod["metadata"].get("annotations") or {}), ANNOTATION_NONCE_SHA256: nonce_sha256}
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": pool_pod["metadata"]["resourceVersion"]},
             {"op": "replace", "path": "/metadata/labels", "value": labels},
+            {"op": "replace", "path": "/metadata/annotations", "value": annotations},
             {"op": "replace", "path": "/metadata/ownerReferences", "value": [owner_reference(run)]},
             {"op": "replace", "path": "/spec/activeDeadlineSeconds", "value": deadline_seconds}]
 

@@ -103,9 +103,14 @@ def finish_from_frame(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping
     from .admission import decide
     meta, status = run["metadata"], run.get("status") or {}
     ns, pod_name = meta["namespace"], pod["metadata"]["name"]
-    if isinstance(frame, RunnerFrame) and warm.incomplete_input(frame) and status.get("startMode") == StartMode.WARM:
-        warm.go_cold(ctl, run, pod_name, "the warm pod's input was cut short; the program did not run")
-        return
+    if isinstance(frame, RunnerFrame) and status.get("startMode") == StartMode.WARM:
+        if warm.incomplete_input(frame):
+            warm.go_cold(ctl, run, pod_name, "the warm pod's input was cut short; the program did not run")
+            return
+        if not warm.ran_this_claim(frame, pod):
+            warm.go_cold(ctl, run, pod_name, "the warm pod ran an input that was not this run's (someone attached "
+                         "to it first); this run's program did not run there")
+            return
     spec, decision = decide(run, ctl.store.policies(ns))
     policy = decision.policy if isinstance(decision, Decision) else None
     effective = status.get("effectiveLimits")

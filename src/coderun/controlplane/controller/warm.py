@@ -14,6 +14,7 @@ input never runs the program (InputIncomplete), so no program runs twice.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import math
 import secrets
@@ -22,10 +23,12 @@ import time
 from datetime import datetime, timedelta
 from typing import Any, Mapping
 
+from kubernetes.utils import parse_quantity
+
 from coderun.api.reasons import Phase, Reason, StartMode
 from coderun.sandbox.runner import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
 from .. import metrics
-from ..builders import (ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE, build_input_configmap,
+from ..builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE, build_input_configmap,
                         build_pool_pod, claim_patch, code_hash, warm_input)
 from ..builders.names import fit_name
 from ..builders.objects import CONTAINER_NAME, POD_DEADLINE_MARGIN_SECONDS
@@ -104,9 +107,10 @@ def try_start(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Deci
     ns, uid = meta["namespace"], meta["uid"]
     claimed = ctl.store.pod(uid)
     if claimed is not None and LABEL_POOL in (claimed["metadata"].get("labels") or {}):
-        if claimed["metadata"].get("deletionTimestamp"):
-            return False
-        return _accept(ctl, run, spec, decision, key, claimed)  # claimed before a restart; input never sent
+        # Claimed by an operator that stopped before recording it: no input was sent (the status comes first),
+        # but its nonce died with that operator. Give the pod up and claim afresh.
+        ctl.api.delete_pod(ns, claimed["metadata"]["name"])
+        ctl.store.forget_pod(claimed)
     if uid in ctl.cold_only or len(ctl.sessions) >= MAX_SESSIONS:
         return False
     policy = ctl.store.policies(ns).get(decision.policy.name)
@@ -120,23 +124,64 @@ def try_start(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Deci
     if pool not in wanted:
         metrics.POOL_MISSES.labels(language, "limits").inc()
         return False
-    now = ctl.now()
+    now, (_, pool_decision) = ctl.now(), wanted[pool]
     for pod in sorted((p for p in ctl.store.pool_pods()
                        if p["metadata"].get("namespace") == ns and _key_of(p) == pool and is_ready(p)),
                       key=lambda p: p["metadata"].get("creationTimestamp") or ""):
         deadline = _deadline_seconds(pod, decision.limits.timeout_seconds, now)
-        if deadline is None:
+        if deadline is None or not is_genuine(pod, pool_decision):
             continue
-        patched = ctl.api.claim_pod(ns, pod["metadata"]["name"], claim_patch(run, pod, deadline))
+        nonce = secrets.token_hex(32)
+        patched = ctl.api.claim_pod(ns, pod["metadata"]["name"], claim_patch(run, pod, deadline, nonce_digest(nonce)))
         if patched is None:
             continue  # another replica or run took it first
         ctl.store.put_pod(patched)
         metrics.POOL_CLAIMS.labels(language).inc()
         ctl.wake_pool()
-        return _accept(ctl, run, spec, decision, key, patched)
+        return _accept(ctl, run, spec, decision, key, patched, nonce)
     metrics.POOL_MISSES.labels(language, "empty").inc()
     ctl.wake_pool()
     return False
+
+
+def nonce_digest(nonce: str) -> str:
+    return hashlib.sha256(nonce.encode()).hexdigest()
+
+
+def is_genuine(pod: Mapping[str, Any], decision: Decision) -> bool:
+    """The pod is exactly the pool pod the operator builds for this pool, in every field that decides what runs
+    and what it can reach. Anyone who may create pods in the namespace can copy the labels; a pod of their own
+    (another image, no gVisor, a mounted token) must never receive a run's input."""
+    wanted = build_pool_pod(pod["metadata"].get("namespace") or "", decision,
+                            {LABEL_POOL: "", LABEL_POOL_LANGUAGE: "", "key": ""}, POOL_IDLE_SECONDS)["spec"]
+    have = pod.get("spec") or {}
+    # Defaulted or left out by the API server when false or empty: compared as "not set".
+    pod_fields = ("runtimeClassName", "hostNetwork", "hostPID", "hostIPC", "securityContext", "dnsPolicy",
+                  "dnsConfig", "initContainers", "ephemeralContainers", "shareProcessNamespace", "hostUsers")
+    container_fields = ("image", "command", "args", "env", "envFrom", "securityContext", "stdin", "stdinOnce",
+                        "volumeMounts", "workingDir")
+    same = lambda a, b, fields: all((a.get(f) or None) == (b.get(f) or None) for f in fields)  # noqa: E731
+    if not same(have, wanted, pod_fields) or len(have.get("containers") or ()) != 1:
+        return False
+    # Unset means true for these two: only an explicit false is the pool's.
+    if have.get("automountServiceAccountToken") is not False or have.get("enableServiceLinks") is not False:
+        return False
+    container, expected = have["containers"][0], wanted["containers"][0]
+    return (same(container, expected, container_fields)
+            and _quantities((container.get("resources") or {}).get("limits")) ==
+            _quantities(expected["resources"]["limits"])
+            and [(v.get("name"), _quantities(v.get("emptyDir"))) for v in have.get("volumes") or ()] ==
+            [(v["name"], _quantities(v.get("emptyDir"))) for v in wanted["volumes"]])
+
+
+def _quantities(mapping: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Quantities by value: the API server may write 100663296 back as 96Mi."""
+    if mapping is None:
+        return None
+    try:
+        return {k: parse_quantity(v) for k, v in mapping.items()}
+    except (ValueError, TypeError):
+        return {"unreadable": mapping}
 
 
 def _key_of(pod: Mapping[str, Any]) -> str | None:
@@ -155,7 +200,7 @@ def _deadline_seconds(pod: Mapping[str, Any], timeout_seconds: int, now: datetim
 
 
 def _accept(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decision, key: str | None,
-            pod: Mapping[str, Any]) -> bool:
+            pod: Mapping[str, Any], nonce: str) -> bool:
     """The claim in the status (before any input is sent), then the session that sends it."""
     meta, now, pod_name = run["metadata"], ctl.now(), pod["metadata"]["name"]
     status = accepted_status(run, decision, pod_name, decision.runtime.image, code_hash(spec), now)
@@ -169,7 +214,6 @@ def _accept(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decisi
         ctl.api.delete_pod(meta["namespace"], pod_name)  # the run is gone
         return True
     configmap = build_input_configmap(run, spec, decision)
-    nonce = secrets.token_hex(32)
     session = threading.Thread(target=_session, name=f"warm-{meta['name'][:40]}", daemon=True,
                                args=(ctl, meta["uid"], meta["namespace"], pod_name, warm_input(configmap, nonce),
                                      nonce, decision.limits.timeout_seconds))
@@ -244,10 +288,26 @@ def recover(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
     if claimed is None or ctl.now() - claimed < timedelta(seconds=UNSENT_INPUT_SECONDS):
         return
     text, _ = ctl.api.read_log(meta["namespace"], pod["metadata"]["name"], CONTAINER_NAME, 4096)
-    if ACCEPTED_PREFIX in text:
+    if accepted_line(pod) in text:
         ctl.accepted_elsewhere.add(meta["uid"])
         return
-    go_cold(ctl, run, pod["metadata"]["name"], "the warm pod never received its input (the operator restarted)")
+    go_cold(ctl, run, pod["metadata"]["name"], "the warm pod never received this run's input (the operator "
+            "restarted after claiming it)")
+
+
+def accepted_line(pod: Mapping[str, Any]) -> str:
+    """What the pod's runner prints once it holds this claim's input (runner.accept_stdin_input)."""
+    return f"{ACCEPTED_PREFIX}{claimed_digest(pod)[:16]}\n"
+
+
+def claimed_digest(pod: Mapping[str, Any]) -> str:
+    return (pod["metadata"].get("annotations") or {}).get(ANNOTATION_NONCE_SHA256) or "-"
+
+
+def ran_this_claim(frame, pod: Mapping[str, Any]) -> bool:
+    """A warm pod's frame is this run's only if it carries the nonce whose digest the claim recorded: a pod
+    someone else attached to first ran their input, not this run's."""
+    return isinstance(frame.nonce, str) and hmac.compare_digest(nonce_digest(frame.nonce), claimed_digest(pod))
 
 
 def answering_soon(ctl: core.Controller, run: Mapping[str, Any]) -> bool:

@@ -109,6 +109,7 @@ class RunnerFrame(_Lenient):
     artifactsSkipped: list[FrameSkipped] = []
     artifactsSkippedUnlisted: Size = 0
     limit: FrameLimit | None = None
+    nonce: str | None = None  # a warm pod's: the nonce the operator sent with the input
 
 
 def _last_frame_line(log: str) -> str | None:
