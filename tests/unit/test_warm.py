@@ -280,3 +280,29 @@ def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env,
         ctl.on_pod(copy.deepcopy(pod), deleted=False)
     warm.refill(ctl)
     assert pool_pods(api) == {}
+
+
+@pytest.mark.parametrize("change, genuine", [
+    (lambda spec: None, True),
+    # What the API server does to the pod it was sent: false and empty fields left out, quantities rewritten.
+    (lambda spec: [spec.pop(f) for f in ("hostNetwork", "hostPID", "hostIPC")]
+     + [spec["containers"][0].pop("env")]
+     + [spec["containers"][0]["resources"]["limits"].update({"ephemeral-storage": "96Mi", "cpu": "1000m"})], True),
+    (lambda spec: spec.pop("automountServiceAccountToken"), False),  # unset means a token is mounted
+    (lambda spec: spec["containers"][0].update({"image": "attacker/image:latest"}), False),
+    (lambda spec: spec["containers"][0]["securityContext"].update({"runAsNonRoot": False}), False),
+    (lambda spec: spec.update({"hostNetwork": True}), False),
+    (lambda spec: spec["volumes"].append({"name": "token", "secret": {"secretName": "x"}}), False),
+    (lambda spec: spec.update({"initContainers": [{"name": "x", "image": "y"}]}), False),
+    (lambda spec: spec["containers"][0]["resources"]["limits"].update({"memory": "64Gi"}), False),
+])
+def test_only_a_pod_built_as_the_pool_builds_it_is_genuine(change, genuine):
+    from coderun.controlplane.builders import build_pool_pod
+    from coderun.controlplane.policy.load import policy_from_object
+    policy = policy_from_object(POLICY)
+    (key, (language, decision)), = warm.wanted_pools(NS, policy).items()
+    pod = build_pool_pod(NS, decision, {"coderun.io/pool": "default", "coderun.io/pool-language": language,
+                                        "key": key}, warm.POOL_IDLE_SECONDS)
+    pod["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = str(96 * 1024 * 1024)
+    change(pod["spec"])
+    assert warm.is_genuine(pod, decision) is genuine
