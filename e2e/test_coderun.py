@@ -3,6 +3,8 @@ import base64
 import hashlib
 import json
 
+import pytest
+
 from conftest import wait_for
 
 PY = "python"
@@ -160,6 +162,7 @@ def test_finished_run_is_deleted_after_its_ttl(operator, namespace):
     wait_for(lambda: name not in operator.run_names(namespace), 30, "the TTL controller to delete the finished run")
 
 
+@pytest.mark.cold_only  # the cold pod's own children; a pool pod's hardening is test_warm's and the unit tests'
 def test_children_are_owned_hardened_and_cleaned_up(operator, namespace):
     name = operator.create_run(namespace, {"language": PY, "code": "import time; time.sleep(3)"})
     pod = operator.core.read_namespaced_pod(operator.wait_running(namespace, name), namespace)
@@ -190,6 +193,7 @@ def test_a_run_no_node_can_take_fails_fast_as_unschedulable(operator, namespace)
     wait_for(lambda: not operator.run_pods(namespace), 30, "the pod to be deleted")
 
 
+@pytest.mark.cold_only  # a pool pod made before the refusal would answer instead
 def test_a_sandbox_the_namespace_refuses_fails_with_the_api_servers_reason(operator, namespace):
     operator.core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"},
                                                                "spec": {"hard": {"pods": "0"}}})
