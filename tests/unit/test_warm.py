@@ -306,3 +306,29 @@ def test_only_a_pod_built_as_the_pool_builds_it_is_genuine(change, genuine):
     pod["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = str(96 * 1024 * 1024)
     change(pod["spec"])
     assert warm.is_genuine(pod, decision) is genuine
+
+
+def test_a_claim_the_status_could_not_record_sends_nothing_and_is_given_up(env):
+    """The input goes only after the claim is in the status: a failed write leaves the pod unfed, and the next
+    reconcile deletes it (its nonce is lost) and claims afresh."""
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = runner_answer()
+
+    def refuse_once(ns, name, status):
+        del api.fail["patch_run_status"]
+        raise Transient("the API server is away")
+    api.fail["patch_run_status"] = refuse_once
+    run = submit_and_wait(env, make_run())
+    assert not (run.get("status") or {}).get("podName") and api.sent == {}
+    first = next(pod["metadata"]["name"] for pod in [api.objects[k] for k in api.objects if k[0] == "Pod"]
+                 if pod["metadata"].get("labels", {}).get("coderun.io/run") == "demo")
+    ctl.tick()
+    for thread in threading.enumerate():
+        if thread.name.startswith("warm-"):
+            thread.join(5)
+    run = api.run(NS, "demo")
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["startMode"] == "Warm"
+    assert ("Pod", NS, first) not in api.objects and run["status"]["podName"] != first
+    assert list(api.sent) == [run["status"]["podName"]]  # only the pod whose claim was recorded got input

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import logging
 import math
+import queue
 import secrets
 import threading
 import time
@@ -201,7 +202,8 @@ def _deadline_seconds(pod: Mapping[str, Any], timeout_seconds: int, now: datetim
 
 def _accept(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decision, key: str | None,
             pod: Mapping[str, Any], nonce: str) -> bool:
-    """The claim in the status (before any input is sent), then the session that sends it."""
+    """The claim in the status, then the input: the session attaches while the status is written (the handshake
+    is off the critical path) and sends only once the claim is recorded."""
     meta, now, pod_name = run["metadata"], ctl.now(), pod["metadata"]["name"]
     status = accepted_status(run, decision, pod_name, decision.runtime.image, code_hash(spec), now)
     status["startMode"] = StartMode.WARM
@@ -210,38 +212,52 @@ def _accept(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Decisi
                          "queueMillis": millis_between(created_at(run), now)}
     if key:
         status["cacheKey"] = key
-    if ctl.write_status(run, status) is None:
-        ctl.api.delete_pod(meta["namespace"], pod_name)  # the run is gone
-        return True
-    configmap = build_input_configmap(run, spec, decision)
+    recorded: queue.Queue[bool] = queue.Queue(maxsize=1)
+    document = warm_input(build_input_configmap(run, spec, decision), nonce)
     session = threading.Thread(target=_session, name=f"warm-{meta['name'][:40]}", daemon=True,
-                               args=(ctl, meta["uid"], meta["namespace"], pod_name, warm_input(configmap, nonce),
-                                     nonce, decision.limits.timeout_seconds))
+                               args=(ctl, meta["uid"], meta["namespace"], pod_name, document, nonce,
+                                     decision.limits.timeout_seconds, recorded))
     ctl.sessions[meta["uid"]] = session
     session.start()
+    written = None
+    try:
+        written = ctl.write_status(run, status)
+    finally:  # a failed write sends nothing: the next reconcile finds the claimed pod and gives it up
+        recorded.put(written is not None)
+    if written is None:
+        ctl.api.delete_pod(meta["namespace"], pod_name)  # the run is gone
     return True
 
 
 # ---------------------------------------------------------------------------------------------- the session
 def _session(ctl: core.Controller, uid: str, ns: str, pod_name: str, document: bytes, nonce: str,
-             timeout_seconds: int) -> None:
-    """Attach, send the input, read the frame; hand it to the collector. Any failure before the input was sent
-    gives the pod up (the run goes cold); after it, the log is the fallback."""
-    received, sent = b"", False
+             timeout_seconds: int, recorded: queue.Queue) -> None:
+    """Attach, wait for the claim to be recorded, send the input, read the frame; hand it to the collector. A
+    failure before the input was sent gives the pod up (the run goes cold); after it, the log is the fallback."""
+    received, sent, attached = b"", False, None
     try:
         attached = ctl.api.attach(ns, pod_name, CONTAINER_NAME)
-        try:
+    except ctl.api.Transient as e:
+        log.warning("warm pod %s/%s: %s", ns, pod_name, e)
+    except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+        log.error("warm pod %s/%s: attach failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
+    try:
+        if not recorded.get(timeout=ATTACH_SECONDS * 3):
+            return  # the claim is not in the status: nothing may be sent
+        if attached is not None:
             attached.send(document)
             sent = True
             received = attached.read_until(_has_frame, STREAM_LIMIT_BYTES,
                                            timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
-        finally:
-            attached.close()
+    except queue.Empty:
+        return
     except ctl.api.Transient as e:
         log.warning("warm pod %s/%s: %s", ns, pod_name, e)
-    except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+    except Exception as e:  # noqa: BLE001
         log.error("warm pod %s/%s: session failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
     finally:
+        if attached is not None:
+            attached.close()
         ctl.sessions.pop(uid, None)
     if not sent:
         metrics.POOL_ATTACH_FAILURES.inc()
