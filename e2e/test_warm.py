@@ -81,23 +81,25 @@ def test_a_warm_run_has_the_status_a_cold_run_has(cluster, operator, namespace):
         cluster.core.delete_namespace(cold_ns, propagation_policy="Background")
 
 
+def pool_pod_names(cluster, namespace: str) -> set[str]:
+    return {p.metadata.name for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items}
+
+
 def test_the_pool_refills_and_follows_its_policy(cluster, operator, namespace):
     apply_warm_pool(cluster, namespace, {"size": 2, "cpuRequest": "50m", "languages": ["python"]})
-    first = {p.metadata.name for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items}
+    first = pool_pod_names(cluster, namespace)
     run = cluster.wait_run(namespace, cluster.create_run(namespace, {"language": "python", "code": "print(1)"}))
     assert run["status"]["startMode"] == "Warm" and run["status"]["podName"] in first
     wait_for(lambda: pool_ready(cluster, namespace) == 2, 60, "the pool back to 2 ready pods")
-    pods = {p.metadata.name for p in cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items}
-    assert run["status"]["podName"] not in pods  # a claimed pod is never reused
+    assert run["status"]["podName"] not in pool_pod_names(cluster, namespace)  # a claimed pod is never reused
     # A changed policy replaces its pods; a policy without a pool has none.
     cluster.custom.patch_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default",
                                                   {"spec": {"warmPool": {"size": 1, "cpuRequest": "50m",
                                                                           "languages": ["python"]}}})
-    wait_for(lambda: pool_ready(cluster, namespace) == 1 and len(cluster.core.list_namespaced_pod(
-        namespace, label_selector="coderun.io/pool").items) == 1, 90, "the pool shrunk to 1")
+    wait_for(lambda: pool_ready(cluster, namespace) == 1 and len(pool_pod_names(cluster, namespace)) == 1, 90,
+             "the pool shrunk to 1")
     cluster.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default")
-    wait_for(lambda: not cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items, 90,
-             "the pool gone with its policy")
+    wait_for(lambda: not pool_pod_names(cluster, namespace), 90, "the pool gone with its policy")
 
 
 def test_a_run_that_does_not_fit_the_pool_starts_cold(cluster, operator, namespace):

@@ -10,8 +10,8 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, CodeRunSpec, EgressRule
 from ..policy import Decision
-from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID,
-                    LABEL_SANDBOX, MANAGER, child_name, fit_name as _fit_name, run_labels)
+from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE,
+                    LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name, run_labels)
 
 INPUT_MOUNT = "/coderun/input"
 TMP_MOUNT = "/tmp"
@@ -204,7 +204,7 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
 
 
 def pool_name_prefix(policy_label: str) -> str:
-    return f"{_fit_name(f'pool-{policy_label}', 52)}-"
+    return f"{fit_name(f'pool-{policy_label}', 52)}-"
 
 
 def claim_patch(run: Mapping[str, Any], pool_pod: Mapping[str, Any], deadline_seconds: int,

@@ -29,8 +29,8 @@ from kubernetes.utils import parse_quantity
 from coderun.api.reasons import Phase, Reason, StartMode
 from coderun.sandbox.runner import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
 from .. import metrics
-from ..builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE, build_input_configmap,
-                        build_pool_pod, claim_patch, code_hash, warm_input)
+from ..builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE,
+                        build_input_configmap, build_pool_pod, claim_patch, code_hash, warm_input)
 from ..builders.names import fit_name
 from ..builders.objects import CONTAINER_NAME, POD_DEADLINE_MARGIN_SECONDS
 from ..policy import Decision, Policy
