@@ -23,6 +23,8 @@ PRINTER_COLUMNS = [
      "description": "CodeRun created -> result written"},
     {"name": "Language", "type": "string", "jsonPath": ".spec.language", "priority": 1},
     {"name": "Pod", "type": "string", "jsonPath": ".status.podName", "priority": 1},
+    {"name": "Start", "type": "string", "jsonPath": ".status.startMode", "priority": 1,
+     "description": "Warm (a pre-started pod of the policy's pool) or Cold"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
