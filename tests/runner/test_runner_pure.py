@@ -161,10 +161,14 @@ def test_encode_frame_is_compact_ascii(runner):
 
 
 def test_parse_args_defaults_and_both_forms(runner):
-    assert vars(runner.parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work",
+    assert vars(runner.parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work", "input_stdin": False,
                                            "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log"}
     args = runner.parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
+    # A warm pool pod's runner: the input comes on stdin and is laid out under /tmp unless told where.
+    assert (runner.parse_args(["--input-stdin"]).input, runner.parse_args(["--input-stdin"]).input_stdin) == \
+        ("/tmp/.coderun-input", True)
+    assert runner.parse_args(["--input-stdin", "--input=/x"]).input == "/x"
 
 
 @pytest.mark.parametrize("argv", [["--nope", "x"], ["--input"], ["stray"]])
@@ -198,7 +202,7 @@ def test_sandbox_limits_out_of_range_are_invalid_input(runner, field, value):
 def test_protocol_constants_are_exported(runner):
     assert runner.FRAME_PREFIX == "CODERUN-RESULT-V1 "
     assert {"DiskLimitExceeded", "ProcessLimitExceeded", "SandboxViolation"} <= set(runner.REASONS)
-    assert len(set(runner.REASONS)) == len(runner.REASONS) == 10
+    assert len(set(runner.REASONS)) == len(runner.REASONS) == 11  # InputIncomplete: a warm pod's cut-short input
     assert runner.LIMIT_KINDS == ("disk", "inodes", "processes", "termination-log")
     assert (runner.MAX_ERROR_TYPE_CHARS, runner.MAX_ERROR_MESSAGE_CHARS, runner.MAX_NAME_CHARS) == (256, 4096, 1024)
 
