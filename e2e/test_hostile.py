@@ -35,7 +35,11 @@ from conftest import TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wa
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
 OVERHEAD_MILLICPU = 50          # the gvisor RuntimeClass's podFixed cpu, counted by the scheduler
-BATCH_MILLICPU = 1500           # requests of one batch: leaves room on a 2-core node for the canary (300m)
+# Warm mode (CODERUN_E2E_WARM=1): the suite's pool, each waiting pod reserving its cpuRequest plus the overhead.
+WARM_POOL = {"size": 4, "cpuRequest": "50m", "languages": ["python"]}
+WARM_POOL_MILLICPU = WARM_POOL["size"] * (50 + OVERHEAD_MILLICPU) if WARM_MODE else 0
+# Requests of one batch: leaves room on a 2-core node for the canary (300m) and, in warm mode, the pool.
+BATCH_MILLICPU = 1500 - WARM_POOL_MILLICPU
 BATCH_GRACE = 60                # seconds past a batch's longest timeout before its stragglers count as stuck
 CANARY_WITHIN = 20.0            # seconds from create to Succeeded, each canary
 CANARY_PAUSE = 2.0              # between two canaries
@@ -1144,8 +1148,7 @@ def hostile(operator) -> SuiteResult:
     cluster.core.create_namespace({"metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
     if WARM_MODE:  # a pool whose pods have the suite's SMALL limits, so its runs (not those asking more) go warm
-        apply_warm_pool(cluster, namespace, {"size": 6, "cpuRequest": "50m", "languages": ["python"]},
-                        defaults={k: v for k, v in SMALL.items() if k != "timeoutSeconds"})
+        apply_warm_pool(cluster, namespace, WARM_POOL, defaults={k: v for k, v in SMALL.items() if k != "timeoutSeconds"})
     result = SuiteResult(namespace=namespace)
     log_start = cluster.operator.log_mark()
     node = cluster.node_ip()
