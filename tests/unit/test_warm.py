@@ -332,3 +332,17 @@ def test_a_claim_the_status_could_not_record_sends_nothing_and_is_given_up(env):
     assert run["status"]["phase"] == "Succeeded" and run["status"]["startMode"] == "Warm"
     assert ("Pod", NS, first) not in api.objects and run["status"]["podName"] != first
     assert list(api.sent) == [run["status"]["podName"]]  # only the pod whose claim was recorded got input
+
+
+def test_a_refused_claim_starts_the_run_cold_not_as_an_operator_error(env):
+    """A claim the API server refuses (403: the operator's RBAC lacks pods patch) must not escape as an
+    unexpected error (a traceback, then InternalError): the run starts cold."""
+    api, _, ctl = env
+    start_pool(env)
+
+    def forbidden(ns, name, patch):
+        raise api.Refused("the API server refused pod x: forbidden", 403)
+    api.fail["claim_pod"] = forbidden
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["startMode"] == "Cold" and run["status"]["podName"] == "demo-sandbox"
+    assert not ctl._failures

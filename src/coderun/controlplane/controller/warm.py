@@ -133,7 +133,12 @@ def try_start(ctl: core.Controller, run: Mapping[str, Any], spec, decision: Deci
         if deadline is None or not is_genuine(pod, pool_decision):
             continue
         nonce = secrets.token_hex(32)
-        patched = ctl.api.claim_pod(ns, pod["metadata"]["name"], claim_patch(run, pod, deadline, nonce_digest(nonce)))
+        try:
+            patched = ctl.api.claim_pod(ns, pod["metadata"]["name"],
+                                        claim_patch(run, pod, deadline, nonce_digest(nonce)))
+        except ctl.api.Refused as e:  # e.g. RBAC without pods patch: the pool cannot serve; never a run's failure
+            log.warning("warm pool of %s/%s: %s; the run starts cold", ns, decision.policy.name, e)
+            break
         if patched is None:
             continue  # another replica or run took it first
         ctl.store.put_pod(patched)
