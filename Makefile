@@ -88,9 +88,9 @@ WARM_SUITE := e2e/test_coderun.py e2e/test_containment.py e2e/test_hostile.py e2
 test-e2e-warm: up
 	CODERUN_E2E_OPERATOR=chart CODERUN_E2E_WARM=1 $(PY) -m pytest $(WARM_SUITE) -q
 
-# CI's command: the e2e suite against the operator as users install it (the image and the chart), then the core
-# suite on warm pods.
-test: test-unit test-e2e-chart test-e2e-warm
+# CI's command: the e2e suite against the operator as users install it (the image and the chart), the README's
+# `make demo` exactly as a newcomer runs it, then the core suite on warm pods.
+test: test-unit test-e2e-chart demo test-e2e-warm
 
 bench: up
 	$(PY) e2e/bench_latency.py

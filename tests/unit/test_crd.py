@@ -54,3 +54,13 @@ def test_spec_carries_cel_rules_and_printer_columns():
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == ["Phase", "Reason", "Exit", "Duration-ms"]
     assert yaml.safe_load(CRD_FILE.read_text())["spec"]["names"]["shortNames"] == ["crun"]
+
+
+def test_no_category_is_also_the_name_of_a_resource():
+    """kubectl expands a category before it resolves a resource: a category spelled like a singular, plural or
+    short name turns `kubectl get coderun NAME` into 'you must specify only one resource'."""
+    definitions = [crd.crd(), crd.policy_crd()]
+    names = {n for d in definitions for n in (d["spec"]["names"]["singular"], d["spec"]["names"]["plural"],
+                                              *d["spec"]["names"]["shortNames"], d["spec"]["names"]["kind"].lower())}
+    categories = {c for d in definitions for c in d["spec"]["names"].get("categories", ())}
+    assert categories and not categories & names, categories & names

@@ -13,6 +13,10 @@ import yaml
 from . import coderunpolicy, models
 from .schema import resolve
 
+# `kubectl get coderun-all` lists CodeRuns and CodeRunPolicies. kubectl expands a category before it resolves a
+# resource name, so a category named like a resource (`coderun`, the singular) breaks `kubectl get coderun NAME`.
+CATEGORY = "coderun-all"
+
 _DROPPED_KEYS = {"title", "default", "additionalProperties", "$defs"}
 
 PRINTER_COLUMNS = [
@@ -94,7 +98,7 @@ def _crd(kind: str, plural: str, short_name: str, schema: dict[str, Any], column
             "group": models.GROUP,
             "scope": "Namespaced",
             "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List",
-                      "shortNames": [short_name], "categories": ["coderun"]},
+                      "shortNames": [short_name], "categories": [CATEGORY]},
             "versions": [version],
         },
     }
