@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from .api.models import Limits
 from .api.reasons import Reason
+from .api.text import one_line
 from .client import CodeRunClient, CodeRunError, PolicyDenied, RunRequest, RunResult, RunTimeout, file_input
 from .client.errors import describe_invalid
 from .client.request import sandbox_path
@@ -84,7 +85,7 @@ def summary_line(result: RunResult) -> str:
         parts.append(f"{len(result.artifacts)} artifact(s): " + ", ".join(a.name for a in result.artifacts))
     if result.cached_from:
         parts.append(f"cached from {result.cached_from}")
-    return " · ".join(parts)
+    return one_line(" · ".join(parts))  # names, types and messages come from the program or other callers
 
 
 def parse_file_arg(arg: str) -> tuple[str, Path]:
@@ -184,7 +185,7 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
     try:
         created = client.create(request.to_spec(limits), labels=parse_labels(args.label))
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
-        print(f"coderun: rejected (PolicyDenied, policy rule {e.rule}): {e.message}", file=sys.stderr)
+        print(one_line(f"coderun: rejected (PolicyDenied, policy rule {e.rule}): {e.message}"), file=sys.stderr)
         return EXIT_REJECTED
     try:
         with Progress(sys.stderr, created.name) as progress:
@@ -193,7 +194,7 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
         print_result(result, args.output, sys.stdout, sys.stderr)
         return exit_code_for(result)
     except RunTimeout as e:
-        print(f"coderun: {e}", file=sys.stderr)
+        print(one_line(f"coderun: {e}"), file=sys.stderr)
         return EXIT_WAIT_TIMEOUT
     except KeyboardInterrupt:
         print(f"coderun: interrupted; {created.name} " + ("kept" if args.keep else "deleted"), file=sys.stderr)
@@ -222,8 +223,9 @@ def cmd_logs(client: CodeRunClient, args: argparse.Namespace) -> int:
 def cmd_list(client: CodeRunClient, args: argparse.Namespace) -> int:
     results = client.list(labels=parse_labels(args.label), mine=args.mine, all_namespaces=args.all_namespaces)
     rows = [("NAMESPACE", "NAME", "PHASE", "REASON", "EXIT", "CREATED")] + [
-        (r.namespace, r.name, r.phase or "", r.reason or "", "" if r.exit_code is None else str(r.exit_code),
-         r.created_at or "") for r in results]
+        tuple(one_line(cell) for cell in (r.namespace, r.name, r.phase or "", r.reason or "",
+                                          "" if r.exit_code is None else str(r.exit_code), r.created_at or ""))
+        for r in results]
     if not args.all_namespaces:
         rows = [row[1:] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -319,10 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         client = CodeRunClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context, client_name="cli")
         return COMMANDS[args.command](client, args)
     except UsageError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(one_line(f"{prog}: {e}"), file=sys.stderr)
         return EXIT_USAGE
     except CodeRunError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(one_line(f"{prog}: {e}"), file=sys.stderr)
         # 422: the API server's schema or CEL rules refused the spec, a rejection like the policy's.
         return EXIT_REJECTED if e.status == 422 else EXIT_PLATFORM
     except ValidationError as e:  # a bad --memory, --timeout or file path, named by field

@@ -377,3 +377,18 @@ def test_approval_waits_then_the_annotation_decides(env):
     ctl.on_run(refused, deleted=False)
     status = api.run(NS, "nope")["status"]
     assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover") and "bob" in status["message"]
+
+
+def test_messages_and_events_leave_with_control_characters_escaped(env):
+    """The program's exception message is quoted in status.message and the Event, which kubectl prints to a
+    terminal: an escape sequence there could rewrite what a person reads."""
+    api, _, _ = env
+    submit(env, make_run())
+    log, termination = frame_log(reason="NonZeroExit", exitCode=1, error={
+        "type": "ValueError", "message": "x\x1b]0;title\x07\r\x1b[2Kexit code 0 (Completed)", "line": 1})
+    run = terminate(env, log=log, termination=termination)
+    assert "\x1b" not in run["status"]["message"] and "\\x1b" in run["status"]["message"]
+    assert all("\x1b" not in c["message"] for c in run["status"]["conditions"])
+    warning = [e for e in api.events if e[1] == "NonZeroExit"]
+    assert warning and "\x1b" not in warning[0][2] and "\r" not in warning[0][2]
+    assert run["status"]["error"]["message"].startswith("x\x1b]0;")  # the data itself is kept as it was

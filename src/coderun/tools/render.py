@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api.text import one_line, printable
 from ..client.result import RunResult
 from ..client.runtimes import RuntimeInfo
 
@@ -17,7 +18,12 @@ def _stream_section(label: str, text: str | None, total: int | None, truncated: 
 
 
 def outcome_line(result: RunResult) -> str:
-    """One line: how the run ended, in words a model (or a person) acts on."""
+    """One line: how the run ended, in words a model (or a person) acts on (control characters escaped: the
+    message can quote what the program printed)."""
+    return one_line(_outcome(result))
+
+
+def _outcome(result: RunResult) -> str:
     if result.rejected:
         rule = f", policy rule {result.policy_rule}" if result.policy_rule else ""
         return f"rejected ({result.reason}{rule}): {result.message}"
@@ -46,7 +52,7 @@ def error_line(result: RunResult, code: str | None = None) -> str | None:
         lines = code.splitlines()
         if 0 < result.error.line <= len(lines):
             text += f"\nfailing line {result.error.line}: {lines[result.error.line - 1].strip()}"
-    return text
+    return printable(text)
 
 
 def render_result(result: RunResult, code: str | None = None) -> str:
@@ -55,9 +61,9 @@ def render_result(result: RunResult, code: str | None = None) -> str:
              _stream_section("stdout", result.stdout, result.stdout_bytes, result.stdout_truncated),
              _stream_section("stderr", result.stderr, result.stderr_bytes, result.stderr_truncated)]
     if result.artifacts:
-        parts.append("artifacts: " + ", ".join(f"{a.name} ({a.size} bytes)" for a in result.artifacts))
+        parts.append(one_line("artifacts: " + ", ".join(f"{a.name} ({a.size} bytes)" for a in result.artifacts)))
     if result.validation and not result.validation.valid:
-        parts.append("output validation failed: " + "; ".join(result.validation.errors))
+        parts.append(printable("output validation failed: " + "; ".join(result.validation.errors)))
     if result.finished and not (result.stdout or result.stderr or result.rejected):
         parts.append("(no output)")
     return "\n".join(p for p in parts if p)

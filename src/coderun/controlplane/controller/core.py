@@ -21,6 +21,7 @@ from .. import k8s as real_k8s
 from .. import metrics
 from coderun.api.models import CodeRunStatus
 from coderun.api.reasons import Phase, Reason
+from coderun.api.text import one_line
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
 from ..results.status import Outcome, terminal_status
@@ -34,8 +35,15 @@ EXPIRY_RETRY_SECONDS = 30
 
 def to_wire(status: Mapping[str, Any]) -> dict[str, Any]:
     """The status through the model that generates the CRD: a misspelt or undeclared field fails here, loudly,
-    instead of being pruned by the API server. Fields set to None stay, as null, to clear stale values."""
-    return CodeRunStatus.model_validate(dict(status)).model_dump(by_alias=True, exclude_unset=True, mode="json")
+    instead of being pruned by the API server. Fields set to None stay, as null, to clear stale values.
+    Messages (which quote error messages, identities and names) leave with control characters escaped: kubectl
+    prints them to terminals."""
+    wire = CodeRunStatus.model_validate(dict(status)).model_dump(by_alias=True, exclude_unset=True, mode="json")
+    if wire.get("message"):
+        wire["message"] = one_line(wire["message"])
+    for condition in wire.get("conditions") or ():
+        condition["message"] = one_line(condition.get("message") or "")
+    return wire
 
 
 class Controller:
@@ -250,7 +258,7 @@ class Controller:
 
     def event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         try:
-            self.api.post_event(run, type_, reason, message)
+            self.api.post_event(run, type_, reason, one_line(message))
         except (real_k8s.Transient, real_k8s.Refused) as e:  # an Event is a courtesy, never a reason to retry
             log.warning("run %s: event not posted: %s", run["metadata"].get("name"), e)
 
