@@ -694,7 +694,7 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
-            enter_program_namespaces()
+            enter_program_namespaces(self.max_processes)
         install_syscall_filter()
 
     def due(self, now: float) -> bool:
@@ -895,7 +895,7 @@ def enter_user_namespace() -> bool:
     return True
 
 
-def enter_program_namespaces() -> None:
+def enter_program_namespaces(max_processes: int) -> None:
     """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
     program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
     The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
@@ -915,7 +915,7 @@ def enter_program_namespaces() -> None:
         if program == 0:
             os.close(status_write)
             return
-        serve_as_namespace_init(program, status_write)
+        serve_as_namespace_init(program, status_write, max_processes)
     os.close(status_write)
     mirror_program_status(init, status_read)
 
@@ -926,12 +926,14 @@ def close_all_but(keep: int) -> None:
     os.closerange(keep + 1, MAX_CLOSE_FD)
 
 
-def serve_as_namespace_init(program: int, status_write: int) -> None:
+def serve_as_namespace_init(program: int, status_write: int, max_processes: int) -> None:
     """PID 1 of the program's namespace: hand the program's wait status to the mirror at once, and keep the
     namespace (what the program left behind, which the runner still counts) until the runner kills it.
 
-    Orphans are reaped every ORPHAN_REAP_SECONDS, not as they end: a bomb of short-lived processes leaves zombies
-    for the runner's checks to see, while orphans that come and go at a sane rate never add up to the cap.
+    Orphans are reaped every ORPHAN_REAP_SECONDS, not as they end, and not at all while the namespace holds the
+    cap's worth of processes: a bomb of short-lived processes leaves its zombies for the runner's next check to
+    see, however late that check comes on a busy CPU (reaping them first let such a bomb burn out unseen), while
+    orphans that come and go at a sane rate never add up to the cap.
     gVisor gives a namespace's init no protection from its processes' signals: every signal that can be caught
     is (SIGSTOP is undone by the mirror; SIGKILL ends the namespace, the program's own doing)."""
     close_all_but(status_write)
@@ -946,7 +948,7 @@ def serve_as_namespace_init(program: int, status_write: int) -> None:
     program_running = True
     while True:
         signal.sigtimedwait([signal.SIGCHLD], ORPHAN_REAP_SECONDS)
-        reap_all = time.monotonic() >= next_reap
+        reap_all = time.monotonic() >= next_reap and namespace_processes() < max_processes
         while reap_all or program_running:
             try:
                 pid, wait_status = os.waitpid(-1 if reap_all else program, os.WNOHANG)
@@ -959,6 +961,15 @@ def serve_as_namespace_init(program: int, status_write: int) -> None:
                 program_running = False
         if reap_all:
             next_reap = time.monotonic() + ORPHAN_REAP_SECONDS
+
+
+def namespace_processes() -> int:
+    """Processes in this PID namespace, zombies included (its own /proc; the sandbox's, counting more, if the
+    mount was refused)."""
+    try:
+        return sum(1 for name in os.listdir("/proc") if name.isdigit())
+    except OSError:
+        return 0
 
 
 def mirror_program_status(init: int, status_read: int) -> None:
