@@ -54,3 +54,12 @@ def test_spec_carries_cel_rules_and_printer_columns():
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == ["Phase", "Reason", "Exit", "Duration-ms"]
     assert yaml.safe_load(CRD_FILE.read_text())["spec"]["names"]["shortNames"] == ["crun"]
+
+
+def test_committed_admission_policies_match_identity_py():
+    chart = CRD_DIR.parent / "charts" / "coderun"
+    assert (CRD_DIR / crd.ADMISSION_POLICIES_FILE).read_text() == crd.render_admission_policies(), "run `make crds`"
+    assert (chart / crd.ADMISSION_POLICIES_TEMPLATE).read_text() == crd.render_admission_policies(chart=True)
+    kinds = [d["kind"] for d in yaml.safe_load_all((CRD_DIR / crd.ADMISSION_POLICIES_FILE).read_text()) if d]
+    assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]
