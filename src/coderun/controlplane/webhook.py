@@ -14,12 +14,11 @@ import os
 import tempfile
 from typing import Any, Mapping
 
-from coderun.api.coderunpolicy import ADMISSION_ENFORCE, POLICY_PLURAL
-from coderun.api.identity import USE_VERB
+from coderun.api.coderunpolicy import ADMISSION_ENFORCE
 from .controller import Controller
 from .controller.admission import decide
+from .controller.identity import user_may_use
 from .policy import Denial, Policy, select_policy
-from .policy.evaluate import use_denial
 from .policy.load import InvalidPolicy, policy_from_object
 
 
@@ -30,24 +29,15 @@ def review_run(run: Mapping[str, Any], ctl: Controller, userinfo: Mapping[str, A
     ctl.ensure_policies_listed()
     namespace = run["metadata"].get("namespace") or ""
     policies = ctl.store.policies(namespace)
-    spec, verdict = decide(run, policies, requester_may_use(ctl, userinfo, namespace))
+    requester = user_may_use(ctl.api, str(userinfo.get("username") or ""),
+                             [str(g) for g in userinfo.get("groups") or ()], namespace)  # the API server's word
+    spec, verdict = decide(run, policies, requester)
     if not isinstance(verdict, Denial) or spec is None:
         return None  # allowed, or a spec the CRD schema already refuses with its own message
     selected = select_policy(spec.policy_ref, policies)
     if verdict.rule != "policyRef" and isinstance(selected, Policy) and selected.admission != ADMISSION_ENFORCE:
         return None  # Record: the run is created and ends Rejected in its status
     return f"{verdict.message} [{verdict.rule}]"
-
-
-def requester_may_use(ctl: Controller, userinfo: Mapping[str, Any], namespace: str):
-    """The webhook knows the requester from the API server's review itself: ask whether they may name a policy."""
-    user, groups = str(userinfo.get("username") or ""), [str(g) for g in userinfo.get("groups") or ()]
-
-    def check(name: str) -> Denial | None:
-        if user and ctl.api.allowed(user, groups, USE_VERB, POLICY_PLURAL, namespace, name):
-            return None
-        return use_denial(user=user, name=name)
-    return check
 
 
 def review_policy(policy: Mapping[str, Any]) -> str | None:

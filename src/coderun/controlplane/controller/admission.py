@@ -16,7 +16,7 @@ from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
                         build_network_policy, build_pod, code_hash)
 from ..builders.names import MANAGER
-from ..policy import (Decision, Denial, decision_from_record, evaluate, needs_use_permission, select_policy)
+from ..policy import Decision, Denial, decision_from_record, evaluate, needs_use_permission, select_policy
 from ..policy.approval import approval_verdict, shown_identity
 from ..policy.evaluate import use_denial
 from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome

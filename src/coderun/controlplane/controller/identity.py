@@ -61,8 +61,17 @@ def recorded_creator(run: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     return user, [g for g in (annotations.get(CREATED_BY_GROUPS) or "").split("\n") if g]
 
 
+def user_may_use(api, user: str, groups: list[str], namespace: str) -> Callable[[str], Denial | None]:
+    """For decide(): may this user name the policy? Asked of the API server (a SubjectAccessReview)."""
+    def check(name: str) -> Denial | None:
+        if user and api.allowed(user, groups, USE_VERB, POLICY_PLURAL, namespace, name):
+            return None
+        return use_denial(user=user, name=name)
+    return check
+
+
 def creator_may_use(api, guard: IdentityGuard, run: Mapping[str, Any]) -> Callable[[str], Denial | None]:
-    """For decide(): may this run's creator name the policy? Asked of the API server (SubjectAccessReview)."""
+    """For decide() at admission: may the run's creator, as the API server recorded them, name the policy?"""
     def check(name: str) -> Denial | None:
         why = f"spec.policyRef names {name!r}, which needs the RBAC verb {USE_VERB} on {POLICY_PLURAL}/{name}"
         problem = guard.problem()
@@ -72,8 +81,5 @@ def creator_may_use(api, guard: IdentityGuard, run: Mapping[str, Any]) -> Callab
         if creator is None:
             return use_denial(f"{why}, and the run's creator is not recorded ({CREATED_BY} is stamped by the API "
                               "server's admission policy when a run is created); create the run again")
-        user, groups = creator
-        if api.allowed(user, groups, USE_VERB, POLICY_PLURAL, run["metadata"]["namespace"], name):
-            return None
-        return use_denial(user=user, name=name)
+        return user_may_use(api, *creator, run["metadata"]["namespace"])(name)
     return check
