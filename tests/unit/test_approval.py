@@ -42,3 +42,12 @@ def test_identities_are_shown_on_one_line(raw, shown):
 def test_a_long_identity_is_cut_with_bounded_work():
     shown = shown_identity("x" * 1_000_000)
     assert len(shown) == MAX_SHOWN_IDENTITY_CHARS and shown.endswith("...")
+
+
+def test_a_binding_with_match_all_selectors_still_enforces():
+    from coderun.api.identity import binding_enforces
+    spec = {"policyName": "approval.coderun.io", "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {}, "objectSelector": {}, "matchPolicy": "Equivalent"}}
+    assert binding_enforces({"spec": spec})
+    assert not binding_enforces({"spec": {**spec, "validationActions": ["Audit"]}})
+    assert not binding_enforces(None)

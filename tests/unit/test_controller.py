@@ -430,6 +430,8 @@ def test_a_rejection_ends_the_run_naming_the_identity_shown_safely(env):
     (lambda admission: admission.pop(("ValidatingAdmissionPolicyBinding", "approval.coderun.io")), "Binding"),
     (lambda admission: admission[("ValidatingAdmissionPolicyBinding", "approval.coderun.io")]["spec"].update(
         validationActions=["Warn"]), "does not enforce"),
+    (lambda admission: admission[("ValidatingAdmissionPolicyBinding", "approval.coderun.io")]["spec"].update(
+        matchResources={"namespaceSelector": {"matchLabels": {"audited": "true"}}}), "does not enforce"),
 ])
 def test_an_approval_that_cannot_be_verified_keeps_the_run_waiting(env, tamper, says):
     api, clock, ctl = env

@@ -152,7 +152,10 @@ def admission_policies() -> list[dict[str, Any]]:
 
 def binding_enforces(binding: dict[str, Any] | None) -> bool:
     """Whether a ValidatingAdmissionPolicyBinding makes the approval policy deny (not only warn or audit), for
-    every CodeRun (no selector narrowing it)."""
+    every CodeRun: no parameters, no selector or rule narrowing it (empty selectors match everything)."""
     spec = (binding or {}).get("spec") or {}
+    match = spec.get("matchResources") or {}
+    narrowed = any(match.get(k) for k in ("namespaceSelector", "objectSelector", "resourceRules",
+                                          "excludeResourceRules"))
     return (spec.get("policyName") == APPROVAL_POLICY and "Deny" in (spec.get("validationActions") or ())
-            and not spec.get("matchResources") and not spec.get("paramRef"))
+            and not narrowed and not spec.get("paramRef"))
