@@ -4,6 +4,7 @@ Synchronisation is always a predicate polled against the API with a deadline, ne
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -355,3 +356,35 @@ class PodCensus:
 
     def stop(self):
         self._watch.stop()
+
+
+# ---- people: kubectl impersonation (`--as=alice`) with the RBAC a namespace owner gives them
+CODERUNS = [{"apiGroups": ["coderun.io"], "resources": ["coderuns"]}]
+CREATOR_VERBS = ["create", "get", "list", "watch", "patch"]
+APPROVER_VERBS = ["get", "list", "watch", "patch", "approve"]  # the chart's coderun-approver ClusterRole
+
+
+def grant(cluster, namespace: str, user: str, verbs: list[str], rules=CODERUNS, names: list[str] | None = None) -> None:
+    """A Role with `verbs` on `rules` and a RoleBinding to `user`, as a namespace owner writes them."""
+    role = f"{user}-{'-'.join(verbs)[:40]}-{uuid.uuid4().hex[:4]}"
+    rule = {**rules[0], "verbs": verbs, **({"resourceNames": names} if names else {})}
+    manifest = [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": role}, "rules": [rule]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": role},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}]
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                         "items": manifest}))
+    resource = f"{rules[0]['resources'][0]}.{rules[0]['apiGroups'][0]}" + (f"/{names[0]}" if names else "")
+    wait_for(lambda: cluster.kubectl("auth", "can-i", verbs[-1], resource, "-n", namespace, "--as", user,
+                                     check=False).stdout.strip() == "yes", 20, f"{user} to be allowed {verbs[-1]}")
+
+
+def create_as(cluster, user: str, namespace: str, spec: dict, annotations: dict | None = None, check: bool = True):
+    """`kubectl --as=USER create -f -`: the run's name, or (with check=False) kubectl's result."""
+    name = f"run-{uuid.uuid4().hex[:8]}"
+    manifest = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
+                "metadata": {"name": name, **({"annotations": annotations} if annotations else {})}, "spec": spec}
+    result = cluster.kubectl("--as", user, "create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
+                             check=check)
+    return name if check else result

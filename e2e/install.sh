@@ -26,11 +26,14 @@ install() {
   "$KUBECTL" label namespace "$NAMESPACE" --overwrite pod-security.kubernetes.io/enforce=restricted >/dev/null
   # What `make up-host` left: CRDs applied with kubectl become the release's (Helm's adoption labels), and the
   # host-process operator's webhook registration (kopf's, pointing at this host) goes.
-  local crd
-  for crd in coderuns.coderun.io coderunpolicies.coderun.io; do
-    "$KUBECTL" get crd "$crd" >/dev/null 2>&1 || continue
-    "$KUBECTL" label crd "$crd" --overwrite app.kubernetes.io/managed-by=Helm >/dev/null
-    "$KUBECTL" annotate crd "$crd" --overwrite meta.helm.sh/release-name="$RELEASE" \
+  # The same for the identity admission policies (crds/coderun.io_admissionpolicies.yaml).
+  local object
+  for object in crd/coderuns.coderun.io crd/coderunpolicies.coderun.io \
+      mutatingadmissionpolicy/identity.coderun.io mutatingadmissionpolicybinding/identity.coderun.io \
+      validatingadmissionpolicy/approval.coderun.io validatingadmissionpolicybinding/approval.coderun.io; do
+    "$KUBECTL" get "$object" >/dev/null 2>&1 || continue
+    "$KUBECTL" label "$object" --overwrite app.kubernetes.io/managed-by=Helm >/dev/null
+    "$KUBECTL" annotate "$object" --overwrite meta.helm.sh/release-name="$RELEASE" \
       meta.helm.sh/release-namespace="$NAMESPACE" >/dev/null
   done
   "$KUBECTL" delete validatingwebhookconfiguration validate.coderun.io --ignore-not-found >/dev/null

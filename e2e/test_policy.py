@@ -11,7 +11,7 @@ import pytest
 
 from coderun.api.models import CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
-from conftest import KUBECONFIG, wait_for
+from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, wait_for
 
 GROUP, VERSION, POLICIES = "coderun.io", "v1alpha1", "coderunpolicies"
 
@@ -140,21 +140,56 @@ def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(oper
 
 
 @pytest.mark.parametrize("verdict", ["approved-by", "rejected-by"])
-def test_a_run_that_needs_approval_waits_then_follows_the_annotation(operator, namespace, verdict):
+def test_a_run_that_needs_approval_waits_then_follows_an_approvers_annotation(operator, namespace, verdict):
     apply_policy(operator, namespace, "supervised", {"approval": {"required": "Always"}})
+    grant(operator, namespace, "bob", APPROVER_VERBS)
     name = operator.create_run(namespace, {"language": "python", "code": "print('approved')",
                                            "policyRef": "supervised"})
     wait_for(lambda: status_of(operator.get_run(namespace, name)).get("reason") == "AwaitingApproval", 30,
              "the run to wait for approval")
-    time.sleep(2)
     assert status_of(operator.get_run(namespace, name)).get("podName") is None  # nothing ran meanwhile
-    operator.kubectl("annotate", "crun", name, "-n", namespace, f"coderun.io/{verdict}=alice")
+    operator.kubectl("--as", "bob", "annotate", "crun", name, "-n", namespace, f"coderun.io/{verdict}=yes")
     status = status_of(operator.wait_run(namespace, name))
     if verdict == "approved-by":
         assert (status["phase"], status["stdout"]) == ("Succeeded", "approved\n"), status
+        assert status["approval"]["approvedBy"] == "bob", status
     else:
         assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover"), status
-        assert "alice" in status["message"] and not status.get("podName")
+        assert "bob" in status["message"] and not status.get("podName")
+
+
+def refusal(cluster, namespace: str, spec: dict, rule: str) -> str:
+    """Why a run alice creates is refused: by the webhook at creation, or (webhook away, or a policy that
+    records) in its status as Rejected by `rule`."""
+    result = create_as(cluster, "alice", namespace, spec, check=False)
+    if result.returncode != 0:
+        assert "denied the request" in result.stderr and f"[{rule}]" in result.stderr, result.stderr
+        return result.stderr
+    status = status_of(cluster.wait_run(namespace, result.stdout.split()[0].split("/")[-1]))
+    assert (status["phase"], status["policyRule"]) == ("Rejected", rule), status
+    return status["message"]
+
+
+def test_naming_a_policy_takes_the_use_verb_and_the_baseline_cannot_be_named(operator, namespace):
+    apply_policy(operator, namespace, "default", {
+        "approval": {"required": "Always"}, "codeRules": {"deniedPythonImports": ["socket"]},
+        "defaults": {"memory": "64Mi"}, "maximums": {"memory": "128Mi"}})
+    apply_policy(operator, namespace, "open", {"admission": "Record"})
+    apply_policy(operator, namespace, "hidden-gpu", {})
+    grant(operator, namespace, "alice", CREATOR_VERBS)
+    escape = {"language": "python", "code": "import socket\nprint(len(bytearray(600 << 20)))",
+              "limits": {"memory": "1Gi"}}
+    says = refusal(operator, namespace, {**escape, "policyRef": "builtin-default"}, "policyRef")
+    assert "cannot be named" in says, says
+    says = refusal(operator, namespace, {"language": "python", "code": "print(1)", "policyRef": "open"}, "policyRef")
+    assert "alice may not use CodeRunPolicy 'open'" in says and "hidden-gpu" not in says, says
+    grant(operator, namespace, "alice", ["use"], rules=[{"apiGroups": ["coderun.io"],
+                                                         "resources": ["coderunpolicies"]}], names=["open"])
+    name = create_as(operator, "alice", namespace, {"language": "python", "code": "print(1)", "policyRef": "open"})
+    status = status_of(operator.wait_run(namespace, name))
+    assert (status["phase"], status["policy"]) == ("Succeeded", "open"), status
+    # Without policyRef the namespace's default holds: its memory cap (then no socket, and an approval first).
+    assert "above the maximum 128Mi" in refusal(operator, namespace, escape, "maximums.memory")
 
 
 class Listeners:
@@ -212,7 +247,8 @@ def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
         assert {port for port, _ in listeners.peers} == {listeners.port(0)}, listeners.peers
     finally:
         listeners.close()
-    # Without the policy, the same program reaches nothing.
+    # Under the namespace's default policy, without egress, the same program reaches nothing.
+    apply_policy(operator, namespace, "default", {})
     run = operator.wait_run(namespace, operator.create_run(namespace, {
         "language": "python", "code": code, "limits": {"timeoutSeconds": 20}}))
     assert "hello" not in status_of(run)["stdout"], status_of(run)

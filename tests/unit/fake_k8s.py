@@ -10,6 +10,7 @@ import copy
 import itertools
 from typing import Any, Callable
 
+from coderun.api.identity import admission_policies
 from coderun.controlplane.k8s import Refused, Transient
 
 __all__ = ["FakeK8s", "Refused", "Transient"]
@@ -33,6 +34,11 @@ class FakeK8s:
         self._names = itertools.count(1)
         self.attach_answers: dict[str, Any] = {}
         self.sent: dict[str, bytes] = {}
+        # cluster-scoped admission objects by (kind, name): the chart's, installed unless a test removes them
+        self.admission = {(o["kind"], o["metadata"]["name"]): o for o in copy.deepcopy(admission_policies())}
+        self.policies: list[dict[str, Any]] = []  # what list_policies answers
+        # (user or group, verb, resource, namespace, name) the authorizer allows
+        self.grants: set[tuple[str, str, str, str, str]] = set()
 
     def _hook(self, name: str, *args) -> None:
         self.calls.append(name)
@@ -158,6 +164,23 @@ class FakeK8s:
         run = self.run(namespace, name)
         if run is not None and run["metadata"]["uid"] == uid:
             del self.objects[("CodeRun", namespace, name)]
+
+    def list_policies(self):
+        self._hook("list_policies")
+        return copy.deepcopy(self.policies)
+
+    # ---- identity
+    def read_admission_policy(self, name):
+        self._hook("read_admission_policy", name)
+        return copy.deepcopy(self.admission.get(("ValidatingAdmissionPolicy", name)))
+
+    def read_admission_policy_binding(self, name):
+        self._hook("read_admission_policy_binding", name)
+        return copy.deepcopy(self.admission.get(("ValidatingAdmissionPolicyBinding", name)))
+
+    def allowed(self, user, groups, verb, resource, namespace, name):
+        self._hook("allowed", user, groups, verb, resource, namespace, name)
+        return any((who, verb, resource, namespace, name) in self.grants for who in [user, *groups])
 
     # ---- nodes, events
     def nodes(self):

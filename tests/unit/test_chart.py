@@ -86,7 +86,12 @@ _RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/l
               "namespaced_network_policy": ("networking.k8s.io", "networkpolicies"),
               "namespaced_lease": ("coordination.k8s.io", "leases"),
               "namespaced_custom_object": ("coderun.io", "coderuns"),
-              "namespaced_custom_object_status": ("coderun.io", "coderuns/status")}
+              "namespaced_custom_object_status": ("coderun.io", "coderuns/status"),
+              "cluster_custom_object": ("coderun.io", "coderunpolicies"),
+              "validating_admission_policy": ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
+              "validating_admission_policy_binding": ("admissionregistration.k8s.io",
+                                                      "validatingadmissionpolicybindings"),
+              "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews")}
 # What kopf's watches need, and the ownerReference's blockOwnerDeletion (templates/rbac.yaml says why).
 _KOPF_AND_OWNERS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} | {
     (group, resource, v) for group, resource in [("coderun.io", "coderuns"), ("coderun.io", "coderunpolicies"),
@@ -99,7 +104,7 @@ _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create"
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
     source = (REPO / "src" / "coderun" / "controlplane" / "k8s.py").read_text()
     needed = set()
-    for verb, rest in re.findall(r"(?:_(?:core|networking|custom|coordination)\(\)|\bcore)\.([a-z]+)_([a-z_]+)", source):
+    for verb, rest in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)", source):
         assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
         needed.add((*_RESOURCES[rest], _VERBS[verb]))
         if verb == "connect":
@@ -113,7 +118,7 @@ def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
 
 def test_rbac_grants_exactly_what_the_code_calls(helm):
     objects = template(helm)
-    cluster_role, = by_kind(objects, "ClusterRole")
+    cluster_role, = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "coderun"]
     role, = by_kind(objects, "Role")
     needed = _calls_in_k8s_py()
     assert {("", "pods", "create"), ("coderun.io", "coderuns/status", "patch"), ("", "pods/attach", "create")} <= needed
@@ -221,3 +226,14 @@ def test_every_value_is_commented():
         else:
             assert documented_at, f"values.yaml line {i + 1}: `{key.group(2)}` has no comment"
 
+
+
+def test_the_chart_installs_the_identity_policies_and_an_approver_role(helm):
+    from coderun.api.identity import admission_policies
+    objects = template(helm)
+    for wanted in admission_policies():
+        rendered, = [o for o in by_kind(objects, wanted["kind"]) if o["metadata"]["name"] == wanted["metadata"]["name"]]
+        assert rendered["spec"] == wanted["spec"] and rendered["metadata"]["labels"]["app.kubernetes.io/part-of"]
+    approver, = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "coderun-approver"]
+    assert _granted(approver["rules"]) >= {("coderun.io", "coderuns", "approve"), ("coderun.io", "coderuns", "patch")}
+    assert not any(v in ("create", "delete", "*") for rule in approver["rules"] for v in rule["verbs"])

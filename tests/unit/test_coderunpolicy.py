@@ -6,7 +6,7 @@ import yaml
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.policy import DEFAULT_POLICY, decision_from_record
-from coderun.controlplane.policy import Denial, InvalidPolicyMark, evaluate, select_policy
+from coderun.controlplane.policy import Denial, InvalidPolicyMark, evaluate, needs_use_permission, select_policy
 from coderun.controlplane.policy.code_rules import check_code
 from coderun.api.coderunpolicy import CodeRules
 from coderun.controlplane.policy.load import InvalidPolicy, policy_from_object
@@ -52,15 +52,32 @@ def test_a_malformed_policy_is_refused_naming_the_field(spec, says):
     assert says in str(raised.value), raised.value
 
 
-def test_selection_prefers_the_named_policy_then_the_namespace_default_then_the_baseline():
+def test_selection_prefers_the_named_policy_then_the_namespace_default():
     named, default = policy("named"), policy("default")
     assert select_policy("named", {"named": named, "default": default}) is named
     assert select_policy(None, {"named": named, "default": default}) is default
-    assert select_policy(None, {"named": named}) is DEFAULT_POLICY
-    missing = select_policy("other", {"named": named})
-    assert isinstance(missing, Denial) and "known: named" in missing.message
+    assert select_policy("default", {"named": named, "default": default}) is default
+    missing = select_policy("other", {"named": named, "secret-one": named})
+    assert isinstance(missing, Denial) and "'other' does not exist" in missing.message
+    assert "named" not in missing.message and "secret-one" not in missing.message  # never lists other policies
     broken = select_policy("named", {"named": InvalidPolicyMark("spec.x: bad")})
     assert isinstance(broken, Denial) and "spec.x: bad" in broken.message
+
+
+def test_the_baseline_applies_only_where_a_namespace_has_no_policy_and_is_never_named():
+    assert select_policy(None, {}) is select_policy("default", {}) is DEFAULT_POLICY
+    for known in ({}, {"default": policy("default")}):
+        named = select_policy("builtin-default", known)
+        assert isinstance(named, Denial) and named.rule == "policyRef" and "cannot be named" in named.message
+    without_default = select_policy(None, {"strict": policy("strict")})
+    assert isinstance(without_default, Denial) and "none named 'default'" in without_default.message
+    assert "strict" not in without_default.message
+
+
+@pytest.mark.parametrize("ref, needs", [(None, False), ("default", False), ("builtin-default", False),
+                                        ("strict", True)])
+def test_naming_a_policy_other_than_default_needs_the_use_permission(ref, needs):
+    assert needs_use_permission(ref) is needs
 
 
 def test_a_recorded_decision_is_the_decision_whatever_the_policy_says_now():

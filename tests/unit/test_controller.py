@@ -362,21 +362,174 @@ def test_the_first_capped_admission_counts_runs_the_watch_has_not_delivered(env)
     assert api.calls.count("list_runs") - lists_before == 1  # once per namespace, not per run
 
 
-def test_approval_waits_then_the_annotation_decides(env):
+def annotated(api, run, **annotations):
+    """The run as the API server holds it after `kubectl annotate` (the admission policies already applied)."""
+    current = api.get_run(NS, run["metadata"]["name"])
+    current["metadata"]["annotations"] = {**(current["metadata"].get("annotations") or {}),
+                                          **{f"coderun.io/{k.replace('_', '-')}": v for k, v in annotations.items()}}
+    return api.add_run(current)
+
+
+def supervised(env, allow_self=False, name="wait", uid="uid-1", creator="alice"):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(approval={"required": "Always", "allowSelfApproval": allow_self}), deleted=False)
+    run = make_run(name, uid)
+    if creator:
+        run["metadata"]["annotations"] = {"coderun.io/created-by": creator, "coderun.io/created-by-groups":
+                                          "system:authenticated"}
+    return submit(env, run)
+
+
+def test_approval_waits_then_another_persons_approval_starts_it_and_is_recorded(env):
+    api, _, ctl = env
+    waiting = supervised(env)
+    assert waiting["status"]["reason"] == "AwaitingApproval" and ("Pod", NS, "wait-sandbox") not in api.objects
+    assert "RBAC verb approve" in waiting["status"]["message"] and "approval" not in waiting["status"]
+    ctl.on_run(annotated(api, waiting, approved_by="bob"), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert status["reason"] == "PodCreated"
+    assert status["approval"] == {"approvedBy": "bob", "creator": "alice", "time": "2026-11-22T10:00:00.000Z"}
+    assert ("Normal", "Approved", "approved by bob") in api.events
+
+
+def test_a_self_approval_waits_unless_the_policy_allows_it(env):
+    api, _, ctl = env
+    waiting = supervised(env)
+    ctl.on_run(annotated(api, waiting, approved_by="alice"), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "AwaitingApproval") and "podName" not in status
+    assert "approved by alice, who created this run" in status["message"] and "allowSelfApproval" in status["message"]
+    allowed = supervised(env, allow_self=True, name="mine", uid="uid-2")
+    ctl.on_run(annotated(api, allowed, approved_by="alice"), deleted=False)
+    assert api.run(NS, "mine")["status"]["approval"]["approvedBy"] == "alice"
+    assert api.run(NS, "mine")["status"]["reason"] == "PodCreated"
+
+
+def test_an_approval_of_a_run_whose_creator_is_not_recorded_does_not_count(env):
+    api, _, ctl = env
+    waiting = supervised(env, creator=None)
+    ctl.on_run(annotated(api, waiting, approved_by="bob"), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert status["reason"] == "AwaitingApproval" and "coderun.io/created-by" in status["message"]
+
+
+def test_a_rejection_ends_the_run_naming_the_identity_shown_safely(env):
+    api, _, ctl = env
+    waiting = supervised(env)
+    hostile = "mallory\nApproved by: admin\u202e" + "x" * 5000
+    ctl.on_run(annotated(api, waiting, rejected_by=hostile), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover") and "podName" not in status
+    shown = status["approval"]["rejectedBy"]
+    assert shown.startswith("mallory?Approved by: admin?") and len(shown) <= 128 and shown.endswith("...")
+    assert "\n" not in status["message"] and len(status["message"]) < 300 and status["approval"]["creator"] == "alice"
+
+
+@pytest.mark.parametrize("tamper, says", [
+    (lambda admission: admission.pop(("ValidatingAdmissionPolicy", "approval.coderun.io")), "is not installed"),
+    (lambda admission: admission.pop(("ValidatingAdmissionPolicyBinding", "approval.coderun.io")), "Binding"),
+    (lambda admission: admission[("ValidatingAdmissionPolicyBinding", "approval.coderun.io")]["spec"].update(
+        validationActions=["Warn"]), "does not enforce"),
+    (lambda admission: admission[("ValidatingAdmissionPolicyBinding", "approval.coderun.io")]["spec"].update(
+        matchResources={"namespaceSelector": {"matchLabels": {"audited": "true"}}}), "does not enforce"),
+])
+def test_an_approval_that_cannot_be_verified_keeps_the_run_waiting(env, tamper, says):
+    api, clock, ctl = env
+    saved = copy.deepcopy(api.admission)
+    tamper(api.admission)
+    waiting = supervised(env)
+    ctl.on_run(annotated(api, waiting, approved_by="bob"), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert status["reason"] == "AwaitingApproval" and "cannot be verified" in status["message"] and says in status["message"]
+    reads = api.calls.count("read_admission_policy")
+    api.admission = saved  # repaired: believed within the cache time
+    ctl.tick()
+    assert api.run(NS, "wait")["status"]["reason"] == "AwaitingApproval" and api.calls.count("read_admission_policy") == reads
+    clock.now += timedelta(seconds=11)
+    ctl.tick()
+    assert api.run(NS, "wait")["status"]["reason"] == "PodCreated"
+
+
+def test_an_unreadable_admission_policy_keeps_the_run_waiting_saying_why(env):
+    api, _, ctl = env
+    api.fail["read_admission_policy"] = lambda *_: (_ for _ in ()).throw(Refused("forbidden", 403))
+    waiting = supervised(env)
+    ctl.on_run(annotated(api, waiting, approved_by="bob"), deleted=False)
+    status = api.run(NS, "wait")["status"]
+    assert status["reason"] == "AwaitingApproval" and "cannot read the ValidatingAdmissionPolicy" in status["message"]
+
+
+# ------------------------------------------------------------------ naming a policy: the verb `use`
+def named_run(name, uid, ref, creator="alice"):
+    run = make_run(name, uid, policyRef=ref)
+    if creator:
+        run["metadata"]["annotations"] = {"coderun.io/created-by": creator,
+                                          "coderun.io/created-by-groups": "system:authenticated\nteam"}
+    return run
+
+
+def test_naming_a_policy_needs_the_use_verb_for_the_recorded_creator(env):
     api, _, ctl = env
     ctl.on_policy(policy_object(approval={"required": "Always"}), deleted=False)
-    waiting = submit(env, make_run("wait", "uid-1"))
-    assert waiting["status"]["reason"] == "AwaitingApproval" and ("Pod", NS, "wait-sandbox") not in api.objects
-    approved = api.add_run({**waiting, "metadata": {**waiting["metadata"],
-                                                    "annotations": {"coderun.io/approved-by": "alice"}}})
-    ctl.on_run(approved, deleted=False)
-    assert api.run(NS, "wait")["status"]["reason"] == "PodCreated"
-    refused = submit(env, make_run("nope", "uid-2"))
-    refused = api.add_run({**refused, "metadata": {**refused["metadata"],
-                                                   "annotations": {"coderun.io/rejected-by": "bob"}}})
-    ctl.on_run(refused, deleted=False)
-    status = api.run(NS, "nope")["status"]
-    assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover") and "bob" in status["message"]
+    ctl.on_policy(policy_object("open"), deleted=False)
+    ctl.on_policy(policy_object("secret-gpu"), deleted=False)
+    refused = submit(env, named_run("mine", "uid-1", "open"))["status"]
+    assert (refused["phase"], refused["reason"], refused["policyRule"]) == ("Rejected", "PolicyDenied", "policyRef")
+    assert "alice may not use CodeRunPolicy 'open'" in refused["message"] and "secret-gpu" not in refused["message"]
+    api.grants.add(("team", "use", "coderunpolicies", NS, "open"))  # through a group the API server stamped
+    allowed = submit(env, named_run("ours", "uid-2", "open"))["status"]
+    assert (allowed["reason"], allowed["policy"]) == ("PodCreated", "open")
+    assert api.calls.count("allowed") == 2
+    missing = submit(env, named_run("gone", "uid-3", "nothere"))["status"]
+    assert "may not use" in missing["message"]  # refused before existence is looked at: nothing is revealed
+
+
+@pytest.mark.parametrize("ref, creator, says", [
+    ("builtin-default", "alice", "cannot be named"),
+    ("open", None, "creator is not recorded"),
+])
+def test_the_baseline_cannot_be_named_and_an_unknown_creator_cannot_name_a_policy(env, ref, creator, says):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(approval={"required": "Always"}, maximums={"memory": "128Mi"}), deleted=False)
+    ctl.on_policy(policy_object("open"), deleted=False)
+    api.grants.add(("alice", "use", "coderunpolicies", NS, "builtin-default"))
+    status = submit(env, named_run("escape", "uid-1", ref, creator=creator))["status"]
+    assert (status["phase"], status["policyRule"]) == ("Rejected", "policyRef") and says in status["message"]
+    assert ("Pod", NS, "escape-sandbox") not in api.objects
+
+
+def test_an_unverifiable_creator_cannot_name_a_policy(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object("open"), deleted=False)
+    api.grants.add(("alice", "use", "coderunpolicies", NS, "open"))
+    api.admission.clear()
+    status = submit(env, named_run("x", "uid-1", "open"))["status"]
+    assert status["policyRule"] == "policyRef" and "cannot be verified" in status["message"]
+
+
+# ------------------------------------------------------------------ policies listed before anything is admitted
+def test_nothing_is_admitted_before_every_policy_was_listed_once(env):
+    api, _, ctl = env
+    api.fail["list_policies"] = lambda *_: (_ for _ in ()).throw(Transient("the API server is away"))
+    api.policies = [{**policy_object(approval={"required": "Always"}), "metadata": {
+        "name": "default", "namespace": NS, "resourceVersion": "7"}}]
+    run = submit(env, make_run())
+    assert "status" not in run and ("Pod", NS, "demo-sandbox") not in api.objects  # not on the baseline
+    del api.fail["list_policies"]
+    ctl.tick()
+    status = api.run(NS, "demo")["status"]
+    assert (status["reason"], status["policy"]) == ("AwaitingApproval", "default")
+    ctl.tick()
+    assert api.calls.count("list_policies") == 2  # listed once, then the watch keeps it current
+
+
+def test_the_startup_list_never_brings_back_a_policy_deleted_since(env):
+    api, _, ctl = env
+    deleted = {**policy_object("strict"), "metadata": {"name": "strict", "namespace": NS, "resourceVersion": "9"}}
+    ctl.on_policy(deleted, deleted=True)
+    api.policies = [{**deleted, "metadata": {**deleted["metadata"], "resourceVersion": "8"}}]
+    ctl.ensure_policies_listed()
+    assert ctl.store.policies(NS) == {} and ctl.store.policies_listed
 
 
 def test_messages_and_events_leave_with_control_characters_escaped(env):

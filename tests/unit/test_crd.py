@@ -64,3 +64,12 @@ def test_no_category_is_also_the_name_of_a_resource():
                                               *d["spec"]["names"]["shortNames"], d["spec"]["names"]["kind"].lower())}
     categories = {c for d in definitions for c in d["spec"]["names"].get("categories", ())}
     assert categories and not categories & names, categories & names
+
+
+def test_committed_admission_policies_match_identity_py():
+    chart = CRD_DIR.parent / "charts" / "coderun"
+    assert (CRD_DIR / crd.ADMISSION_POLICIES_FILE).read_text() == crd.render_admission_policies(), "run `make crds`"
+    assert (chart / crd.ADMISSION_POLICIES_TEMPLATE).read_text() == crd.render_admission_policies(chart=True)
+    kinds = [d["kind"] for d in yaml.safe_load_all((CRD_DIR / crd.ADMISSION_POLICIES_FILE).read_text()) if d]
+    assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding"]

@@ -45,6 +45,6 @@ def test_a_file_may_not_overwrite_the_code():
 
 def test_policy_selection():
     assert select_policy(None, {}) is DEFAULT_POLICY
-    assert select_policy("default", {}) is select_policy("builtin-default", {}) is DEFAULT_POLICY
+    assert select_policy("default", {}) is DEFAULT_POLICY
     denial = select_policy("strict", {})
     assert isinstance(denial, Denial) and denial.rule == "policyRef" and "strict" in denial.message

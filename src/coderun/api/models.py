@@ -197,7 +197,17 @@ class DecisionRecord(ApiModel):
     max_inodes: int
     ttl_seconds_after_finished: int
     approval_required: bool = False
+    allow_self_approval: bool = False
     max_concurrent_runs: int | None = None
+
+
+class ApprovalRecord(ApiModel):
+    """Who decided a run that needed approval, as the API server identified them (never a string the caller
+    chose), and who created it; identities are shown bounded and without control characters."""
+    approved_by: str | None = Field(None, description="The username that approved the run.")
+    rejected_by: str | None = Field(None, description="The username that rejected the run.")
+    creator: str | None = Field(None, description="The username that created the run.")
+    time: str = Field(description="When the operator acted on the decision.", json_schema_extra={"format": "date-time"})
 
 
 class Metrics(ApiModel):
@@ -278,6 +288,7 @@ class CodeRunStatus(ApiModel):
     policy: str | None = Field(None, description="The policy that was applied.")
     policy_digest: str | None = Field(None, description="sha256 of the applied policy's spec, for audit.")
     decision: DecisionRecord | None = Field(None, description="The policy's decision, recorded at admission.")
+    approval: ApprovalRecord | None = Field(None, description="Who approved or rejected the run, and when.")
     policy_rule: str | None = Field(None, description="The policy rule that refused the run, when one did.")
     effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
     pod_name: str | None = None

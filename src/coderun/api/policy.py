@@ -30,6 +30,7 @@ class Policy:
     egress: tuple[EgressRule, ...] = ()
     max_concurrent_runs: int | None = None
     approval: str = APPROVAL_NEVER
+    allow_self_approval: bool = False
     admission: str = ADMISSION_ENFORCE
     # Pre-started pods kept per language in the policy's namespace (0: none, the built-in policy's case).
     warm_pool_size: int = 0
@@ -54,7 +55,8 @@ class Decision:
                               egress=list(p.egress) or None, redaction_patterns=list(p.redaction_patterns) or None,
                               max_processes=p.max_processes, max_inodes=p.max_inodes,
                               ttl_seconds_after_finished=p.ttl_seconds_after_finished,
-                              approval_required=p.approval_required(), max_concurrent_runs=p.max_concurrent_runs)
+                              approval_required=p.approval_required(), allow_self_approval=p.allow_self_approval,
+                              max_concurrent_runs=p.max_concurrent_runs)
 
 
 def decision_from_record(record: DecisionRecord) -> Decision:
@@ -64,6 +66,7 @@ def decision_from_record(record: DecisionRecord) -> Decision:
                     redaction_patterns=tuple(record.redaction_patterns or ()), max_processes=record.max_processes,
                     max_inodes=record.max_inodes, ttl_seconds_after_finished=record.ttl_seconds_after_finished,
                     approval=APPROVAL_ALWAYS if record.approval_required else APPROVAL_NEVER,
+                    allow_self_approval=record.allow_self_approval,
                     max_concurrent_runs=record.max_concurrent_runs)
     return Decision(policy=policy, runtime=record.runtime, limits=record.limits)
 
@@ -110,6 +113,7 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | N
         max_inodes=spec.max_inodes or DEFAULT_POLICY.max_inodes,
         code_rules=spec.code_rules, egress=tuple(spec.egress or ()), max_concurrent_runs=spec.max_concurrent_runs,
         approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission,
+        allow_self_approval=spec.approval.allow_self_approval if spec.approval else False,
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
         warm_pool_cpu_request=spec.warm_pool.cpu_request if spec.warm_pool else None,
         warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else ())

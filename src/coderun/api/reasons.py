@@ -26,6 +26,7 @@ class Reason(StrEnum):
     # waiting before a sandbox is made
     QUEUED = "Queued"
     AWAITING_APPROVAL = "AwaitingApproval"
+    APPROVED = "Approved"  # an Event: who approved a run that needed approval
     # the program's own outcome
     COMPLETED = "Completed"
     NON_ZERO_EXIT = "NonZeroExit"

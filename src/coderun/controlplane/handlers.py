@@ -75,8 +75,8 @@ if WEBHOOK_PORT:
     # Explicit ids: kopf serves each at /<id>, which a webhook's service path allows only in RFC 1123 form.
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-run", operation="CREATE",
                       ignore_failures=IGNORE_WEBHOOK_FAILURES)
-    def validate_run(body: kopf.Body, **_) -> None:
-        refusal = webhook.review_run(dict(body), controller.store)
+    def validate_run(body: kopf.Body, userinfo: kopf.UserInfo, **_) -> None:
+        refusal = webhook.review_run(dict(body), controller, userinfo)
         if refusal:
             raise kopf.AdmissionError(refusal, code=403)
 

@@ -21,6 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
+from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .metrics import API_REQUESTS
 
@@ -64,6 +65,14 @@ def _custom() -> client.CustomObjectsApi:
 
 def _coordination() -> client.CoordinationV1Api:
     return client.CoordinationV1Api(_api())
+
+
+def _admissionregistration() -> client.AdmissionregistrationV1Api:
+    return client.AdmissionregistrationV1Api(_api())
+
+
+def _authorization() -> client.AuthorizationV1Api:
+    return client.AuthorizationV1Api(_api())
 
 
 def _plain(obj: Any) -> dict[str, Any]:
@@ -256,6 +265,37 @@ def delete_run(namespace: str, name: str, uid: str) -> None:
     """Delete this run, only if it is still the same object (a new run may have taken the name)."""
     _call(f"CodeRun {name}", _custom().delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
           body={"preconditions": {"uid": uid}}, missing_ok=True)
+
+
+def list_policies() -> list[dict[str, Any]]:
+    """Every CodeRunPolicy of the cluster: loaded once before any run is admitted (the watch may not have
+    delivered them all yet)."""
+    listed = _call("the CodeRunPolicies", _custom().list_cluster_custom_object, GROUP, VERSION, POLICY_PLURAL)
+    return list((listed or {}).get("items") or ())
+
+
+# ------------------------------------------------------------------------------------------ identity
+def read_admission_policy(name: str) -> dict[str, Any] | None:
+    """A ValidatingAdmissionPolicy, None when it is not installed."""
+    found = _call(f"ValidatingAdmissionPolicy {name}", _admissionregistration().read_validating_admission_policy,
+                  name, missing_ok=True)
+    return _plain(found) if found is not None else None
+
+
+def read_admission_policy_binding(name: str) -> dict[str, Any] | None:
+    found = _call(f"ValidatingAdmissionPolicyBinding {name}",
+                  _admissionregistration().read_validating_admission_policy_binding, name, missing_ok=True)
+    return _plain(found) if found is not None else None
+
+
+def allowed(user: str, groups: list[str], verb: str, resource: str, namespace: str, name: str) -> bool:
+    """A SubjectAccessReview: may this user (with these groups) do `verb` on coderun.io `resource`/`name`?"""
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": user, "groups": groups, "resourceAttributes": {
+                  "group": GROUP, "resource": resource, "verb": verb, "namespace": namespace, "name": name}}}
+    answer = _call(f"a SubjectAccessReview for {verb} {resource}/{name}", _authorization().create_subject_access_review,
+                   review)
+    return bool(_plain(answer).get("status", {}).get("allowed"))
 
 
 # ------------------------------------------------------------------------------------------ leader election

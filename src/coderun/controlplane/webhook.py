@@ -15,21 +15,27 @@ import tempfile
 from typing import Any, Mapping
 
 from coderun.api.coderunpolicy import ADMISSION_ENFORCE
+from .controller import Controller
 from .controller.admission import decide
-from .controller.store import Store
+from .controller.identity import user_may_use
 from .policy import Denial, Policy, select_policy
 from .policy.load import InvalidPolicy, policy_from_object
 
 
-def review_run(run: Mapping[str, Any], store: Store) -> str | None:
-    """The message to refuse a new CodeRun with, or None to let it be created."""
+def review_run(run: Mapping[str, Any], ctl: Controller, userinfo: Mapping[str, Any]) -> str | None:
+    """The message to refuse a new CodeRun with, or None to let it be created. Nothing is allowed on the
+    built-in baseline before the namespace's policies are known: until every policy was listed once this
+    raises (the API server then applies the webhook's failurePolicy; the operator decides again anyway)."""
+    ctl.ensure_policies_listed()
     namespace = run["metadata"].get("namespace") or ""
-    policies = store.policies(namespace)
-    spec, verdict = decide(run, policies)
+    policies = ctl.store.policies(namespace)
+    requester = user_may_use(ctl.api, str(userinfo.get("username") or ""),
+                             [str(g) for g in userinfo.get("groups") or ()], namespace)  # the API server's word
+    spec, verdict = decide(run, policies, requester)
     if not isinstance(verdict, Denial) or spec is None:
         return None  # allowed, or a spec the CRD schema already refuses with its own message
     selected = select_policy(spec.policy_ref, policies)
-    if isinstance(selected, Policy) and selected.admission != ADMISSION_ENFORCE:
+    if verdict.rule != "policyRef" and isinstance(selected, Policy) and selected.admission != ADMISSION_ENFORCE:
         return None  # Record: the run is created and ends Rejected in its status
     return f"{verdict.message} [{verdict.rule}]"
 

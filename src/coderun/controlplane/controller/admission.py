@@ -7,7 +7,7 @@ NameConflict instead of reporting a squatter's output as its own.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
@@ -16,22 +16,26 @@ from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace_network_policy,
                         build_network_policy, build_pod, code_hash)
 from ..builders.names import MANAGER
-from ..policy import Decision, Denial, decision_from_record, evaluate, select_policy
+from ..policy import Decision, Denial, decision_from_record, evaluate, needs_use_permission, select_policy
+from ..policy.approval import approval_verdict, shown_identity
+from ..policy.evaluate import use_denial
 from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome
-from ..results.status import Outcome, accepted_status, created_at, millis_between, waiting_status
+from ..results.status import Outcome, accepted_status, created_at, millis_between, rfc3339, waiting_status
 from . import core, warm
 from .collection import ArtifactsConflict, copy_artifacts
+from .identity import creator_may_use
 
 
-APPROVED_BY = "coderun.io/approved-by"
-REJECTED_BY = "coderun.io/rejected-by"
+def _no_requester(name: str) -> Denial:
+    return use_denial(f"spec.policyRef names {name!r}, and no requester is known to check the permission to use it")
 
 
-def decide(run: Mapping[str, Any], policies: Mapping[str, Any] | None = None
-           ) -> tuple[CodeRunSpec | None, Decision | Denial]:
+def decide(run: Mapping[str, Any], policies: Mapping[str, Any] | None = None,
+           may_use: Callable[[str], Denial | None] = _no_requester) -> tuple[CodeRunSpec | None, Decision | Denial]:
     """The typed spec and the verdict: the decision recorded at admission if there is one (a policy changed
     since cannot change it), else the selected policy's. A spec the model refuses is InvalidSpec, naming the
-    field. `policies` are the run's namespace's CodeRunPolicies by name."""
+    field. `policies` are the run's namespace's CodeRunPolicies by name; `may_use(name)` says whether the run's
+    requester may name that policy (asked before whether it exists, so a refusal tells nothing about it)."""
     try:
         spec = CodeRunSpec.model_validate(run.get("spec") or {})
     except ValidationError as e:
@@ -41,6 +45,10 @@ def decide(run: Mapping[str, Any], policies: Mapping[str, Any] | None = None
     recorded = (run.get("status") or {}).get("decision")
     if recorded:
         return spec, decision_from_record(DecisionRecord.model_validate(recorded))
+    if needs_use_permission(spec.policy_ref):
+        denial = may_use(spec.policy_ref)
+        if denial:
+            return spec, denial
     policy = select_policy(spec.policy_ref, policies or {})
     if isinstance(policy, Denial):
         return spec, policy
@@ -49,7 +57,8 @@ def decide(run: Mapping[str, Any], policies: Mapping[str, Any] | None = None
 
 def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
     meta = run["metadata"]
-    spec, decision = decide(run, ctl.store.policies(meta["namespace"]))
+    ctl.ensure_policies_listed()
+    spec, decision = decide(run, ctl.store.policies(meta["namespace"]), creator_may_use(ctl.api, ctl.identity, run))
     if isinstance(decision, Denial):
         ctl.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, {"policyRule": decision.rule}))
         return
@@ -68,20 +77,24 @@ def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
 
 
 def _approved(ctl: core.Controller, run: Mapping[str, Any], decision: Decision) -> bool:
-    """The supervisor pattern: approved-by lets the run go on, rejected-by ends it; until then it waits with
-    the decision recorded (who may annotate CodeRuns is ordinary RBAC)."""
-    annotations = run["metadata"].get("annotations") or {}
-    if annotations.get(REJECTED_BY):
-        ctl.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER,
-                                f"rejected by {annotations[REJECTED_BY][:253]} ({REJECTED_BY})",
-                                {"policyRule": "approval"}))
-        return False
-    if annotations.get(APPROVED_BY):
+    """The supervisor pattern: approved-by lets the run go on, rejected-by ends it, each as the API server
+    recorded who set it; until then, and while that record cannot be trusted, it waits with the decision
+    recorded and a message that says why. An approval acted on is kept in status.approval."""
+    if ((run.get("status") or {}).get("approval") or {}).get("approvedBy"):
         return True
-    _wait(ctl, run, decision, Reason.AWAITING_APPROVAL,
-          f"policy {decision.policy.name!r} requires approval: waiting for the annotation {APPROVED_BY} "
-          f"(or {REJECTED_BY}) on this CodeRun")
-    return False
+    verdict = approval_verdict(run["metadata"].get("annotations") or {}, decision.policy.name,
+                               decision.policy.allow_self_approval, ctl.identity.problem())
+    if verdict.rejected:
+        ctl.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER, verdict.message,
+                                {"policyRule": "approval", "approval": verdict.record(rfc3339(ctl.now()))}))
+        return False
+    if not verdict.go:
+        _wait(ctl, run, decision, Reason.AWAITING_APPROVAL, verdict.message)
+        return False
+    if ctl.write_status(run, {"approval": verdict.record(rfc3339(ctl.now()))}) is None:
+        return False  # the run is gone
+    ctl.event(run, "Normal", Reason.APPROVED, f"approved by {shown_identity(verdict.approver)}")
+    return True
 
 
 def _slot_free(ctl: core.Controller, run: Mapping[str, Any], decision: Decision) -> bool:

@@ -25,7 +25,8 @@ from coderun.api.text import one_line
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
 from ..results.status import Outcome, terminal_status
-from .store import Store, is_terminal
+from .identity import IdentityGuard
+from .store import Store, is_terminal, resource_version
 
 log = logging.getLogger("coderun")
 
@@ -66,6 +67,8 @@ class Controller:
         self.accepted_elsewhere: set[str] = set()
         self._pool_wakeup = threading.Event()
         self._pool_ready_seen: set[str] = set()
+        self.identity = IdentityGuard(api, clock)
+        self._policies_listing = threading.Lock()
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -126,7 +129,7 @@ class Controller:
         """Keep the namespace's policies current; runs already admitted keep the decision they recorded."""
         meta = policy["metadata"]
         if deleted:
-            self.store.forget_policy(meta["namespace"], meta["name"])
+            self.store.forget_policy(meta["namespace"], meta["name"], resource_version(policy))
             return
         from ..policy import InvalidPolicyMark
         from ..policy.load import InvalidPolicy, policy_from_object
@@ -135,7 +138,19 @@ class Controller:
         except InvalidPolicy as e:
             log.warning("policy %s/%s cannot be applied: %s", meta["namespace"], meta["name"], e)
             loaded = InvalidPolicyMark(str(e))
-        self.store.put_policy(meta["namespace"], meta["name"], loaded)
+        self.store.put_policy(meta["namespace"], meta["name"], loaded, resource_version(policy))
+
+    def ensure_policies_listed(self) -> None:
+        """List every CodeRunPolicy once before the first admission or webhook answer after a start (or a leader
+        change): the watch may not have delivered them yet. A failure raises Transient: the run waits and is
+        reconciled again by the tick."""
+        if self.store.policies_listed:
+            return
+        with self._policies_listing:
+            if not self.store.policies_listed:
+                for policy in self.api.list_policies():
+                    self.on_policy(policy, deleted=False)
+                self.store.policies_listed = True
 
     def namespace_lock(self, namespace: str) -> threading.Lock:
         with self._locks_guard:

@@ -15,7 +15,7 @@ from coderun.api.reasons import TERMINAL_PHASES
 from ..builders import LABEL_POOL
 
 
-def _version(obj: Mapping[str, Any]) -> int | None:
+def resource_version(obj: Mapping[str, Any]) -> int | None:
     try:
         return int(obj["metadata"].get("resourceVersion"))
     except (TypeError, ValueError):
@@ -43,6 +43,12 @@ class Store:
         self._scheduled: set[str] = set()
         # namespace -> CodeRunPolicy name -> Policy, or InvalidPolicyMark for one that cannot be applied
         self._policies: dict[str, dict[str, Any]] = {}
+        # (namespace, name) -> the newest resourceVersion seen of that policy, deletions included: the startup
+        # list may answer older than an event already applied, and must not bring back a deleted policy
+        self._policy_versions: dict[tuple[str, str], int] = {}
+        # Every CodeRunPolicy was listed once since start: until then nothing is admitted (a run without
+        # policyRef would get the built-in baseline in a namespace whose policies are not loaded yet).
+        self.policies_listed = False
         # namespaces whose runs were listed once since start: every run there is known, not only those the
         # watch has delivered so far
         self.listed_namespaces: set[str] = set()
@@ -53,7 +59,7 @@ class Store:
         uid = run["metadata"]["uid"]
         with self._lock:
             held = self._runs.get(uid)
-            if held is not None and (_version(held) or 0) > (_version(run) or 0):
+            if held is not None and (resource_version(held) or 0) > (resource_version(run) or 0):
                 return held
             self._runs[uid] = dict(run)
             return self._runs[uid]
@@ -89,13 +95,25 @@ class Store:
         return iter(found)
 
     # ---- policies
-    def put_policy(self, namespace: str, name: str, policy: Any) -> None:
+    def put_policy(self, namespace: str, name: str, policy: Any, version: int | None = None) -> None:
         with self._lock:
+            if not self._newer_policy_version(namespace, name, version):
+                return
             self._policies.setdefault(namespace, {})[name] = policy
 
-    def forget_policy(self, namespace: str, name: str) -> None:
+    def forget_policy(self, namespace: str, name: str, version: int | None = None) -> None:
         with self._lock:
-            self._policies.get(namespace, {}).pop(name, None)
+            if self._newer_policy_version(namespace, name, version):
+                self._policies.get(namespace, {}).pop(name, None)
+
+    def _newer_policy_version(self, namespace: str, name: str, version: int | None) -> bool:
+        """Whether `version` is not older than what was seen of that policy (and remember it)."""
+        held = self._policy_versions.get((namespace, name))
+        if version is not None and held is not None and version < held:
+            return False
+        if version is not None:
+            self._policy_versions[(namespace, name)] = version
+        return True
 
     def policies(self, namespace: str) -> dict[str, Any]:
         with self._lock:
@@ -113,7 +131,7 @@ class Store:
         if uid is None and LABEL_POOL in (pod["metadata"].get("labels") or {}):
             with self._lock:
                 held = self._pool.get(pod_uid)
-                if held is None or (_version(held) or 0) <= (_version(pod) or 0):
+                if held is None or (resource_version(held) or 0) <= (resource_version(pod) or 0):
                     self._pool[pod_uid] = dict(pod)
             return None
         if uid is not None:
@@ -121,7 +139,7 @@ class Store:
                 self._pool.pop(pod_uid, None)
                 held = self._pods.get(uid)
                 if held is None or held["metadata"].get("uid") != pod["metadata"].get("uid") or \
-                        (_version(held) or 0) <= (_version(pod) or 0):
+                        (resource_version(held) or 0) <= (resource_version(pod) or 0):
                     self._pods[uid] = dict(pod)
         return uid
 

@@ -2,7 +2,7 @@
 from coderun.api.models import ResourceLimits
 from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy, decision_from_record
 from coderun.api.models import Runtime
-from .evaluate import InvalidPolicyMark, evaluate, first_above, select_policy
+from .evaluate import InvalidPolicyMark, evaluate, first_above, needs_use_permission, select_policy
 
 __all__ = ["DEFAULT_POLICY", "Decision", "Denial", "InvalidPolicyMark", "Policy", "ResourceLimits", "Runtime",
-           "decision_from_record", "evaluate", "first_above", "select_policy"]
+           "decision_from_record", "evaluate", "first_above", "needs_use_permission", "select_policy"]

@@ -10,6 +10,7 @@ from coderun.api.reasons import Reason
 from coderun.api.models import ResourceLimits
 from coderun.api.coderunpolicy import NAMESPACE_DEFAULT_POLICY
 from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy
+from .approval import shown_identity
 from .code_rules import check_code
 
 _QUANTITY_FIELDS = {"memory", "cpu", "disk"}
@@ -56,22 +57,50 @@ def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
 
 
 def select_policy(policy_ref: str | None, known: Mapping[str, Policy | InvalidPolicyMark]) -> Policy | Denial:
-    """spec.policyRef names a policy of the run's namespace; without it the namespace's policy named
-    `default` applies, else the built-in baseline. `known` holds the namespace's policies (a malformed one as
-    the message that says what is wrong with it)."""
-    name = policy_ref or NAMESPACE_DEFAULT_POLICY
-    found = known.get(name)
-    if found is None and name in (NAMESPACE_DEFAULT_POLICY, DEFAULT_POLICY.name):
-        return DEFAULT_POLICY
-    if found is None:
-        names = ", ".join(sorted(known)) or "none besides the built-in baseline"
+    """spec.policyRef names a policy of the run's namespace; without it the namespace's policy named `default`
+    applies. The built-in baseline applies only where the namespace has no CodeRunPolicy at all, and can never
+    be named: a namespace's policies are its platform team's word. `known` holds the namespace's policies (a
+    malformed one as the message that says what is wrong with it). Whether the run's creator may name a policy
+    is checked apart (needs_use_permission); no message here lists the namespace's other policies."""
+    if policy_ref == DEFAULT_POLICY.name:
         return Denial(Reason.POLICY_DENIED, "policyRef",
-                      f"policy {policy_ref!r} does not exist in this namespace (known: {names}); fix "
-                      f"spec.policyRef or remove it to use the namespace's default")
+                      f"spec.policyRef: {DEFAULT_POLICY.name!r} is the built-in baseline for namespaces without "
+                      "any CodeRunPolicy and cannot be named; remove spec.policyRef to use the namespace's default")
+    name = policy_ref or NAMESPACE_DEFAULT_POLICY
+    if not known:
+        return DEFAULT_POLICY if name == NAMESPACE_DEFAULT_POLICY else Denial(
+            Reason.POLICY_DENIED, "policyRef", f"spec.policyRef: policy {name!r} does not exist in this namespace; "
+            "fix spec.policyRef or remove it to use the namespace's default")
+    found = known.get(name)
+    if found is None and policy_ref:
+        return Denial(Reason.POLICY_DENIED, "policyRef",
+                      f"spec.policyRef: policy {name!r} does not exist in this namespace; fix spec.policyRef or "
+                      "remove it to use the namespace's default")
+    if found is None:
+        return Denial(Reason.POLICY_DENIED, "policyRef",
+                      f"this namespace has CodeRunPolicies but none named {NAMESPACE_DEFAULT_POLICY!r}, so a run "
+                      "must name one in spec.policyRef (one you are allowed to use), or the namespace's owners add a "
+                      f"{NAMESPACE_DEFAULT_POLICY!r} policy")
     if isinstance(found, InvalidPolicyMark):
         return Denial(Reason.POLICY_DENIED, "policyRef",
                       f"policy {name!r} is invalid and cannot be applied: {found.message}; fix the CodeRunPolicy")
     return found
+
+
+def needs_use_permission(policy_ref: str | None) -> bool:
+    """Naming a policy other than the namespace's `default` is an authorization decision: the creator needs the
+    RBAC verb `use` on coderunpolicies/<name> (the baseline cannot be named at all)."""
+    return bool(policy_ref) and policy_ref not in (NAMESPACE_DEFAULT_POLICY, DEFAULT_POLICY.name)
+
+
+def use_denial(message: str | None = None, user: str | None = None, name: str | None = None) -> Denial:
+    """The refusal of a policyRef its creator may not name: `message`, or the standard one for `user` and
+    `name` (it says neither whether the policy exists nor which others do)."""
+    if message is None:
+        message = (f"{shown_identity(user)} may not use CodeRunPolicy {name!r} in this namespace: naming a policy "
+                   f"other than {NAMESPACE_DEFAULT_POLICY!r} in spec.policyRef needs the RBAC verb use on "
+                   f"coderunpolicies/{name}; remove spec.policyRef, or ask the namespace's owners for that permission")
+    return Denial(Reason.POLICY_DENIED, "policyRef", message)
 
 
 class InvalidPolicyMark:
