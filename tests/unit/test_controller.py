@@ -377,3 +377,152 @@ def test_approval_waits_then_the_annotation_decides(env):
     ctl.on_run(refused, deleted=False)
     status = api.run(NS, "nope")["status"]
     assert (status["phase"], status["reason"]) == ("Rejected", "RejectedByApprover") and "bob" in status["message"]
+
+
+# ------------------------------------------------------------------ issue 17: what the operator records and keeps
+def test_a_refusal_by_policy_names_the_policy_and_its_digest(env):
+    from coderun.api.coderunpolicy import spec_digest
+    _, _, ctl = env
+    strict = policy_object("strict", admission="Record", defaults={"memory": "64Mi"}, maximums={"memory": "128Mi"})
+    ctl.on_policy(strict, deleted=False)
+    status = submit(env, make_run(policyRef="strict", limits={"memory": "512Mi"}))["status"]
+    assert (status["phase"], status["reason"], status["policyRule"]) == ("Rejected", "PolicyDenied", "maximums.memory")
+    assert (status["policy"], status["policyDigest"]) == ("strict", spec_digest(strict["spec"]))
+    builtin = submit(env, make_run("cobol", "uid-2", language="cobol"))["status"]
+    assert (builtin["policy"], builtin["policyDigest"]) == ("builtin-default", "builtin")
+
+
+def test_a_ttl_above_the_policys_maximum_is_refused_naming_the_field(env):
+    _, _, ctl = env
+    ctl.on_policy(policy_object(maxTtlSecondsAfterFinished=600), deleted=False)
+    status = submit(env, make_run(ttlSecondsAfterFinished=601))["status"]
+    assert (status["reason"], status["policyRule"]) == ("PolicyDenied", "maxTtlSecondsAfterFinished")
+    assert "spec.ttlSecondsAfterFinished=601 is above the maximum 600" in status["message"]
+    assert submit(env, make_run("ok", "uid-2", ttlSecondsAfterFinished=600))["status"]["phase"] == "Pending"
+
+
+def test_the_policys_ttl_decides_when_a_run_without_its_own_is_deleted(env):
+    api, clock, ctl = env
+    ctl.on_policy(policy_object(ttlSecondsAfterFinished=5), deleted=False)
+    submit(env, make_run())
+    terminate(env)
+    clock.now += timedelta(seconds=4)
+    ctl.tick()
+    assert api.run(NS, "demo") is not None
+    clock.now += timedelta(seconds=2)
+    ctl.tick()
+    assert api.run(NS, "demo") is None
+
+
+def test_a_refused_run_asking_a_long_ttl_is_not_kept_longer_than_the_maximum(env):
+    api, clock, ctl = env
+    submit(env, make_run(ttlSecondsAfterFinished=30 * 86400))  # the built-in maximum is 7 days
+    clock.now += timedelta(days=7, seconds=1)
+    ctl.tick()
+    assert api.run(NS, "demo") is None
+
+
+def test_a_finished_run_is_kept_slim_and_the_cache_reads_its_source_whole(env):
+    api, _, ctl = env
+    submit(env, make_run(cache={"enabled": True}))
+    log, termination = frame_log(stdout="x" * 100_000)
+    ctl.on_run(copy.deepcopy(terminate(env, log=log, termination=termination)), deleted=False)
+    held = ctl.store.run("uid-1")
+    assert held["status"]["phase"] == "Succeeded" and held["status"]["cacheKey"]
+    assert "stdout" not in held["status"] and "code" not in held["spec"] and len(json.dumps(held)) < 1024
+    gets = api.calls.count("get_run")
+    second = submit(env, make_run(name="again", uid="uid-2", cache={"enabled": True}))
+    assert second["status"]["cachedFrom"] == "demo" and second["status"]["stdout"] == "x" * 65536
+    assert api.calls.count("get_run") - gets == 1
+
+
+def test_the_cache_never_crosses_policies(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object("plain"), deleted=False)
+    ctl.on_policy(policy_object("redacting", redactionPatterns=["tok-[0-9]+"]), deleted=False)
+    submit(env, make_run(policyRef="plain", cache={"enabled": True}))
+    log, termination = frame_log(stdout="tok-12345\n")
+    terminate(env, log=log, termination=termination)
+    status = submit(env, make_run("red", "uid-2", policyRef="redacting", cache={"enabled": True}))["status"]
+    assert "cachedFrom" not in status and ("Pod", NS, "red-sandbox") in api.objects
+    assert status["policy"] == "redacting"
+
+
+def run_with_artifact(env):
+    """A finished, cacheable run with one artifact; returns its artifacts ConfigMap key."""
+    import base64
+    content = b"genuine"
+    artifact = {"name": "out.txt", "size": len(content), "sha256": hashlib.sha256(content).hexdigest(),
+                "contentBase64": base64.b64encode(content).decode()}
+    submit(env, make_run(cache={"enabled": True}))
+    log, termination = frame_log(artifacts=[artifact])
+    status = terminate(env, log=log, termination=termination)["status"]
+    return ("ConfigMap", NS, status["artifacts"][0]["configMap"])
+
+
+@pytest.mark.parametrize("forge", ["squatter", "forged-owner-other-bytes"])
+def test_the_cache_never_serves_a_forged_artifacts_configmap(env, forge):
+    import base64
+    api, _, _ = env
+    key = run_with_artifact(env)
+    genuine = api.objects[key]
+    forged = {"kind": "ConfigMap", "metadata": {"name": key[2], "namespace": NS, "resourceVersion": "1"},
+              "binaryData": {k: base64.b64encode(b"forged!").decode() for k in genuine["binaryData"]}}
+    if forge == "forged-owner-other-bytes":
+        forged["metadata"]["ownerReferences"] = genuine["metadata"]["ownerReferences"]
+    api.objects[key] = forged
+    status = submit(env, make_run("again", "uid-2", cache={"enabled": True}))["status"]
+    assert "cachedFrom" not in status and ("Pod", NS, "again-sandbox") in api.objects  # runs for real
+
+
+def test_a_genuine_artifacts_configmap_is_copied_on_a_cache_hit(env):
+    api, _, _ = env
+    key = run_with_artifact(env)
+    status = submit(env, make_run("again", "uid-2", cache={"enabled": True}))["status"]
+    assert status["cachedFrom"] == "demo" and status["artifacts"][0]["configMap"] != key[2]
+    assert api.objects[("ConfigMap", NS, status["artifacts"][0]["configMap"])]["binaryData"] == \
+        api.objects[key]["binaryData"]
+
+
+def test_a_pod_under_the_runs_pod_name_that_is_not_its_own_is_never_collected(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    squatter = pod_of(api)  # the run's pod deleted, another created under its name before the watch said so
+    squatter["metadata"]["ownerReferences"] = []
+    api.objects[("Pod", NS, "demo-sandbox")] = squatter
+    ctl.tick()
+    assert api.run(NS, "demo")["status"]["reason"] == "PodDeleted"
+
+
+def test_a_queue_of_30_drains_with_a_bounded_number_of_status_writes(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    names = [f"q-{i:02d}" for i in range(30)]
+    for i, name in enumerate(names):
+        submit(env, make_run(name, f"uid-{i}"))
+    reconciled = []
+    original = ctl.reconcile
+    ctl.reconcile = lambda uid, **kw: (reconciled.append(uid), original(uid, **kw))
+    writes = api.calls.count("patch_run_status")
+    ctl.tick()
+    assert api.calls.count("patch_run_status") == writes and reconciled == ["uid-0"]  # only the one with a pod
+    for name in names:
+        terminate(env, name)
+        ctl.tick()
+    statuses = [api.run(NS, name)["status"] for name in names]
+    assert all(s["phase"] == "Succeeded" for s in statuses)
+    per_run = {}
+    for call, args in zip(api.calls, api.call_args):
+        if call == "patch_run_status":
+            per_run[args[1]] = per_run.get(args[1], 0) + 1
+    assert max(per_run.values()) <= 3 and sum(per_run.values()) <= 3 * 30, per_run  # Queued, PodCreated, final
+
+
+def test_a_queued_run_starts_when_a_running_one_is_deleted(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    first = submit(env, make_run("first", "uid-1"))
+    assert submit(env, make_run("second", "uid-2"))["status"]["reason"] == "Queued"
+    ctl.on_run(first, deleted=True)
+    del api.objects[("CodeRun", NS, "first")]
+    assert api.run(NS, "second")["status"]["reason"] == "PodCreated"

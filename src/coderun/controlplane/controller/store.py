@@ -3,6 +3,10 @@
 Fed by kopf's watch events and by the answers to our own writes, so decisions never wait for the API
 server and the idle cost does not grow with the number of finished runs: nothing is listed or polled.
 A watch event older than what we already hold (a lagging stream, our own write seen first) is ignored.
+
+A finished run is kept as a slim projection (identity, outcome, what the expiry and the cache look up), never
+whole: a run holds up to ~1 MiB of code, output and artifacts list, finished runs stay for their TTL, and a
+restarted leader is handed all of them at once. The cache reads the one run it answers from by name.
 """
 from __future__ import annotations
 
@@ -33,6 +37,24 @@ def is_terminal(run: Mapping[str, Any]) -> bool:
     return (run.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
+_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "generation")
+_KEPT_SPEC = ("policyRef", "ttlSecondsAfterFinished")  # the expiry's
+_KEPT_STATUS = ("phase", "reason", "completionTime", "podName", "cacheKey", "cachedFrom")  # the cache's, the pod's
+
+
+def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller needs of a finished run: identity, outcome, its pod's name, the cache's fields and
+    the TTL its expiry is computed from, in fresh dicts, so nothing keeps the whole object alive."""
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    pick = lambda mapping, keys: {k: mapping[k] for k in keys if k in mapping}  # noqa: E731
+    projected = {"metadata": pick(meta, _KEPT_METADATA), "spec": pick(spec, _KEPT_SPEC),
+                 "status": pick(status, _KEPT_STATUS)}
+    ttl = (status.get("decision") or {}).get("ttlSecondsAfterFinished")
+    if ttl is not None:
+        projected["status"]["decision"] = {"ttlSecondsAfterFinished": ttl}  # only this, never a whole record
+    return projected
+
+
 class Store:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -49,13 +71,13 @@ class Store:
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
-        """Keep the newer of what we hold and `run`; returns what we hold now."""
+        """Keep the newer of what we hold and `run` (a finished run as its projection); returns what we hold."""
         uid = run["metadata"]["uid"]
         with self._lock:
             held = self._runs.get(uid)
             if held is not None and (_version(held) or 0) > (_version(run) or 0):
                 return held
-            self._runs[uid] = dict(run)
+            self._runs[uid] = finished_projection(run) if is_terminal(run) else dict(run)
             return self._runs[uid]
 
     def forget_run(self, uid: str) -> None:
