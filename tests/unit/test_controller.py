@@ -526,3 +526,13 @@ def test_a_queued_run_starts_when_a_running_one_is_deleted(env):
     ctl.on_run(first, deleted=True)
     del api.objects[("CodeRun", NS, "first")]
     assert api.run(NS, "second")["status"]["reason"] == "PodCreated"
+
+
+def test_runs_deleted_before_their_expiry_leave_no_schedule_behind():
+    from coderun.controlplane.controller.store import Store
+    store = Store()
+    for i in range(500):
+        store.expire_at(T0 + timedelta(days=7), f"uid-{i}")
+    for i in range(500):
+        store.forget_run(f"uid-{i}")
+    assert len(store._expiries) <= 64  # the heap holds what is still scheduled, not every run ever finished

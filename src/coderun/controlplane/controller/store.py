@@ -85,6 +85,11 @@ class Store:
             self._runs.pop(uid, None)
             self._pods.pop(uid, None)
             self._scheduled.discard(uid)
+            if len(self._expiries) > 2 * len(self._scheduled) + 64:
+                # Mostly runs deleted before their time (by their owners): drop their entries, so the heap
+                # stays the size of what is still scheduled.
+                self._expiries = [entry for entry in self._expiries if entry[1] in self._scheduled]
+                heapq.heapify(self._expiries)
 
     def run(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
