@@ -109,8 +109,8 @@ class CodeRunPolicySpec(ApiModel):
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
         "Default time a finished run is kept (spec.ttlSecondsAfterFinished of a run overrides it)."))
     max_ttl_seconds_after_finished: int = Field(7 * 86400, ge=0, le=30 * 86400, description=(
-        "The longest spec.ttlSecondsAfterFinished a run may ask for; a run asking more is refused naming "
-        "this field. Finished runs are kept whole by the API server for that long."))
+        "The longest spec.ttlSecondsAfterFinished a run may ask for (default 604800, 7 days); a run asking "
+        "more is refused naming this field. Finished runs are kept whole by the API server for that long."))
     allow_unsandboxed_runtime: bool = Field(False, description=(
         "Allow runtimeClassName runc: generated code then runs on the host kernel. For trusted code only."))
     warm_pool: WarmPool | None = None
