@@ -39,7 +39,8 @@ def test_the_key_covers_inputs_and_limits_but_not_expectations():
     base = key_of()
     assert base == key_of(expect={"exitCode": 0}) == key_of(cache={"enabled": True})
     assert len({base, key_of(code="print(2)"), key_of(stdin="x"), key_of(limits={"memory": "512Mi"}),
-                key_of(files=[{"path": "a", "content": "b"}]), key_of(digest="sha256:" + "b" * 64)}) == 6
+                key_of(limits={"disk": "16Mi"}),
+                key_of(files=[{"path": "a", "content": "b"}]), key_of(digest="sha256:" + "b" * 64)}) == 7
 
 
 def test_without_an_image_digest_there_is_no_key():
