@@ -536,3 +536,15 @@ def test_runs_deleted_before_their_expiry_leave_no_schedule_behind():
     for i in range(500):
         store.forget_run(f"uid-{i}")
     assert len(store._expiries) <= 64  # the heap holds what is still scheduled, not every run ever finished
+
+
+def test_a_queued_run_starts_once_an_older_run_it_counted_turns_out_to_need_no_slot(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object("capped", maxConcurrentRuns=1), deleted=False)
+    ctl.on_policy(policy_object("supervised", approval={"required": "Always"}), deleted=False)
+    older = api.add_run(make_run("older", "uid-1", policyRef="supervised"))
+    ctl.store.put_run(older)  # delivered, not looked at yet (a burst's events arrive in any order)
+    assert submit(env, make_run("younger", "uid-2", policyRef="capped"))["status"]["reason"] == "Queued"
+    ctl.reconcile("uid-1")
+    assert api.run(NS, "older")["status"]["reason"] == "AwaitingApproval"
+    assert api.run(NS, "younger")["status"]["reason"] == "PodCreated"  # at once, not at the next full pass

@@ -244,6 +244,10 @@ class Controller:
             return
         if not (run.get("status") or {}).get("podName"):
             admission.admit(self, run)
+            if not (run.get("status") or {}).get("phase"):
+                # Until looked at, it counted as ahead of every queued run of its namespace; now it does only if
+                # it took a slot, so queued runs may start (e.g. it waits for approval instead).
+                self._freed.add(run["metadata"]["namespace"])
         else:
             collection.advance(self, run, self.store.pod(uid), pod_event_deleted)
 
