@@ -32,7 +32,7 @@ from .validate import validate_output
 CACHE_LABEL = "coderun.io/cache-key"
 # The program's own result, copied from the earlier run (its text is redacted again below).
 _PROGRAM_FIELDS = ("exitCode", "signal", "stdoutBytes", "stderrBytes", "stdoutTruncated", "stderrTruncated",
-                   "stdoutSha256", "stderrSha256", "redactions", "artifactsSkippedUnlisted")
+                   "stdoutSha256", "stderrSha256", "artifactsSkippedUnlisted")
 
 
 def image_digest(image: str, node_images: Iterable[Mapping[str, Any]] = ()) -> str | None:
