@@ -125,6 +125,7 @@ def test_quota_refusal_fails_the_run_with_the_api_servers_message(env):
     api.fail["create_or_get"] = refuse_pods
     run = submit(env, make_run())
     assert run["status"]["reason"] == "StartFailed" and "exceeded quota" in run["status"]["message"]
+    assert run["status"]["policy"] == "builtin-default" and run["status"]["decision"]["policy"] == "builtin-default"
 
 
 

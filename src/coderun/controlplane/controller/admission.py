@@ -18,8 +18,8 @@ from ..builders import (LABEL_MANAGED_BY, build_input_configmap, build_namespace
 from ..builders.names import MANAGER
 from ..policy import Decision, Denial, decision_from_record, evaluate, select_policy
 from ..results.cache import cache_key, image_digest, is_same_source, pick_reusable, reused_outcome
-from ..results.status import (Outcome, accepted_status, created_at, millis_between, refusal_fields,
-                              waiting_status)
+from ..results.status import (Outcome, accepted_status, created_at, decision_fields, millis_between,
+                              refusal_fields, waiting_status)
 from . import core, warm
 from .collection import ArtifactsConflict, copy_artifacts, redactor
 
@@ -145,10 +145,10 @@ def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, deci
                 break
     except ctl.api.Refused as refused:
         ctl.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or "
-                                "admission policy must allow the sandbox"))
+                                "admission policy must allow the sandbox", decision_fields(decision)))
         return
     if conflict:
-        ctl.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict))
+        ctl.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
         return
     now = ctl.now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
