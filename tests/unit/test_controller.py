@@ -437,16 +437,25 @@ def test_a_finished_run_is_kept_slim_and_the_cache_reads_its_source_whole(env):
     assert api.calls.count("get_run") - gets == 1
 
 
-def test_the_cache_never_crosses_policies(env):
+@pytest.mark.parametrize("other,outcome", [
+    ({"redactionPatterns": ["tok-[0-9]+"]}, {"stdout": "tok-12345\n"}),            # answered unredacted
+    ({"egress": [{"cidr": "10.0.0.5/32"}]}, {"stdout": "NETWORK reachable\n"}),   # no-egress got egress's
+    ({"maxProcesses": 8}, {"stdout": "20 processes ran\n"}),                      # capped got uncapped's
+    ({"maxInodes": 64}, {"reason": "DiskLimitExceeded", "exitCode": None,           # a limit outcome of others
+                         "limit": {"kind": "inodes", "observed": 65, "limit": 64}}),
+])
+def test_the_cache_never_crosses_policies(env, other, outcome):
     api, _, ctl = env
     ctl.on_policy(policy_object("plain"), deleted=False)
-    ctl.on_policy(policy_object("redacting", redactionPatterns=["tok-[0-9]+"]), deleted=False)
+    ctl.on_policy(policy_object("other", **other), deleted=False)
     submit(env, make_run(policyRef="plain", cache={"enabled": True}))
-    log, termination = frame_log(stdout="tok-12345\n")
-    terminate(env, log=log, termination=termination)
-    status = submit(env, make_run("red", "uid-2", policyRef="redacting", cache={"enabled": True}))["status"]
-    assert "cachedFrom" not in status and ("Pod", NS, "red-sandbox") in api.objects
-    assert status["policy"] == "redacting"
+    log, termination = frame_log(**outcome)
+    assert terminate(env, log=log, termination=termination)["status"]["cacheKey"]
+    status = submit(env, make_run("again", "uid-2", policyRef="other", cache={"enabled": True}))["status"]
+    assert "cachedFrom" not in status and ("Pod", NS, "again-sandbox") in api.objects
+    assert status["policy"] == "other"
+    same = submit(env, make_run("same", "uid-3", policyRef="plain", cache={"enabled": True}))["status"]
+    assert same["cachedFrom"] == "demo" and same["reason"] == outcome.get("reason", "Completed")  # it was reusable
 
 
 def run_with_artifact(env):
