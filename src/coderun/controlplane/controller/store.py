@@ -109,7 +109,8 @@ class Store:
             return sum(1 for run in self._runs.values() if not is_terminal(run))
 
     def finished_in(self, namespace: str, cache_key: str) -> Iterator[dict[str, Any]]:
-        """Finished runs of a namespace with this cache key (the cache answers from memory, not a list call)."""
+        """Finished runs of a namespace with this cache key, as projections: the cache picks from memory (no list
+        call) and reads only the one it answers from."""
         with self._lock:
             found = [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
                      and (r.get("status") or {}).get("cacheKey") == cache_key and is_terminal(r)]
