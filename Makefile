@@ -98,6 +98,11 @@ bench: up
 bench-idle: up-host
 	$(PY) e2e/bench_idle.py
 
+# The operator's memory with 1,000 finished runs of 512 KiB output each, then after they are deleted (issue 17):
+# the controller in-process against the unit tier's fake API server; no cluster.
+bench-memory: venv
+	$(PY) e2e/bench_operator_memory.py
+
 # The warm pool's transport (issue 11): pods/attach to pre-started gVisor pods.
 bench-attach: up-host
 	$(PY) e2e/bench_attach.py

@@ -1,7 +1,11 @@
-"""spec.cache: an identical finished run answers at once, with no pod; platform failures are never reused."""
+"""spec.cache: an identical finished run answers at once, with no pod; platform failures are never reused; an
+answer never crosses policies and never serves artifacts that are not the earlier run's."""
+import base64
 import time
 
+from conftest import wait_for
 from test_operator_restart import PodCensus
+from test_policy import apply_policy
 
 CACHED = {"enabled": True, "ttlSeconds": 600}
 PLOT = ("import os, random\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'n.txt'), 'w')"
@@ -46,3 +50,45 @@ def test_without_cache_enabled_or_after_a_platform_failure_the_code_runs(operato
     uncached = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": quick}))
     assert "cachedFrom" not in uncached["status"]
     assert uncached["status"]["stdout"] != first["status"]["stdout"]
+
+
+def test_the_cache_never_crosses_policies(operator, namespace):
+    """Same code, same limits, two policies: the redacting one is never answered with the plain one's output."""
+    apply_policy(operator, namespace, "plain", {})
+    apply_policy(operator, namespace, "redacting", {"redactionPatterns": ["tok-[0-9]{5}"]})
+    code = "print('the token is tok-' + str(12345))"
+    spec = {"language": "python", "code": code, "cache": CACHED}
+    plain = operator.wait_run(namespace, operator.create_run(namespace, {**spec, "policyRef": "plain"}))["status"]
+    assert plain["phase"] == "Succeeded" and plain["stdout"] == "the token is tok-12345\n", plain
+    first = operator.create_run(namespace, {**spec, "policyRef": "redacting"})
+    redacted = operator.wait_run(namespace, first)["status"]
+    assert redacted["phase"] == "Succeeded", redacted
+    assert "tok-12345" not in redacted["stdout"] and "[REDACTED:policy]" in redacted["stdout"], redacted["stdout"]
+    assert "cachedFrom" not in redacted and redacted["policy"] == "redacting", redacted
+    assert redacted["decision"]["redactionPatterns"] == ["tok-[0-9]{5}"]
+    # Within one policy the cache still answers, and the answer names this run's own policy.
+    again = operator.wait_run(namespace, operator.create_run(namespace, {**spec, "policyRef": "redacting"}))["status"]
+    assert again["cachedFrom"] == first and again["policy"] == "redacting", again
+    assert again["policyDigest"] == redacted["policyDigest"] and "tok-12345" not in again["stdout"]
+
+
+def test_a_configmap_squatting_the_sources_artifacts_name_is_never_served(operator, namespace):
+    """Someone replaces the earlier run's artifacts ConfigMap with their own bytes under its name (even with a
+    copied owner reference): the cache does not serve it, the run runs for real."""
+    first_name = operator.create_run(namespace, {"language": "python", "code": PLOT, "cache": CACHED})
+    first = operator.wait_run(namespace, first_name)
+    listed = first["status"]["artifacts"][0]
+    source_cm = operator.core.read_namespaced_config_map(listed["configMap"], namespace)
+    operator.core.delete_namespaced_config_map(listed["configMap"], namespace)
+    forged = base64.b64encode(b"forged").decode()
+    body = {"metadata": {"name": listed["configMap"], "ownerReferences": [
+        {"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid, "controller": True}
+        for o in source_cm.metadata.owner_references]}, "binaryData": {listed["key"]: forged}}
+    wait_for(lambda: operator.core.create_namespaced_config_map(namespace, body), 30,
+             "the squatting ConfigMap to be created once the genuine one is gone")
+    second = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": PLOT,
+                                                                          "cache": CACHED}))["status"]
+    assert second["phase"] == "Succeeded" and "cachedFrom" not in second, second
+    assert second["stdout"] != first["status"]["stdout"]  # random output: it ran again
+    copied = operator.core.read_namespaced_config_map(second["artifacts"][0]["configMap"], namespace)
+    assert copied.binary_data[second["artifacts"][0]["key"]] != forged

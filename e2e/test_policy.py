@@ -8,7 +8,9 @@ import time
 from datetime import datetime
 
 import pytest
+from kubernetes.client.rest import ApiException
 
+from coderun.api.coderunpolicy import spec_digest
 from coderun.api.models import CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
 from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, wait_for
@@ -67,6 +69,38 @@ def test_limits_over_the_policy_maximum_are_refused_naming_field_value_and_maxim
     assert (status["phase"], status["reason"], status["policyRule"]) == ("Rejected", "PolicyDenied",
                                                                          "maximums.memory"), status
     assert "spec.limits.memory=512Mi" in status["message"] and "128Mi" in status["message"]
+    # An audit tells which version of which policy said no.
+    policy = operator.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, "small")
+    assert (status["policy"], status["policyDigest"]) == ("small", spec_digest(policy["spec"])), status
+
+
+def test_a_run_asking_to_be_kept_longer_than_its_policy_allows_is_refused(operator, namespace):
+    apply_policy(operator, namespace, "brief", {"admission": "Record", "maxTtlSecondsAfterFinished": 600})
+    status = status_of(operator.wait_run(namespace, operator.create_run(namespace, {
+        "language": "python", "code": "print(1)", "policyRef": "brief", "ttlSecondsAfterFinished": 86400})))
+    assert (status["phase"], status["policyRule"], status["policy"]) == ("Rejected", "maxTtlSecondsAfterFinished",
+                                                                         "brief"), status
+    assert "spec.ttlSecondsAfterFinished=86400 is above the maximum 600" in status["message"]
+
+
+def test_the_policys_ttl_deletes_a_finished_run_on_time(operator, namespace):
+    apply_policy(operator, namespace, "short-lived", {"ttlSecondsAfterFinished": 5})
+    name = operator.create_run(namespace, {"language": "python", "code": "print(1)", "policyRef": "short-lived"})
+    status = status_of(operator.wait_run(namespace, name))
+    assert status["phase"] == "Succeeded" and status["decision"]["ttlSecondsAfterFinished"] == 5, status
+    finished = datetime.fromisoformat(status["completionTime"].replace("Z", "+00:00")).timestamp()
+
+    def gone():
+        try:
+            operator.get_run(namespace, name)
+        except ApiException as e:
+            if e.status == 404:
+                return time.time()
+            raise
+        return None
+    deleted_at = wait_for(gone, 60, f"CodeRun {name} to be deleted after its policy's 5 s")
+    # Due 5 s after it finished; the operator's tick (5 s) may add up to one interval. Before the fix it was 3600 s.
+    assert 4 <= deleted_at - finished <= 20, deleted_at - finished
 
 
 def run_manifest(name: str, spec: dict) -> str:

@@ -25,6 +25,7 @@ class FakeK8s:
         self.events: list[tuple[str, str, str]] = []
         self.logs: dict[str, tuple[str, bool]] = {}
         self.calls: list[str] = []
+        self.call_args: list[tuple] = []  # beside calls, the arguments of each
         self.nodes_ = [{"status": {"allocatable": {"cpu": "2", "memory": "8Gi"},
                                    "images": [{"names": ["coderun.local/sandbox-python:v1",
                                                          "coderun.local/sandbox-python@sha256:" + "f" * 64]}]}}]
@@ -42,6 +43,7 @@ class FakeK8s:
 
     def _hook(self, name: str, *args) -> None:
         self.calls.append(name)
+        self.call_args.append(args)
         if name in self.fail:
             self.fail[name](*args)
 
@@ -117,13 +119,9 @@ class FakeK8s:
         self._hook("read_log", namespace, pod)
         return self.logs.get(pod, ("", True))
 
-    def read_configmap_bytes(self, namespace, name):
-        self._hook("read_configmap_bytes", namespace, name)
-        cm = self.objects.get(("ConfigMap", namespace, name))
-        if cm is None:
-            return None
-        import base64
-        return {k: base64.b64decode(v) for k, v in (cm.get("binaryData") or {}).items()}
+    def read_configmap(self, namespace, name):
+        self._hook("read_configmap", namespace, name)
+        return copy.deepcopy(self.objects.get(("ConfigMap", namespace, name)))
 
     # ---- runs
     def add_run(self, run):

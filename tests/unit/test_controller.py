@@ -34,6 +34,16 @@ def make_run(name="demo", uid="uid-1", **spec):
             "spec": {"language": "python", "code": "print(6*7)", **spec}}
 
 
+def by_alice(api, run):
+    """The run as the API server stamps it for alice, who may use every policy named in these tests."""
+    run["metadata"]["annotations"] = {**(run["metadata"].get("annotations") or {}),
+                                      "coderun.io/created-by": "alice", "coderun.io/created-by-groups": "team-users"}
+    ref = run["spec"].get("policyRef")
+    if ref:
+        api.grants.add(("team-users", "use", "coderunpolicies", NS, ref))
+    return run
+
+
 def submit(env, run):
     api, _, ctl = env
     ctl.on_run(api.add_run(run), deleted=False)
@@ -125,6 +135,7 @@ def test_quota_refusal_fails_the_run_with_the_api_servers_message(env):
     api.fail["create_or_get"] = refuse_pods
     run = submit(env, make_run())
     assert run["status"]["reason"] == "StartFailed" and "exceeded quota" in run["status"]["message"]
+    assert run["status"]["policy"] == "builtin-default" and run["status"]["decision"]["policy"] == "builtin-default"
 
 
 
@@ -545,3 +556,184 @@ def test_messages_and_events_leave_with_control_characters_escaped(env):
     warning = [e for e in api.events if e[1] == "NonZeroExit"]
     assert warning and "\x1b" not in warning[0][2] and "\r" not in warning[0][2]
     assert run["status"]["error"]["message"].startswith("x\x1b]0;")  # the data itself is kept as it was
+
+
+
+# ------------------------------------------------------------------ issue 17: what the operator records and keeps
+def test_a_refusal_by_policy_names_the_policy_and_its_digest(env):
+    from coderun.api.coderunpolicy import spec_digest
+    _, _, ctl = env
+    builtin = submit(env, make_run("cobol", "uid-2", language="cobol"))["status"]  # no CodeRunPolicy here yet
+    assert (builtin["policy"], builtin["policyDigest"]) == ("builtin-default", "builtin")
+    strict = policy_object("strict", admission="Record", defaults={"memory": "64Mi"}, maximums={"memory": "128Mi"})
+    ctl.on_policy(strict, deleted=False)
+    status = submit(env, by_alice(env[0], make_run(policyRef="strict", limits={"memory": "512Mi"})))["status"]
+    assert (status["phase"], status["reason"], status["policyRule"]) == ("Rejected", "PolicyDenied", "maximums.memory")
+    assert (status["policy"], status["policyDigest"]) == ("strict", spec_digest(strict["spec"]))
+
+
+def test_a_ttl_above_the_policys_maximum_is_refused_naming_the_field(env):
+    _, _, ctl = env
+    ctl.on_policy(policy_object(maxTtlSecondsAfterFinished=600), deleted=False)
+    status = submit(env, make_run(ttlSecondsAfterFinished=601))["status"]
+    assert (status["reason"], status["policyRule"]) == ("PolicyDenied", "maxTtlSecondsAfterFinished")
+    assert "spec.ttlSecondsAfterFinished=601 is above the maximum 600" in status["message"]
+    assert submit(env, make_run("ok", "uid-2", ttlSecondsAfterFinished=600))["status"]["phase"] == "Pending"
+
+
+def test_the_policys_ttl_decides_when_a_run_without_its_own_is_deleted(env):
+    api, clock, ctl = env
+    ctl.on_policy(policy_object(ttlSecondsAfterFinished=5), deleted=False)
+    submit(env, make_run())
+    terminate(env)
+    clock.now += timedelta(seconds=4)
+    ctl.tick()
+    assert api.run(NS, "demo") is not None
+    clock.now += timedelta(seconds=2)
+    ctl.tick()
+    assert api.run(NS, "demo") is None
+
+
+def test_a_refused_run_asking_a_long_ttl_is_not_kept_longer_than_the_maximum(env):
+    api, clock, ctl = env
+    submit(env, make_run(ttlSecondsAfterFinished=30 * 86400))  # the built-in maximum is 7 days
+    clock.now += timedelta(days=7, seconds=1)
+    ctl.tick()
+    assert api.run(NS, "demo") is None
+
+
+def test_a_finished_run_is_kept_slim_and_the_cache_reads_its_source_whole(env):
+    api, _, ctl = env
+    submit(env, make_run(cache={"enabled": True}))
+    log, termination = frame_log(stdout="x" * 100_000)
+    ctl.on_run(copy.deepcopy(terminate(env, log=log, termination=termination)), deleted=False)
+    held = ctl.store.run("uid-1")
+    assert held["status"]["phase"] == "Succeeded" and held["status"]["cacheKey"]
+    assert "stdout" not in held["status"] and "code" not in held["spec"] and len(json.dumps(held)) < 1024
+    gets = api.calls.count("get_run")
+    second = submit(env, make_run(name="again", uid="uid-2", cache={"enabled": True}))
+    assert second["status"]["cachedFrom"] == "demo" and second["status"]["stdout"] == "x" * 65536
+    assert api.calls.count("get_run") - gets == 1
+
+
+@pytest.mark.parametrize("other,outcome", [
+    ({"redactionPatterns": ["tok-[0-9]+"]}, {"stdout": "tok-12345\n"}),            # answered unredacted
+    ({"egress": [{"cidr": "10.0.0.5/32"}]}, {"stdout": "NETWORK reachable\n"}),   # no-egress got egress's
+    ({"maxProcesses": 8}, {"stdout": "20 processes ran\n"}),                      # capped got uncapped's
+    ({"maxInodes": 64}, {"reason": "DiskLimitExceeded", "exitCode": None,           # a limit outcome of others
+                         "limit": {"kind": "inodes", "observed": 65, "limit": 64}}),
+])
+def test_the_cache_never_crosses_policies(env, other, outcome):
+    api, _, ctl = env
+    ctl.on_policy(policy_object("plain"), deleted=False)
+    ctl.on_policy(policy_object("other", **other), deleted=False)
+    submit(env, by_alice(env[0], make_run(policyRef="plain", cache={"enabled": True})))
+    log, termination = frame_log(**outcome)
+    assert terminate(env, log=log, termination=termination)["status"]["cacheKey"]
+    status = submit(env, by_alice(env[0], make_run("again", "uid-2", policyRef="other", cache={"enabled": True})))["status"]
+    assert "cachedFrom" not in status and ("Pod", NS, "again-sandbox") in api.objects
+    assert status["policy"] == "other"
+    same = submit(env, by_alice(env[0], make_run("same", "uid-3", policyRef="plain", cache={"enabled": True})))["status"]
+    assert same["cachedFrom"] == "demo" and same["reason"] == outcome.get("reason", "Completed")  # it was reusable
+
+
+def run_with_artifact(env):
+    """A finished, cacheable run with one artifact; returns its artifacts ConfigMap key."""
+    import base64
+    content = b"genuine"
+    artifact = {"name": "out.txt", "size": len(content), "sha256": hashlib.sha256(content).hexdigest(),
+                "contentBase64": base64.b64encode(content).decode()}
+    submit(env, make_run(cache={"enabled": True}))
+    log, termination = frame_log(artifacts=[artifact])
+    status = terminate(env, log=log, termination=termination)["status"]
+    return ("ConfigMap", NS, status["artifacts"][0]["configMap"])
+
+
+@pytest.mark.parametrize("forge", ["squatter", "forged-owner-other-bytes"])
+def test_the_cache_never_serves_a_forged_artifacts_configmap(env, forge):
+    import base64
+    api, _, _ = env
+    key = run_with_artifact(env)
+    genuine = api.objects[key]
+    forged = {"kind": "ConfigMap", "metadata": {"name": key[2], "namespace": NS, "resourceVersion": "1"},
+              "binaryData": {k: base64.b64encode(b"forged!").decode() for k in genuine["binaryData"]}}
+    if forge == "forged-owner-other-bytes":
+        forged["metadata"]["ownerReferences"] = genuine["metadata"]["ownerReferences"]
+    api.objects[key] = forged
+    status = submit(env, make_run("again", "uid-2", cache={"enabled": True}))["status"]
+    assert "cachedFrom" not in status and ("Pod", NS, "again-sandbox") in api.objects  # runs for real
+
+
+def test_a_genuine_artifacts_configmap_is_copied_on_a_cache_hit(env):
+    api, _, _ = env
+    key = run_with_artifact(env)
+    status = submit(env, make_run("again", "uid-2", cache={"enabled": True}))["status"]
+    assert status["cachedFrom"] == "demo" and status["artifacts"][0]["configMap"] != key[2]
+    assert api.objects[("ConfigMap", NS, status["artifacts"][0]["configMap"])]["binaryData"] == \
+        api.objects[key]["binaryData"]
+
+
+def test_a_pod_under_the_runs_pod_name_that_is_not_its_own_is_never_collected(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    squatter = pod_of(api)  # the run's pod deleted, another created under its name before the watch said so
+    squatter["metadata"]["ownerReferences"] = []
+    api.objects[("Pod", NS, "demo-sandbox")] = squatter
+    ctl.tick()
+    assert api.run(NS, "demo")["status"]["reason"] == "PodDeleted"
+
+
+def test_a_queue_of_30_drains_with_a_bounded_number_of_status_writes(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    names = [f"q-{i:02d}" for i in range(30)]
+    for i, name in enumerate(names):
+        submit(env, make_run(name, f"uid-{i}"))
+    reconciled = []
+    original = ctl.reconcile
+    ctl.reconcile = lambda uid, **kw: (reconciled.append(uid), original(uid, **kw))
+    writes = api.calls.count("patch_run_status")
+    ctl.tick()
+    assert api.calls.count("patch_run_status") == writes and reconciled == ["uid-0"]  # only the one with a pod
+    for name in names:
+        terminate(env, name)
+        ctl.tick()
+    statuses = [api.run(NS, name)["status"] for name in names]
+    assert all(s["phase"] == "Succeeded" for s in statuses)
+    per_run = {}
+    for call, args in zip(api.calls, api.call_args):
+        if call == "patch_run_status":
+            per_run[args[1]] = per_run.get(args[1], 0) + 1
+    assert max(per_run.values()) <= 3 and sum(per_run.values()) <= 3 * 30, per_run  # Queued, PodCreated, final
+
+
+def test_a_queued_run_starts_when_a_running_one_is_deleted(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)
+    first = submit(env, make_run("first", "uid-1"))
+    assert submit(env, make_run("second", "uid-2"))["status"]["reason"] == "Queued"
+    ctl.on_run(first, deleted=True)
+    del api.objects[("CodeRun", NS, "first")]
+    assert api.run(NS, "second")["status"]["reason"] == "PodCreated"
+
+
+def test_runs_deleted_before_their_expiry_leave_no_schedule_behind():
+    from coderun.controlplane.controller.store import Store
+    store = Store()
+    for i in range(500):
+        store.expire_at(T0 + timedelta(days=7), f"uid-{i}")
+    for i in range(500):
+        store.forget_run(f"uid-{i}")
+    assert len(store._expiries) <= 64  # the heap holds what is still scheduled, not every run ever finished
+
+
+def test_a_queued_run_starts_once_an_older_run_it_counted_turns_out_to_need_no_slot(env):
+    api, _, ctl = env
+    ctl.on_policy(policy_object("capped", maxConcurrentRuns=1), deleted=False)
+    ctl.on_policy(policy_object("supervised", approval={"required": "Always"}), deleted=False)
+    older = api.add_run(by_alice(env[0], make_run("older", "uid-1", policyRef="supervised")))
+    ctl.store.put_run(older)  # delivered, not looked at yet (a burst's events arrive in any order)
+    assert submit(env, by_alice(env[0], make_run("younger", "uid-2", policyRef="capped")))["status"]["reason"] == "Queued"
+    ctl.reconcile("uid-1")
+    assert api.run(NS, "older")["status"]["reason"] == "AwaitingApproval"
+    assert api.run(NS, "younger")["status"]["reason"] == "PodCreated"  # at once, not at the next full pass

@@ -1,8 +1,11 @@
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from coderun.api.models import CodeRunSpec
+from coderun.controlplane.policy import DEFAULT_POLICY
+from coderun.controlplane.results.lifecycle import expiry_time, ttl_seconds
 from coderun.controlplane.results.frame import RunnerFrame
 from coderun.controlplane.results.redact import Redactor
 from coderun.controlplane.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
@@ -131,3 +134,23 @@ def test_a_secret_across_the_cut_of_an_error_or_a_name_is_redacted_whole_then_cu
     error, [artifact] = result.fields["error"], result.fields["artifacts"]
     assert "ghp_" not in error["message"] + artifact["name"] and "a1B2" not in error["message"] + artifact["name"]
     assert len(error["message"]) == 4096 and len(artifact["name"]) == 1024 and result.fields["redactions"] == 2
+
+
+# ------------------------------------------------------------------ lifecycle: when a finished run is deleted
+SHORT = replace(DEFAULT_POLICY, name="short", ttl_seconds_after_finished=5, max_ttl_seconds_after_finished=600)
+
+
+@pytest.mark.parametrize("spec,status,seconds", [
+    ({"ttlSecondsAfterFinished": 60}, {}, 60),                                    # the run's own
+    ({"ttlSecondsAfterFinished": 86400}, {}, 600),                                # never beyond the policy's maximum
+    ({}, {"decision": {"ttlSecondsAfterFinished": 7}}, 7),                        # the deciding policy's, recorded
+    ({}, {}, 5),                                                                  # refused before a decision
+    ({"policyRef": "gone"}, {}, 3600),                                            # no such policy: the built-in
+    ({"ttlSecondsAfterFinished": "soon"}, {}, 5),                                 # garbage is ignored
+])
+def test_the_ttl_of_a_finished_run(spec, status, seconds):
+    run = {"metadata": {}, "spec": {"policyRef": "short", **spec},
+           "status": {"completionTime": "2026-11-22T10:00:00Z", **status}}
+    assert ttl_seconds(run, {"short": SHORT}) == seconds
+    assert expiry_time(run, {"short": SHORT}) == datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc) + \
+        timedelta(seconds=seconds)

@@ -102,14 +102,18 @@ class CodeRunPolicySpec(ApiModel):
     egress: list[EgressRule] | None = Field(None, max_length=64, description=(
         "Destinations runs may reach. None by default: a sandbox reaches no network at all."))
     max_concurrent_runs: int | None = Field(None, ge=1, le=10000, description=(
-        "Runs of this policy with a sandbox at once in the namespace; the rest wait as Pending/Queued and "
-        "start in creation order."))
+        "Runs of this policy with a sandbox at once in the namespace, counted per policy (runs of the "
+        "namespace's other policies count against their own caps); the rest wait as Pending/Queued and start "
+        "in creation order."))
     approval: Approval | None = None
     admission: str = Field(ADMISSION_ENFORCE, pattern=r"^(Enforce|Record)$", description=(
         "Enforce: the validating webhook refuses a denied run at kubectl apply. Record: the run is created and "
         "ends Rejected in its status. Either way the operator records the denial."))
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
-        "Default time a finished run is kept."))
+        "Default time a finished run is kept (spec.ttlSecondsAfterFinished of a run overrides it)."))
+    max_ttl_seconds_after_finished: int = Field(7 * 86400, ge=0, le=30 * 86400, description=(
+        "The longest spec.ttlSecondsAfterFinished a run may ask for (default 604800, 7 days); a run asking "
+        "more is refused naming this field. Finished runs are kept whole by the API server for that long."))
     allow_unsandboxed_runtime: bool = Field(False, description=(
         "Allow runtimeClassName runc: generated code then runs on the host kernel. For trusted code only."))
     warm_pool: WarmPool | None = None

@@ -17,6 +17,9 @@ class Policy:
     maximums: ResourceLimits
     digest: str = "builtin"
     ttl_seconds_after_finished: int = 3600
+    # The longest spec.ttlSecondsAfterFinished a run may ask for: every finished run is kept in the API server
+    # (and, slimmed, in the operator's memory) this long at most.
+    max_ttl_seconds_after_finished: int = 7 * 86400
     # How long a pod may wait to be scheduled or to start before the run fails instead of pending forever.
     start_deadline_seconds: int = 300
     artifact_max_files: int = 16
@@ -73,10 +76,13 @@ def decision_from_record(record: DecisionRecord) -> Decision:
 
 @dataclass(frozen=True)
 class Denial:
-    """A refused run. `rule` names the policy rule, `message` says what to change."""
+    """A refused run. `rule` names the policy rule, `message` says what to change; `policy` and `policy_digest`
+    name the policy that said no, when one did (an audit must tell which version of which policy refused)."""
     reason: str
     rule: str
     message: str
+    policy: str | None = None
+    policy_digest: str | None = None
 
 
 SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
@@ -107,7 +113,9 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | N
         name=name, runtimes={r.language: r for r in spec.runtimes} if spec.runtimes else dict(DEFAULT_POLICY.runtimes),
         defaults=merged_limits(DEFAULT_POLICY.defaults, spec.defaults),
         maximums=merged_limits(DEFAULT_POLICY.maximums, spec.maximums), digest=spec_digest(raw),
-        ttl_seconds_after_finished=DEFAULT_POLICY.ttl_seconds_after_finished if ttl is None else ttl,
+        ttl_seconds_after_finished=min(DEFAULT_POLICY.ttl_seconds_after_finished,
+                                       spec.max_ttl_seconds_after_finished) if ttl is None else ttl,
+        max_ttl_seconds_after_finished=spec.max_ttl_seconds_after_finished,
         redaction_patterns=tuple(spec.redaction_patterns or ()),
         max_processes=spec.max_processes or DEFAULT_POLICY.max_processes,
         max_inodes=spec.max_inodes or DEFAULT_POLICY.max_inodes,

@@ -10,7 +10,6 @@ the caller can check who owns it instead of assuming it is its own.
 """
 from __future__ import annotations
 
-import base64
 import functools
 import json
 import time
@@ -229,12 +228,10 @@ def read_log(namespace: str, pod: str, container: str, limit_bytes: int) -> tupl
     return raw[:limit_bytes].decode("utf-8", "replace"), len(raw) <= limit_bytes
 
 
-def read_configmap_bytes(namespace: str, name: str) -> dict[str, bytes] | None:
-    """binaryData of a ConfigMap, decoded; None when it is gone."""
+def read_configmap(namespace: str, name: str) -> dict[str, Any] | None:
+    """A ConfigMap as the API server holds it (binaryData base64-encoded); None when it is gone."""
     cm = _call(f"ConfigMap {name}", _core().read_namespaced_config_map, name, namespace, missing_ok=True)
-    if cm is None:
-        return None
-    return {key: base64.b64decode(value) for key, value in (cm.binary_data or {}).items()}
+    return None if cm is None else _plain(cm)
 
 
 # ------------------------------------------------------------------------------------------ runs

@@ -19,10 +19,11 @@ from ..builders.names import MANAGER
 from ..policy import Decision, Denial, decision_from_record, evaluate, needs_use_permission, select_policy
 from ..policy.approval import approval_verdict, shown_identity
 from ..policy.evaluate import use_denial
-from ..results.cache import cache_key, image_digest, pick_reusable, reused_outcome
-from ..results.status import Outcome, accepted_status, created_at, millis_between, rfc3339, waiting_status
+from ..results.cache import cache_key, image_digest, is_same_source, pick_reusable, reused_outcome
+from ..results.status import (Outcome, accepted_status, created_at, decision_fields, millis_between,
+                              refusal_fields, rfc3339, waiting_status)
 from . import core, warm
-from .collection import ArtifactsConflict, copy_artifacts
+from .collection import ArtifactsConflict, copy_artifacts, redactor
 from .identity import creator_may_use
 
 
@@ -60,13 +61,13 @@ def admit(ctl: core.Controller, run: Mapping[str, Any]) -> None:
     ctl.ensure_policies_listed()
     spec, decision = decide(run, ctl.store.policies(meta["namespace"]), creator_may_use(ctl.api, ctl.identity, run))
     if isinstance(decision, Denial):
-        ctl.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, {"policyRule": decision.rule}))
+        ctl.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message, refusal_fields(decision)))
         return
     if decision.policy.approval_required() and not _approved(ctl, run, decision):
         return
     digest = image_digest(decision.runtime.image, _node_images(ctl))
     key = cache_key(spec, decision, digest)
-    if spec.cache and spec.cache.enabled and key and _answer_from_cache(ctl, run, spec, key):
+    if spec.cache and spec.cache.enabled and key and _answer_from_cache(ctl, run, spec, decision, digest, key):
         return
     if decision.policy.max_concurrent_runs is None:
         _start(ctl, run, spec, decision, key)
@@ -123,7 +124,7 @@ def _slot_free(ctl: core.Controller, run: Mapping[str, Any], decision: Decision)
         return True
     _wait(ctl, run, decision, Reason.QUEUED,
           f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
-          f"this one starts when a slot frees ({ahead} ahead of it)")
+          "this one starts when a slot frees, in creation order")  # no position: it would be a write per finish
     return False
 
 
@@ -157,10 +158,10 @@ def _start(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, deci
                 break
     except ctl.api.Refused as refused:
         ctl.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or "
-                                "admission policy must allow the sandbox"))
+                                "admission policy must allow the sandbox", decision_fields(decision)))
         return
     if conflict:
-        ctl.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict))
+        ctl.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
         return
     now = ctl.now()
     status = accepted_status(run, decision, pod["metadata"]["name"], decision.runtime.image, code_hash(spec), now)
@@ -231,20 +232,25 @@ def _node_images(ctl: core.Controller) -> list[Mapping[str, Any]]:
     return images + [{"names": [tag, f"{tag.rsplit(':', 1)[0]}@{digest}"]} for tag, digest in ctl.seen_digests.items()]
 
 
-def _answer_from_cache(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, key: str) -> bool:
-    """A finished run with the same inputs within the TTL answers this one: no pod at all."""
+def _answer_from_cache(ctl: core.Controller, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+                       digest: str, key: str) -> bool:
+    """A finished run with the same inputs and decision within the TTL answers this one: no pod at all. The
+    store keeps finished runs slim, so the one picked is read whole from the API server (one GET)."""
     meta, now = run["metadata"], ctl.now()
     candidates = (r for r in ctl.store.finished_in(meta["namespace"], key) if r["metadata"]["uid"] != meta["uid"])
-    source = pick_reusable(candidates, key, spec.cache.ttl_seconds, now)
-    if source is None:
+    picked = pick_reusable(candidates, key, spec.cache.ttl_seconds, now)
+    if picked is None:
         return False
+    source = ctl.api.get_run(meta["namespace"], picked["metadata"]["name"])
+    if not is_same_source(source, picked, key):
+        return False  # gone or replaced since: run for real
     try:
         artifacts = copy_artifacts(ctl, run, source)
     except ArtifactsConflict:
         return False  # run for real; collection then reports the conflict with the program's own result
     if artifacts is None:
-        return False  # the earlier run's artifacts are gone: run again rather than answer half
-    outcome = reused_outcome(source, spec, artifacts, now)
+        return False  # the earlier run's artifacts are gone or not genuine: run again rather than answer wrong
+    outcome = reused_outcome(source, spec, decision, digest, artifacts, redactor(decision.policy), now)
     outcome.fields["cacheKey"] = key
     if ctl.finish(run, outcome) is not None:
         core.metrics.CACHE_HITS.labels(core.metrics.language_label(spec.language)).inc()

@@ -22,6 +22,7 @@ from ..results.pod_state import (container_status, eviction, image_with_digest, 
 from ..results.redact import Redactor
 from ..results.status import (Outcome, outcome_from_frame, outcome_without_frame, parse_time, running_status)
 from . import core, warm
+from .store import owner_uid
 
 # Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
@@ -35,6 +36,8 @@ def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any]
         pod = None  # a warm pod given up for a cold start: not this run's pod any more
     if pod is None and not pod_deleted:
         pod = ctl.api.get_pod(ns, status["podName"])  # not in the store (yet): ask before calling it gone
+        if pod is not None and owner_uid(pod) != meta["uid"]:
+            pod = None  # a pod under its name that is not this run's: this run's pod is gone
         if pod is not None:
             ctl.store.put_pod(pod)
     if pod is None:
@@ -187,11 +190,35 @@ class ArtifactsConflict(Exception):
 
 
 def copy_artifacts(ctl: core.Controller, run: Mapping[str, Any], source: Mapping[str, Any]) -> list[dict] | None:
-    """This run's own copy of the earlier run's artifacts, so deleting either run keeps the other whole."""
+    """This run's own copy of the earlier run's artifacts, so deleting either run keeps the other whole. None
+    when they cannot be copied as the earlier run recorded them: gone, or a ConfigMap under their name that is
+    not the earlier run's or does not hold the bytes its status vouches for (sha256 of each)."""
     listed = source["status"].get("artifacts") or []
     if not listed:
         return []
-    contents = ctl.api.read_configmap_bytes(source["metadata"]["namespace"], listed[0]["configMap"])
-    if contents is None or any(a["key"] not in contents for a in listed):
+    configmap = ctl.api.read_configmap(source["metadata"]["namespace"], listed[0]["configMap"])
+    contents = genuine_artifacts(configmap, source["metadata"]["uid"], listed)
+    if contents is None:
         return None
-    return save_artifacts(ctl, run, {a["key"]: contents[a["key"]] for a in listed}, listed)
+    return save_artifacts(ctl, run, contents, listed)
+
+
+def genuine_artifacts(configmap: Mapping[str, Any] | None, owner_uid: str,
+                      listed: list[Mapping[str, Any]]) -> dict[str, bytes] | None:
+    """The listed artifacts' bytes, if the ConfigMap is controlled by `owner_uid` and holds each one with the
+    size and sha256 recorded; else None (anyone who may create ConfigMaps can squat the name or forge an owner
+    reference, but not the content)."""
+    if configmap is None or not any(o.get("uid") == owner_uid and o.get("controller")
+                                    for o in configmap["metadata"].get("ownerReferences") or ()):
+        return None
+    stored, contents = configmap.get("binaryData") or {}, {}
+    for artifact in listed:
+        try:
+            content = base64.b64decode(stored.get(artifact["key"]) or "", validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        if artifact["key"] not in stored or len(content) != artifact["size"] or \
+                hashlib.sha256(content).hexdigest() != artifact["sha256"]:
+            return None
+        contents[artifact["key"]] = content
+    return contents

@@ -19,8 +19,9 @@ from typing import Any, Callable, Mapping
 
 from .. import k8s as real_k8s
 from .. import metrics
+from coderun.api.identity import APPROVED_BY
 from coderun.api.models import CodeRunStatus
-from coderun.api.reasons import Phase, Reason
+from coderun.api.reasons import Phase, Reason, StartMode
 from coderun.api.text import one_line
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
@@ -32,6 +33,9 @@ log = logging.getLogger("coderun")
 
 MAX_FAILURES = 3
 EXPIRY_RETRY_SECONDS = 30
+# Every this many ticks (a minute at the default 5 s) the tick looks at every unfinished run, the level pass
+# behind missed watch events; the other ticks only at runs with work due (see `_due`).
+FULL_PASS_TICKS = 12
 
 
 def to_wire(status: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,6 +59,8 @@ class Controller:
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
         self._failures: dict[str, int] = {}
+        self._retrying: set[str] = set()  # runs whose last step met a transient API failure
+        self._ticks = 0
         # image (as the policy names it) -> sha256 digest the kubelet last reported for it on a sandbox pod
         self.seen_digests: dict[str, str] = {}
         self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -78,8 +84,12 @@ class Controller:
             with self._locks_guard:
                 self._locks.pop(uid, None)
             self._failures.pop(uid, None)
+            self._retrying.discard(uid)
             self.cold_only.discard(uid)
             self.accepted_elsewhere.discard(uid)
+            if not is_terminal(run):  # a run deleted with its sandbox frees a slot
+                self._freed.add(run["metadata"]["namespace"])
+                self._start_queued()
             return
         self.store.put_run(run)
         self.reconcile(uid)
@@ -157,13 +167,30 @@ class Controller:
             return self._namespace_locks[namespace]
 
     def tick(self) -> None:
-        """Level-based pass (every few seconds): deadlines of unfinished runs, retries, due expiries."""
+        """Every few seconds: runs with work due (a clock to watch, a retry), due expiries; and now and then
+        every unfinished run. Queued and approval-waiting runs move on events (a finish, an annotation), so
+        a long queue costs no writes and no reconciles per tick."""
+        self._ticks += 1
+        full_pass = self._ticks % FULL_PASS_TICKS == 0
         for uid in self.store.unfinished():
-            self.reconcile(uid)
+            run = self.store.run(uid)
+            if run is not None and (full_pass or self._due(uid, run)):
+                self.reconcile(uid)
         for uid in self.store.due_expiries(self.now()):
             run = self.store.run(uid)
             if run is not None:
                 self._guarded(uid, run, lambda: self._expire(run))
+
+    def _due(self, uid: str, run: Mapping[str, Any]) -> bool:
+        """Work the clock brings: a retry, an admission not done yet, a pod that must start within its deadline,
+        a warm pod's input or Running status (warm.py times both), an approval given but not yet believed (its
+        admission policy is checked again once the check's cache expires; no event says it was repaired)."""
+        status = run.get("status") or {}
+        return (uid in self._failures or uid in self._retrying or not status.get("phase")
+                or (status.get("phase") == Phase.PENDING and bool(status.get("podName")))
+                or status.get("startMode") == StartMode.WARM
+                or (status.get("reason") == Reason.AWAITING_APPROVAL
+                    and APPROVED_BY in (run["metadata"].get("annotations") or {})))
 
     def _note_digest(self, pod: Mapping[str, Any]) -> None:
         for container in (pod.get("status") or {}).get("containerStatuses") or ():
@@ -189,12 +216,19 @@ class Controller:
                 return
             waiting = [r for r in self.store.unfinished_in(namespace)
                        if (r.get("status") or {}).get("reason") == Reason.QUEUED]
+            full: set[str] = set()  # policies whose oldest waiting run found no slot: the younger ones wait too
             for run in sorted(waiting, key=lambda r: (r["metadata"].get("creationTimestamp") or "",
                                                        r["metadata"]["name"])):
+                policy = run["status"].get("policy")
+                if policy in full:
+                    continue
                 with self._lock(run["metadata"]["uid"]):
                     current = self.store.run(run["metadata"]["uid"])
                     if current is not None and not is_terminal(current):
                         self._guarded(run["metadata"]["uid"], current, lambda: self._reconcile(current, False))
+                    after = self.store.run(run["metadata"]["uid"])
+                    if after is not None and (after.get("status") or {}).get("reason") == Reason.QUEUED:
+                        full.add(policy)
 
     def _lock(self, uid: str) -> threading.Lock:
         with self._locks_guard:
@@ -205,7 +239,9 @@ class Controller:
         try:
             step()
             self._failures.pop(uid, None)
+            self._retrying.discard(uid)
         except real_k8s.Transient as e:
+            self._retrying.add(uid)
             log.warning("run %s/%s: %s; will retry", meta.get("namespace"), meta.get("name"), e)
         except Exception as e:  # noqa: BLE001 - never let one run stop the others, never loop silently
             failures = self._failures[uid] = self._failures.get(uid, 0) + 1
@@ -235,6 +271,10 @@ class Controller:
             return
         if not (run.get("status") or {}).get("podName"):
             admission.admit(self, run)
+            if not (run.get("status") or {}).get("phase"):
+                # Until looked at, it counted as ahead of every queued run of its namespace; now it does only if
+                # it took a slot, so queued runs may start (e.g. it waits for approval instead).
+                self._freed.add(run["metadata"]["namespace"])
         else:
             collection.advance(self, run, self.store.pod(uid), pod_event_deleted)
 
@@ -279,7 +319,7 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
     def _schedule_expiry(self, run: Mapping[str, Any]) -> None:
-        when = expiry_time(run)
+        when = expiry_time(run, self.store.policies(run["metadata"]["namespace"]))
         if when is not None:
             self.store.expire_at(when, run["metadata"]["uid"])
 

@@ -3,6 +3,10 @@
 Fed by kopf's watch events and by the answers to our own writes, so decisions never wait for the API
 server and the idle cost does not grow with the number of finished runs: nothing is listed or polled.
 A watch event older than what we already hold (a lagging stream, our own write seen first) is ignored.
+
+A finished run is kept as a slim projection (identity, outcome, what the expiry and the cache look up), never
+whole: a run holds up to ~1 MiB of code, output and artifacts list, finished runs stay for their TTL, and a
+restarted leader is handed all of them at once. The cache reads the one run it answers from by name.
 """
 from __future__ import annotations
 
@@ -33,6 +37,24 @@ def is_terminal(run: Mapping[str, Any]) -> bool:
     return (run.get("status") or {}).get("phase") in TERMINAL_PHASES
 
 
+_KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "generation")
+_KEPT_SPEC = ("policyRef", "ttlSecondsAfterFinished")  # the expiry's
+_KEPT_STATUS = ("phase", "reason", "completionTime", "podName", "cacheKey", "cachedFrom")  # the cache's, the pod's
+
+
+def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
+    """What the controller needs of a finished run: identity, outcome, its pod's name, the cache's fields and
+    the TTL its expiry is computed from, in fresh dicts, so nothing keeps the whole object alive."""
+    meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
+    pick = lambda mapping, keys: {k: mapping[k] for k in keys if k in mapping}  # noqa: E731
+    projected = {"metadata": pick(meta, _KEPT_METADATA), "spec": pick(spec, _KEPT_SPEC),
+                 "status": pick(status, _KEPT_STATUS)}
+    ttl = (status.get("decision") or {}).get("ttlSecondsAfterFinished")
+    if ttl is not None:
+        projected["status"]["decision"] = {"ttlSecondsAfterFinished": ttl}  # only this, never a whole record
+    return projected
+
+
 class Store:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -55,13 +77,13 @@ class Store:
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
-        """Keep the newer of what we hold and `run`; returns what we hold now."""
+        """Keep the newer of what we hold and `run` (a finished run as its projection); returns what we hold."""
         uid = run["metadata"]["uid"]
         with self._lock:
             held = self._runs.get(uid)
             if held is not None and (resource_version(held) or 0) > (resource_version(run) or 0):
                 return held
-            self._runs[uid] = dict(run)
+            self._runs[uid] = finished_projection(run) if is_terminal(run) else dict(run)
             return self._runs[uid]
 
     def forget_run(self, uid: str) -> None:
@@ -69,6 +91,11 @@ class Store:
             self._runs.pop(uid, None)
             self._pods.pop(uid, None)
             self._scheduled.discard(uid)
+            if len(self._expiries) > 2 * len(self._scheduled) + 64:
+                # Mostly runs deleted before their time (by their owners): drop their entries, so the heap
+                # stays the size of what is still scheduled.
+                self._expiries = [entry for entry in self._expiries if entry[1] in self._scheduled]
+                heapq.heapify(self._expiries)
 
     def run(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
@@ -88,7 +115,8 @@ class Store:
             return sum(1 for run in self._runs.values() if not is_terminal(run))
 
     def finished_in(self, namespace: str, cache_key: str) -> Iterator[dict[str, Any]]:
-        """Finished runs of a namespace with this cache key (the cache answers from memory, not a list call)."""
+        """Finished runs of a namespace with this cache key, as projections: the cache picks from memory (no list
+        call) and reads only the one it answers from."""
         with self._lock:
             found = [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
                      and (r.get("status") or {}).get("cacheKey") == cache_key and is_terminal(r)]

@@ -1,6 +1,7 @@
 """evaluate(spec, policy) -> Decision | Denial, with messages that say what to change."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 from kubernetes.utils import parse_quantity
@@ -32,6 +33,14 @@ def first_above(asked: ResourceLimits, maximums: ResourceLimits) -> tuple[str, o
 
 
 def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
+    """The policy's verdict; a refusal names the policy and its digest, like an admission does."""
+    verdict = _verdict(spec, policy)
+    if isinstance(verdict, Denial):
+        return replace(verdict, policy=policy.name, policy_digest=policy.digest)
+    return verdict
+
+
+def _verdict(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
     runtime = policy.runtimes.get(spec.language)
     if runtime is None:
         offered = ", ".join(sorted(policy.runtimes)) or "none"
@@ -50,6 +59,12 @@ def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
         return Denial(Reason.POLICY_DENIED, f"maximums.{wire}",
                       f"spec.limits.{wire}={value} is above the maximum {maximum} of policy "
                       f"{policy.name!r}; ask for at most {maximum}")
+    ttl = spec.ttl_seconds_after_finished
+    if ttl is not None and ttl > policy.max_ttl_seconds_after_finished:
+        return Denial(Reason.POLICY_DENIED, "maxTtlSecondsAfterFinished",
+                      f"spec.ttlSecondsAfterFinished={ttl} is above the maximum {policy.max_ttl_seconds_after_finished}"
+                      f" of policy {policy.name!r} (maxTtlSecondsAfterFinished); ask for at most "
+                      f"{policy.max_ttl_seconds_after_finished}")
     denial = check_code(spec.language, spec.code, policy.code_rules, policy.name)
     if denial:
         return denial

@@ -45,6 +45,10 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
                             f"{policy.defaults.cpu}; lower cpuRequest or raise the default")
     if policy.warm_pool_size and policy.egress:  # CEL refuses it at apply; a policy from elsewhere may not be
         raise InvalidPolicy("spec.warmPool: a warm pool cannot serve a policy with egress; remove one of them")
+    if policy.ttl_seconds_after_finished > policy.max_ttl_seconds_after_finished:
+        raise InvalidPolicy(f"spec.ttlSecondsAfterFinished={policy.ttl_seconds_after_finished} is above "
+                            f"spec.maxTtlSecondsAfterFinished={policy.max_ttl_seconds_after_finished}; lower the "
+                            "first or raise the second")
     above = first_above(policy.defaults, policy.maximums)
     if above:
         wire, value, maximum = above

@@ -1,9 +1,17 @@
 """The result cache, pure: which earlier run has the same inputs and a result worth reusing.
 
-The key covers everything that decides what the program does and sees: language, the image by digest (a tag
-can be rebuilt; a result of the old image must not answer for the new one), command, code, stdin, files and
-the effective limits. Without a known digest there is no key, and the run simply runs. Runs are looked up in the same namespace only, so a
+The key covers everything that decides what the program does and sees and what the status shows of it: the
+inputs (code, stdin, files), the image by digest (a tag can be rebuilt; a result of the old image must not
+answer for the new one) and the whole recorded decision: the policy and its digest, runtime, limits, egress,
+redaction patterns, process and inode limits. So a run of a redacting policy is never answered by a plain one,
+a run without egress never by one that had network, a run capped at 8 processes never by one allowed 128; and
+limit outcomes (DiskLimitExceeded, OOMKilled, ...) are reused only under exactly the same limits. Without a
+known digest there is no key, and the run simply runs. Runs are looked up in the same namespace only, so a
 cached result never crosses a tenancy boundary.
+
+What is reused is the program's own outcome only (its output, exit, error, artifacts); what decided the run
+(policy, digest, decision, limits, runtime class, image) is always this run's own, and the output is redacted
+again with this run's redactor.
 """
 from __future__ import annotations
 
@@ -13,18 +21,18 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping
 
 from coderun.api.models import CodeRunSpec
-from coderun.api.reasons import INFRASTRUCTURE_REASONS, Phase
+from coderun.api.reasons import Phase
 from ..builders import code_hash
 from ..policy import Decision
-from .status import Outcome, parse_time
+from .redact import Redactor
+from .status import (PROGRAM_REASONS, Outcome, decision_fields, head_bytes, parse_time, redacted_error,
+                     redacted_names, redacted_validation)
 from .validate import validate_output
 
 CACHE_LABEL = "coderun.io/cache-key"
-# Result fields copied from the earlier run; timings of the program itself come along, the rest is ours.
-_COPIED = ("exitCode", "signal", "stdout", "stderr", "stdoutBytes", "stderrBytes", "stdoutTruncated",
-           "stderrTruncated", "stdoutSha256", "stderrSha256", "redactions", "error", "artifactsSkipped",
-           "artifactsSkippedUnlisted", "image",
-           "runtimeClass", "policy", "effectiveLimits", "codeHash")
+# The program's own result, copied from the earlier run (its text is redacted again below).
+_PROGRAM_FIELDS = ("exitCode", "signal", "stdoutBytes", "stderrBytes", "stdoutTruncated", "stderrTruncated",
+                   "stdoutSha256", "stderrSha256", "artifactsSkippedUnlisted")
 
 
 def image_digest(image: str, node_images: Iterable[Mapping[str, Any]] = ()) -> str | None:
@@ -44,8 +52,8 @@ def image_digest(image: str, node_images: Iterable[Mapping[str, Any]] = ()) -> s
 def cache_key(spec: CodeRunSpec, decision: Decision, digest: str | None) -> str | None:
     if not digest:
         return None
-    payload = {"inputs": code_hash(spec), "image": digest, "command": decision.runtime.command,
-               "codeFile": decision.runtime.code_file, "limits": decision.limits.model_dump()}
+    payload = {"inputs": code_hash(spec), "image": digest,
+               "decision": decision.record().model_dump(mode="json", by_alias=True, exclude_none=True)}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
@@ -54,14 +62,15 @@ def label_value(key: str) -> str:
 
 
 def is_reusable(status: Mapping[str, Any]) -> bool:
-    """Programs' own outcomes are reusable; platform failures and refusals never are."""
+    """Only the program's own outcomes are reusable (never a platform failure, a refusal or a copy); the limit
+    outcomes among them only because the key holds the limits exactly."""
     return (status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED)
-            and status.get("reason") not in INFRASTRUCTURE_REASONS and not status.get("cachedFrom"))
+            and status.get("reason") in PROGRAM_REASONS and not status.get("cachedFrom"))
 
 
 def pick_reusable(runs: Iterable[Mapping[str, Any]], key: str, ttl_seconds: int,
                   now: datetime) -> Mapping[str, Any] | None:
-    """The most recent finished run with this key, finished within the TTL."""
+    """The most recent finished run with this key, finished within the TTL (from the store's projections)."""
     best, best_time = None, None
     for run in runs:
         status = run.get("status") or {}
@@ -75,19 +84,56 @@ def pick_reusable(runs: Iterable[Mapping[str, Any]], key: str, ttl_seconds: int,
     return best
 
 
-def reused_outcome(source: Mapping[str, Any], spec: CodeRunSpec, artifacts: list[dict], now: datetime) -> Outcome:
-    """The earlier run's result as this run's outcome; validation is redone against this run's expect."""
-    status = source["status"]
-    fields = {k: status[k] for k in _COPIED if k in status}
-    fields["artifacts"] = artifacts
+def is_same_source(fetched: Mapping[str, Any] | None, picked: Mapping[str, Any], key: str) -> bool:
+    """The run fetched by name is the one picked (not a new run that took its name) and still answers `key`."""
+    if fetched is None or fetched["metadata"].get("uid") != picked["metadata"]["uid"]:
+        return False
+    status = fetched.get("status") or {}
+    return status.get("cacheKey") == key and is_reusable(status) and parse_time(status.get("completionTime")) \
+        is not None
+
+
+class _Again:
+    """Redaction of text redacted once already: only what it newly removes counts (the built-in patterns
+    match their own [REDACTED:...] marks again, leaving the text as it was)."""
+
+    def __init__(self, redactor: Redactor):
+        self._redactor = redactor
+
+    def redact(self, text: str) -> tuple[str, int]:
+        clean, n = self._redactor.redact(text)
+        return clean, (n if clean != text else 0)
+
+
+def reused_outcome(source: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, digest: str,
+                   artifacts: list[dict], redactor: Redactor, now: datetime) -> Outcome:
+    """The earlier run's program outcome as this run's: its text redacted again with this run's redactor,
+    validation redone against this run's expect, and everything that decided the run this run's own."""
+    status, again = source["status"], _Again(redactor)
+    fields = {k: status[k] for k in _PROGRAM_FIELDS if k in status}
+    limit = decision.limits.output_bytes
+    redactions = status.get("redactions") or 0
+    for stream in ("stdout", "stderr"):
+        if stream in status:
+            text, n = again.redact(status[stream] or "")
+            fields[stream], cut = head_bytes(text, limit)
+            fields[f"{stream}Truncated"] = bool(status.get(f"{stream}Truncated")) or cut
+            redactions += n
+    fields["error"], n_error = redacted_error(status.get("error"), again)
+    fields["artifacts"], n_artifacts = redacted_names(artifacts, again)
+    fields["artifactsSkipped"], n_skipped = redacted_names(status.get("artifactsSkipped") or [], again)
+    fields["redactions"] = redactions + n_error + n_artifacts + n_skipped
     metrics = status.get("metrics") or {}
     fields["metrics"] = {k: metrics[k] for k in ("wallMillis", "cpuMillis", "maxRSSBytes") if k in metrics}
     fields["cachedFrom"] = source["metadata"]["name"]
-    validation = validate_output(spec.expect, status.get("exitCode"), status.get("stdout") or "",
-                                 bool(status.get("stdoutTruncated")))  # stdout here is already redacted
+    validation = validate_output(spec.expect, status.get("exitCode"), fields.get("stdout") or "",
+                                 bool(fields.get("stdoutTruncated")))  # stdout here is already redacted
     if validation is not None:
-        fields["validation"] = validation.model_dump()
+        fields["validation"] = redacted_validation(validation, redactor)
+    fields.update(decision_fields(decision), image=f"{decision.runtime.image.split('@')[0]}@{digest}",
+                  codeHash=code_hash(spec))
     age = round((now - parse_time(status["completionTime"])).total_seconds())
-    message = f"{status.get('message', '')} (result reused from {source['metadata']['name']}, " \
-              f"which ran the same inputs {age}s ago)".lstrip()
-    return Outcome(status["phase"], status["reason"], message, fields)
+    said = again.redact(status.get("message") or "")[0]
+    message = f"{said} (result reused from {source['metadata']['name']}, which ran the same inputs {age}s ago)"
+    return Outcome(status["phase"], status["reason"], message.lstrip(), {k: v for k, v in fields.items()
+                                                                        if v is not None})

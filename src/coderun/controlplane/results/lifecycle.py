@@ -8,13 +8,28 @@ from ..policy import DEFAULT_POLICY, Denial, select_policy
 from .status import parse_time
 
 
-def expiry_time(run: Mapping[str, Any]) -> datetime | None:
+def ttl_seconds(run: Mapping[str, Any], policies: Mapping[str, Any]) -> int:
+    """The run's own TTL, within its policy's maxTtlSecondsAfterFinished (a run refused for asking more is not
+    kept longer either); else the default of the policy that decided it, as recorded at admission; else (a run
+    refused before any decision) that of the policy it selects now."""
     status, spec = run.get("status") or {}, run.get("spec") or {}
-    finished = parse_time(status.get("completionTime"))
+    policy_ref = spec.get("policyRef")
+    policy = select_policy(policy_ref if isinstance(policy_ref, str) else None, policies)
+    policy = DEFAULT_POLICY if isinstance(policy, Denial) else policy
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if _is_ttl(ttl):
+        return min(ttl, policy.max_ttl_seconds_after_finished)
+    recorded = (status.get("decision") or {}).get("ttlSecondsAfterFinished")
+    return recorded if _is_ttl(recorded) else policy.ttl_seconds_after_finished
+
+
+def expiry_time(run: Mapping[str, Any], policies: Mapping[str, Any]) -> datetime | None:
+    """`policies`: the run's namespace's CodeRunPolicies by name."""
+    finished = parse_time((run.get("status") or {}).get("completionTime"))
     if finished is None:
         return None
-    ttl = spec.get("ttlSecondsAfterFinished")
-    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
-        policy = select_policy(spec.get("policyRef") if isinstance(spec.get("policyRef"), str) else None, {})
-        ttl = (DEFAULT_POLICY if isinstance(policy, Denial) else policy).ttl_seconds_after_finished
-    return finished + timedelta(seconds=ttl)
+    return finished + timedelta(seconds=ttl_seconds(run, policies))
+
+
+def _is_ttl(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

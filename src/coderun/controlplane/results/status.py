@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from coderun.api.models import CodeRunSpec, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
 from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
-from ..policy import Decision
+from ..policy import Decision, Denial
 from .frame import RunnerFrame
 from .redact import Redactor
 from .validate import validate_output
@@ -100,6 +100,14 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
             "decision": decision.record().model_dump(by_alias=True, exclude_none=True)}
 
 
+def refusal_fields(denial: Denial) -> dict[str, Any]:
+    """A refusal as the status records it: the rule and, when a policy said no, which version of which."""
+    fields = {"policyRule": denial.rule}
+    if denial.policy is not None:
+        fields.update(policy=denial.policy, policyDigest=denial.policy_digest)
+    return fields
+
+
 def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
                    now: datetime) -> dict[str, Any]:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
@@ -165,8 +173,8 @@ _LIMIT_MESSAGES = {
     "termination-log": "the program wrote to /dev/termination-log, which belongs to the sandbox runner, and was "
                        "stopped",
 }
-# The runner's reasons that are the program's own outcome, as they are.
-_PROGRAM_REASONS = {Reason.COMPLETED, Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OOM_KILLED,
+# The runner's reasons that are the program's own outcome, as they are (the only ones the result cache reuses).
+PROGRAM_REASONS = {Reason.COMPLETED, Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reason.OOM_KILLED,
                     Reason.OUTPUT_LIMIT_EXCEEDED, Reason.SIGNALED, Reason.DISK_LIMIT_EXCEEDED,
                     Reason.PROCESS_LIMIT_EXCEEDED, Reason.SANDBOX_VIOLATION}
 
@@ -225,26 +233,16 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
     stderr, n_err = redactor.redact(frame.stderr)
     stdout, cut_out = head_bytes(stdout, limit)
     stderr, cut_err = head_bytes(stderr, limit)
-    redactions = n_out + n_err
-    error = None
-    if frame.error is not None:
-        type_, n_type = redactor.redact(frame.error.type)
-        message, n_message = redactor.redact(frame.error.message)
-        redactions += n_type + n_message
-        error = {"type": cap(type_, MAX_ERROR_TYPE_CHARS), "message": cap(message, MAX_ERROR_MESSAGE_CHARS),
-                 "line": frame.error.line}
-    named = []
-    for entry in [*artifacts, *skipped]:
-        name, n = redactor.redact(entry["name"])
-        redactions += n
-        named.append({**entry, "name": cap(name, MAX_NAME_CHARS)})
-    artifacts, skipped = named[:len(artifacts)], named[len(artifacts):]
+    error, n_error = redacted_error(frame.error.model_dump() if frame.error else None, redactor)
+    artifacts, n_artifacts = redacted_names(artifacts, redactor)
+    skipped, n_skipped = redacted_names(skipped, redactor)
+    redactions = n_out + n_err + n_error + n_artifacts + n_skipped
     reason = frame.reason
     if container_oom or frame.oomKilled:
         reason = Reason.OOM_KILLED
     if reason == Reason.COMPLETED:
         phase = Phase.SUCCEEDED
-    elif reason in _PROGRAM_REASONS:
+    elif reason in PROGRAM_REASONS:
         phase = Phase.FAILED
     elif reason == "InvalidInput":
         phase, reason = Phase.FAILED, Reason.INVALID_SPEC
@@ -270,6 +268,26 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
     if validation is not None:
         fields["validation"] = redacted_validation(validation, redactor)
     return Outcome(phase, reason, message, {k: v for k, v in fields.items() if v is not None})
+
+
+def redacted_error(error: Mapping[str, Any] | None, redactor: Redactor) -> tuple[dict[str, Any] | None, int]:
+    """The program's error (type, message, line) redacted and capped; how many secrets went."""
+    if error is None:
+        return None, 0
+    type_, n_type = redactor.redact(error["type"])
+    message, n_message = redactor.redact(error["message"])
+    return {"type": cap(type_, MAX_ERROR_TYPE_CHARS), "message": cap(message, MAX_ERROR_MESSAGE_CHARS),
+            "line": error.get("line")}, n_type + n_message
+
+
+def redacted_names(entries: list[Mapping[str, Any]], redactor: Redactor) -> tuple[list[dict[str, Any]], int]:
+    """Artifact entries with their program-chosen names redacted and capped; how many secrets went."""
+    named, total = [], 0
+    for entry in entries:
+        name, n = redactor.redact(entry["name"])
+        total += n
+        named.append({**entry, "name": cap(name, MAX_NAME_CHARS)})
+    return named, total
 
 
 def redacted_validation(validation: Validation, redactor: Redactor) -> dict[str, Any]:
