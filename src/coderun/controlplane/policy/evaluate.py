@@ -49,7 +49,8 @@ def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
         return Denial(Reason.POLICY_DENIED, f"maximums.{wire}",
                       f"spec.limits.{wire}={value} is above the maximum {maximum} of policy "
                       f"{policy.name!r}; ask for at most {maximum}")
-    denial = check_code(spec.language, spec.code, policy.code_rules, policy.name)
+    compiled = policy.compiled_patterns.denied if policy.compiled_patterns else None
+    denial = check_code(spec.language, spec.code, policy.code_rules, policy.name, compiled)
     if denial:
         return denial
     return Decision(policy=policy, runtime=runtime, limits=effective)
