@@ -200,7 +200,7 @@ def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
     node = operator.node_ip()
     listeners = Listeners(node)
     try:
-        apply_policy(operator, namespace, "egress", {"egress": [
+        apply_policy(operator, namespace, "egress", {"allowClusterEgress": True, "egress": [  # the node is the cluster's
             {"cidr": f"{node}/32", "ports": [{"port": listeners.port(0)}]}, {"cidr": "2001:db8::/32"}]})
         code = EGRESS_PROBE.format(node=node, allowed=listeners.port(0), other=listeners.port(1))
         run = operator.wait_run(namespace, operator.create_run(namespace, {
