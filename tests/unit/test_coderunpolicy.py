@@ -58,7 +58,8 @@ def test_selection_prefers_the_named_policy_then_the_namespace_default_then_the_
     assert select_policy(None, {"named": named, "default": default}) is default
     assert select_policy(None, {"named": named}) is DEFAULT_POLICY
     missing = select_policy("other", {"named": named})
-    assert isinstance(missing, Denial) and "known: named" in missing.message
+    assert isinstance(missing, Denial) and "'other' does not exist" in missing.message
+    assert "named" not in missing.message  # never the names of the namespace's other policies
     broken = select_policy("named", {"named": InvalidPolicyMark("spec.x: bad")})
     assert isinstance(broken, Denial) and "spec.x: bad" in broken.message
 

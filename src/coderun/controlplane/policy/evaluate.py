@@ -64,11 +64,10 @@ def select_policy(policy_ref: str | None, known: Mapping[str, Policy | InvalidPo
     found = known.get(name)
     if found is None and name in (NAMESPACE_DEFAULT_POLICY, DEFAULT_POLICY.name):
         return DEFAULT_POLICY
-    if found is None:
-        names = ", ".join(sorted(known)) or "none besides the built-in baseline"
+    if found is None:  # never the other policies' names: a message may reach whoever asked (issue 17)
         return Denial(Reason.POLICY_DENIED, "policyRef",
-                      f"policy {policy_ref!r} does not exist in this namespace (known: {names}); fix "
-                      f"spec.policyRef or remove it to use the namespace's default")
+                      f"policy {policy_ref!r} does not exist in this namespace (`kubectl get coderunpolicies` "
+                      "lists the ones there); fix spec.policyRef or remove it to use the namespace's default")
     if isinstance(found, InvalidPolicyMark):
         return Denial(Reason.POLICY_DENIED, "policyRef",
                       f"policy {name!r} is invalid and cannot be applied: {found.message}; fix the CodeRunPolicy")
