@@ -4,6 +4,7 @@ import asyncio
 import base64
 import datetime
 import ssl
+import threading
 import urllib.parse
 
 import pytest
@@ -13,7 +14,7 @@ from coderun.controlplane import webhook_server
 from coderun.controlplane.webhook_server import (MAX_REVIEW_BYTES, BoundedWebhookServer, ServingCertificate,
                                                  bundle_from_secret, ensure_bundle, issue, needs_renewal,
                                                  service_names, sync_ca_bundle, write_files)
-from fake_k8s import Conflict, FakeK8s
+from fake_k8s import Conflict, FakeK8s, Refused
 
 NOW = datetime.datetime(2026, 11, 23, tzinfo=datetime.timezone.utc)
 HOSTS = service_names("coderun-webhook.coderun-system.svc")
@@ -94,6 +95,9 @@ def test_a_deleted_secret_is_recreated_and_the_ca_bundle_follows(tmp_path):
     server = certificate.server()
     assert server.certfile == server.pkeyfile == str(tmp_path / "tls.pem")
     served = (tmp_path / "ca.crt").read_bytes()
+    stop = threading.Event()
+    stop.set()  # one pass, then return
+    certificate.keep_fresh(stop)
     hooks = api.objects[("ValidatingWebhookConfiguration", "", "coderun")]["webhooks"]
     assert hooks[0]["clientConfig"]["caBundle"] == base64.b64encode(served).decode()
     del api.objects[("Secret", "ns", "tls")]
@@ -101,6 +105,23 @@ def test_a_deleted_secret_is_recreated_and_the_ca_bundle_follows(tmp_path):
     rotated = (tmp_path / "ca.crt").read_bytes()
     assert rotated != served and bundle_from_secret(api.objects[("Secret", "ns", "tls")]).ca == rotated
     assert hooks[0]["clientConfig"]["caBundle"] == base64.b64encode(rotated).decode()
+
+
+def test_a_refused_ca_bundle_patch_neither_stops_the_start_nor_the_loop(tmp_path):
+    api = FakeK8s()
+
+    def forbidden(name):
+        raise Refused(f"ValidatingWebhookConfiguration {name}: 403 forbidden", 403)
+
+    api.fail["read_webhook_configuration"] = forbidden
+    env = {"CODERUN_WEBHOOK_PORT": "0", "CODERUN_WEBHOOK_HOST": HOSTS[0], "CODERUN_WEBHOOK_SECRET": "tls",
+           "POD_NAMESPACE": "ns", "CODERUN_WEBHOOK_CONFIGURATION": "coderun", "CODERUN_WEBHOOK_TLS_DIR": str(tmp_path)}
+    certificate = ServingCertificate(env, api, now=lambda: NOW)
+    assert certificate.server().certfile == str(tmp_path / "tls.pem")
+    stop = threading.Event()
+    stop.set()
+    certificate.keep_fresh(stop)  # logged, not raised
+    assert api.calls.count("read_webhook_configuration") == 1
 
 
 def test_host_mode_makes_its_own_certificate_and_files_mode_uses_the_files(tmp_path):

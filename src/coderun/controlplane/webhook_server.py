@@ -232,19 +232,23 @@ class ServingCertificate:
                 sync_ca_bundle(self.api, self.configuration, ca.read())
 
     def keep_fresh(self, stop: threading.Event) -> None:
-        while not stop.wait(REFRESH_SECONDS):
+        """A refresh at once (the caBundle of a fresh install), then every REFRESH_SECONDS until `stop`."""
+        while True:
             try:
                 self.refresh()
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one pass (API away, a bad file)
                 log.warning("webhook certificate refresh: %s: %s", type(e).__name__, str(e)[:300])
+            if stop.wait(REFRESH_SECONDS):
+                return
 
     def _from_secret(self) -> tuple[str, str]:
         bundle = ensure_bundle(self.api, self.namespace, self.secret, service_names(self.host), self.now())
         return write_files(bundle, self.directory)
 
     def server(self) -> BoundedWebhookServer:
+        # The caBundle follows in keep_fresh, at once: an API refusal there is logged and retried, and never keeps
+        # the operator from starting.
         certfile, keyfile, self.cafile = self.files()
-        self._sync_ca_bundle()
         return BoundedWebhookServer(addr=self.env.get("CODERUN_WEBHOOK_ADDR", self.host),
                                     port=int(self.env["CODERUN_WEBHOOK_PORT"]), host=self.host, certfile=certfile,
                                     pkeyfile=keyfile, cafile=self.cafile, file_check_interval=FILE_CHECK_SECONDS)
