@@ -58,6 +58,8 @@ def test_compiled_patterns_go_when_the_policy_changes_or_is_deleted():
     ctl = Controller()
     ctl.on_policy(policy_object(redactionPatterns=[r"ACME-\d{6}"]), deleted=False)
     first = weakref.ref(ctl.store.policies("ns")["p"].compiled_patterns)
+    ctl.on_policy(policy_object(redactionPatterns=[r"ACME-\d{6}"]), deleted=False)  # same uid and digest
+    assert ctl.store.policies("ns")["p"].compiled_patterns is first()  # kept, not compiled again
     ctl.on_policy(policy_object(redactionPatterns=[r"ACME-\d{7}"]), deleted=False)  # changed: new digest
     gc.collect()
     assert first() is None
