@@ -37,8 +37,14 @@ install() {
       meta.helm.sh/release-namespace="$NAMESPACE" >/dev/null
   done
   "$KUBECTL" delete validatingwebhookconfiguration validate.coderun.io --ignore-not-found >/dev/null
+  # The local cluster's ranges (cluster.sh): kept off the webhook port and refused as sandbox egress unless a
+  # policy sets allowClusterEgress.
+  local node_ip
+  node_ip=$("$KUBECTL" get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
   "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" \
-    --set image.digest="$digest" --wait --timeout 180s "$@" >/dev/null
+    --set image.digest="$digest" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
+    --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
+    --wait --timeout 180s "$@" >/dev/null
   local leader
   for _ in $(seq 300); do  # the Lease's holder, once it has labelled its pod (what the webhook Service needs)
     leader=$("$KUBECTL" -n "$NAMESPACE" get lease coderun-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)

@@ -1,5 +1,6 @@
 """coderun installed with its Helm chart on the real cluster, the way users install it: the operator image, two
-replicas with one leading, a CodeRun and the webhook through the in-cluster operator, `helm upgrade` with runs
+replicas with one leading, a CodeRun and the webhook through the in-cluster operator, the webhook's own
+certificate and its rotation, a sandbox with pod-network egress kept off the operator, `helm upgrade` with runs
 in flight, the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
 
 The rest of the e2e suite runs the operator as a host process (`make up-host`, the code under test without an
@@ -147,6 +148,122 @@ def test_the_in_cluster_webhook_refuses_what_an_enforcing_policy_denies(chart, n
     with pytest.raises(ApiException) as malformed:
         chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", bad)
     assert "redactionPatterns" in malformed.value.body
+
+
+ENFORCING = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+             "spec": {"codeRules": {"deniedPythonImports": ["socket"]}, "admission": "Enforce"}}
+DENIED_RUN = """apiVersion: coderun.io/v1alpha1
+kind: CodeRun
+metadata: {generateName: denied-}
+spec: {language: python, code: "import socket\\n"}
+"""
+
+
+def refused_by_kubectl(cluster, namespace: str, timeout: float) -> str:
+    """kubectl create of a run the namespace's enforcing policy denies, until the webhook refuses it (the leader
+    may not have seen the policy, or be serving a new certificate, yet); returns kubectl's message."""
+    try:
+        cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies",
+                                                       ENFORCING)
+    except ApiException as e:
+        assert e.status == 409, e.body  # made by an earlier call
+
+    def refused():
+        result = cluster.kubectl("create", "-n", namespace, "-f", "-", "-o", "name", input=DENIED_RUN, check=False)
+        if result.returncode == 0:  # got through (failurePolicy Ignore): not refused yet
+            cluster.kubectl("delete", "-n", namespace, result.stdout.strip(), "--wait=false", check=False)
+            return None
+        return result.stderr
+    message = wait_for(refused, timeout, "kubectl create of a denied run to be refused by the webhook", interval=1)
+    assert "imports 'socket'" in message, message
+    return message
+
+
+def webhook_certificate(cluster) -> tuple[dict | None, set[str]]:
+    """The operator's Secret (or None) and the caBundles of the chart's ValidatingWebhookConfiguration, both as
+    the API server serves them (base64 strings)."""
+    found = cluster.kubectl("get", "secret", "coderun-webhook-tls", "-n", NAMESPACE, "-o", "json", check=False)
+    assert found.returncode == 0 or "NotFound" in found.stderr, found.stderr
+    secret = json.loads(found.stdout) if found.returncode == 0 else None
+    config = json.loads(cluster.kubectl("get", "validatingwebhookconfiguration", RELEASE, "-o", "json").stdout)
+    return secret, {h["clientConfig"].get("caBundle") for h in config["webhooks"]}
+
+
+def test_the_operator_makes_its_webhook_certificate_and_picks_up_a_rotation(chart, namespace):
+    def matched():
+        secret, bundles = webhook_certificate(chart)
+        return secret is not None and bundles == {secret["data"]["ca.crt"]} and secret
+    secret = wait_for(matched, 60, "the operator's Secret and a caBundle equal to its ca.crt")
+    assert secret["type"] == "kubernetes.io/tls", secret["type"]
+    assert secret["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "coderun"  # the operator's, not Helm's
+    refused_by_kubectl(chart, namespace, 30)
+    # Rotation: the Secret deleted, the leader issues a new CA and certificate, serves it without a restart and
+    # points the caBundle at it; the webhook keeps refusing.
+    restarts = {p.metadata.name: sum(c.restart_count for c in p.status.container_statuses) for p in operator_pods(chart)}
+    chart.core.delete_namespaced_secret("coderun-webhook-tls", NAMESPACE)
+
+    def rotated():
+        fresh, bundles = webhook_certificate(chart)
+        return fresh is not None and fresh["data"]["ca.crt"] != secret["data"]["ca.crt"] and \
+            bundles == {fresh["data"]["ca.crt"]} and fresh
+    wait_for(rotated, 90, "a new Secret and the caBundle following it (the refresh runs every 30 s)")
+    refused_by_kubectl(chart, namespace, 30)  # kopf reloads the files within 5 s
+    assert {p.metadata.name: sum(c.restart_count for c in p.status.container_statuses)
+            for p in operator_pods(chart)} == restarts, "an operator restarted to serve the new certificate"
+
+
+SNOOP = """
+import json, socket, ssl, urllib.request
+def tcp(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return "open"
+    except OSError as e:
+        return type(e).__name__
+def fetch(url, body=None):
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        request = urllib.request.Request(url, data=body, headers={{"Content-Type": "application/json"}})
+        with urllib.request.urlopen(request, timeout=3, context=context) as reply:
+            return "answered-" + str(reply.status)
+    except Exception as e:
+        return type(getattr(e, "reason", e)).__name__
+review = json.dumps({{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{
+    "uid": "1", "kind": {{"group": "coderun.io", "version": "v1alpha1", "kind": "CodeRun"}},
+    "resource": {{"group": "coderun.io", "version": "v1alpha1", "resource": "coderuns"}}, "operation": "CREATE",
+    "namespace": "kube-system", "object": {{"metadata": {{"name": "x", "namespace": "kube-system"}},
+    "spec": {{"language": "python", "code": "import socket", "policyRef": "guess"}}}}}}}}).encode()
+print(tcp("{server}", 8080), fetch("https://{leader}:9443/validate-run", review),
+      fetch("http://{leader}:9108/metrics"), tcp("{leader}", 8081))
+"""
+
+
+def test_a_sandbox_with_pod_network_egress_cannot_reach_the_operator(chart, namespace):
+    """Issue 17: a policy that explicitly allows the pod network still gives its sandboxes no way to the
+    operator's webhook (hand-made AdmissionReviews), metrics or health ports; the API server's calls still work."""
+    serve = ["sh", "-c", "echo ok > /tmp/index.html; exec httpd -f -p 8080 -h /tmp"]
+    chart.create_pod(namespace, "server", serve, runtime_class=None, labels={"role": "server"})
+    server = chart.pod_ip(namespace, "server")
+    wait_for(lambda: chart.pod_phase(namespace, "server") == "Running", 60, "the control server running")
+    leader = leader_pod(chart).status.pod_ip
+    policy = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "podnet"},
+              "spec": {"allowClusterEgress": True, "egress": [{"cidr": "10.88.0.0/16"}]}}
+    chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", policy)
+    code = SNOOP.format(server=server, leader=leader)
+
+    def snooped():
+        name = chart.create_run(namespace, {"language": "python", "code": code, "policyRef": "podnet",
+                                            "limits": {"timeoutSeconds": 30}})
+        status = chart.wait_run(namespace, name, timeout=120)["status"]
+        return status.get("policy") == "podnet" and status  # else the leader had not seen the policy yet
+    status = wait_for(snooped, 180, "a run of the podnet policy", interval=1)
+    assert status["phase"] == "Succeeded", status
+    control, review, metrics, health = status["stdout"].split()
+    assert control == "open", status  # the sandbox does reach the pod network
+    blocked = {"TimeoutError", "ConnectionRefusedError"}  # dropped (3 s) or refused, never an answer
+    assert {review, metrics, health} <= blocked, status
+    refused_by_kubectl(chart, namespace, 30)  # the API server still reaches the webhook
 
 
 def test_helm_upgrade_with_runs_in_flight_loses_none(chart, namespace):

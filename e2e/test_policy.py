@@ -144,6 +144,22 @@ def test_kubectl_apply_refuses_a_malformed_policy_naming_the_field(operator, nam
     assert result.returncode != 0 and "maxConcurrentRuns" in result.stderr and "cidr" in result.stderr, result.stderr
 
 
+def test_kubectl_apply_refuses_a_costly_pattern_and_cluster_egress_naming_the_field(operator, namespace):
+    """Issue 17: a policy's author cannot make the operator compile a huge regex, nor grant a sandbox the
+    cluster's own addresses without saying so."""
+    def apply(spec: str):
+        return operator.kubectl("apply", "-n", namespace, "-f", "-", check=False, input=(
+            f"apiVersion: coderun.io/v1alpha1\nkind: CodeRunPolicy\nmetadata: {{name: costly}}\nspec: {spec}\n"))
+    result = apply(r"{redactionPatterns: ['ok', '\pL{300}']}")
+    assert result.returncode != 0 and "spec.redactionPatterns[1]" in result.stderr and "too large" in result.stderr, \
+        result.stderr
+    result = apply("{egress: [{cidr: 169.254.169.254/32}]}")
+    assert result.returncode != 0 and "spec.egress[0].cidr" in result.stderr and "allowClusterEgress" in result.stderr, \
+        result.stderr
+    result = apply("{allowClusterEgress: true, egress: [{cidr: 169.254.169.254/32}]}")
+    assert result.returncode == 0, result.stderr
+
+
 def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(operator, namespace):
     apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3})
     names = [f"q-{i:02d}" for i in range(20)]
@@ -269,7 +285,7 @@ def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
     node = operator.node_ip()
     listeners = Listeners(node)
     try:
-        apply_policy(operator, namespace, "egress", {"egress": [
+        apply_policy(operator, namespace, "egress", {"allowClusterEgress": True, "egress": [  # the node is the cluster's
             {"cidr": f"{node}/32", "ports": [{"port": listeners.port(0)}]}, {"cidr": "2001:db8::/32"}]})
         code = EGRESS_PROBE.format(node=node, allowed=listeners.port(0), other=listeners.port(1))
         run = operator.wait_run(namespace, operator.create_run(namespace, {

@@ -11,12 +11,13 @@ import itertools
 from typing import Any, Callable
 
 from coderun.api.identity import admission_policies
-from coderun.controlplane.k8s import Refused, Transient
+from coderun.controlplane.k8s import Conflict, Refused, Transient
 
-__all__ = ["FakeK8s", "Refused", "Transient"]
+__all__ = ["Conflict", "FakeK8s", "Refused", "Transient"]
 
 
 class FakeK8s:
+    Conflict = Conflict
     Refused = Refused
     Transient = Transient
 
@@ -188,6 +189,30 @@ class FakeK8s:
     def post_event(self, obj, type_, reason, message):
         self._hook("post_event", obj, type_, reason, message)
         self.events.append((type_, reason, message))
+
+    # ---- webhook TLS
+    def read_secret(self, namespace, name):
+        self._hook("read_secret", namespace, name)
+        return copy.deepcopy(self.objects.get(("Secret", namespace, name)))
+
+    def write_secret(self, namespace, name, secret, resource_version):
+        self._hook("write_secret", namespace, name)
+        held = self.objects.get(("Secret", namespace, name))
+        if (held or {}).get("metadata", {}).get("resourceVersion") != resource_version:
+            raise Conflict(f"Secret {name}: 409")
+        body = copy.deepcopy(secret)
+        body["metadata"] = {**body.get("metadata", {}), "name": name, "namespace": namespace}
+        self.objects[("Secret", namespace, name)] = self._stamp(body)
+
+    def read_webhook_configuration(self, name):
+        self._hook("read_webhook_configuration", name)
+        return copy.deepcopy(self.objects.get(("ValidatingWebhookConfiguration", "", name)))
+
+    def set_webhook_ca_bundle(self, name, webhook_names, ca_bundle):
+        self._hook("set_webhook_ca_bundle", name)
+        for hook in self.objects[("ValidatingWebhookConfiguration", "", name)]["webhooks"]:
+            if hook["name"] in webhook_names:
+                hook.setdefault("clientConfig", {})["caBundle"] = ca_bundle
 
 
 class _FakeAttached:

@@ -2,7 +2,7 @@
 hardening of what it renders, RBAC that is exactly what the code calls, a values schema that refuses typos."""
 from __future__ import annotations
 
-import base64
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -65,7 +65,7 @@ def test_the_operator_deployment_is_hardened(helm):
     assert {p["name"] for p in container["ports"]} == {"health", "metrics", "webhook"}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["CODERUN_LEADER_ELECTION"] == "true" and env["CODERUN_WEBHOOK_MANAGED"] == "false"
-    assert {"/tmp", "/etc/coderun/webhook"} == {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/tmp"} == {m["mountPath"] for m in container["volumeMounts"]}  # the webhook's certificate: at runtime
 
 
 def test_an_image_digest_wins_over_the_tag(helm):
@@ -91,14 +91,17 @@ _RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/l
               "validating_admission_policy": ("admissionregistration.k8s.io", "validatingadmissionpolicies"),
               "validating_admission_policy_binding": ("admissionregistration.k8s.io",
                                                       "validatingadmissionpolicybindings"),
-              "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews")}
+              "subject_access_review": ("authorization.k8s.io", "subjectaccessreviews"),
+              "namespaced_secret": ("", "secrets"),
+              "validating_webhook_configuration": ("admissionregistration.k8s.io", "validatingwebhookconfigurations")}
 # What kopf's watches need, and the ownerReference's blockOwnerDeletion (templates/rbac.yaml says why).
 _KOPF_AND_OWNERS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} | {
     (group, resource, v) for group, resource in [("coderun.io", "coderuns"), ("coderun.io", "coderunpolicies"),
                                                 ("", "pods")] for v in ("list", "watch")} | {
     ("coderun.io", "coderuns/finalizers", "update")}
 # Granted only in the operator's own namespace (a Role): the leader election.
-_OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {("", "pods", "patch")}
+_OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {("", "pods", "patch")} | {
+    ("", "secrets", v) for v in ("get", "create", "update")}
 
 
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
@@ -118,16 +121,26 @@ def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
 
 def test_rbac_grants_exactly_what_the_code_calls(helm):
     objects = template(helm)
-    cluster_role, = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "coderun"]
-    role, = by_kind(objects, "Role")
+    # The operator's own roles (the chart's approver ClusterRole is for people, bound by the platform team).
+    cluster_rules = [r for role in by_kind(objects, "ClusterRole") if not role["metadata"]["name"].endswith("-approver")
+                     for r in role["rules"]]
+    namespace_rules = [r for role in by_kind(objects, "Role") for r in role["rules"]]
     needed = _calls_in_k8s_py()
     assert {("", "pods", "create"), ("coderun.io", "coderuns/status", "patch"), ("", "pods/attach", "create")} <= needed
-    granted = _granted(cluster_role["rules"]) | _granted(role["rules"])
+    granted = _granted(cluster_rules) | _granted(namespace_rules)
     assert granted == needed | _KOPF_AND_OWNERS, (
         f"missing: {sorted(needed | _KOPF_AND_OWNERS - granted)}; unused: {sorted(granted - needed - _KOPF_AND_OWNERS)}")
-    assert _granted(role["rules"]) == _OWN_NAMESPACE  # cluster-wide, the operator cannot write leases
-    assert not any("secrets" in rule["resources"] or "*" in rule["verbs"] + rule["resources"]
-                   for rule in cluster_role["rules"] + role["rules"])
+    assert _granted(namespace_rules) == _OWN_NAMESPACE  # cluster-wide, the operator cannot write leases
+    assert not any("*" in rule["verbs"] + rule["resources"] for rule in cluster_rules + namespace_rules)
+    assert not any("secrets" in rule["resources"] for rule in cluster_rules)
+    # Secrets and the webhook configuration only by name, apart from create (which has no name to check).
+    for rule in cluster_rules + namespace_rules:
+        if {"secrets", "validatingwebhookconfigurations"} & set(rule["resources"]) and rule["verbs"] != ["create"]:
+            assert rule["resourceNames"] in (["coderun-webhook-tls"], ["coderun"]), rule
+    cert_manager = template(helm, "--set", "webhook.certManager.enabled=true")
+    assert not any({"secrets", "validatingwebhookconfigurations"} & set(r["resources"])
+                   for role in by_kind(cert_manager, "ClusterRole") + by_kind(cert_manager, "Role")
+                   for r in role["rules"])
 
 
 @pytest.mark.parametrize("typo, says", [
@@ -160,23 +173,25 @@ def test_the_chart_crds_match_the_models():
     assert (CHART / crd.CHART_TEMPLATE).read_text() == crd.render_chart(), "run `make crds` and commit the chart"
 
 
-def test_the_webhook_trusts_the_certificate_the_operator_serves(helm):
-    from cryptography import x509
+def test_the_webhook_is_rendered_the_same_every_time_with_no_private_key(helm):
+    for values in ([], ["--set", "webhook.certManager.enabled=true"], ["--set", "webhook.existingSecret=mine"]):
+        first, second = (template(helm, *values, check=False) for _ in range(2))
+        assert first.returncode == 0 and first.stdout == second.stdout, values
+        assert "PRIVATE KEY" not in first.stdout and "caBundle:" not in first.stdout, values
     objects = template(helm)
-    secret, = by_kind(objects, "Secret")
+    assert not by_kind(objects, "Secret")
     config, = by_kind(objects, "ValidatingWebhookConfiguration")
     handlers = (REPO / "src" / "coderun" / "controlplane" / "handlers.py").read_text()
     for hook in config["webhooks"]:
-        assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
         path = hook["clientConfig"]["service"]["path"]
         assert f'id="{path.lstrip("/")}"' in handlers, f"{path} is not a kopf handler id in handlers.py"
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 30
-    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.DNSName)
-    assert "coderun-webhook.coderun-system.svc" in names
-    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
-    assert cert.issuer == ca.subject
+    deployment, = by_kind(objects, "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CODERUN_WEBHOOK_SECRET"] == "coderun-webhook-tls" and "CODERUN_WEBHOOK_CERT" not in env
+    assert env["CODERUN_WEBHOOK_CONFIGURATION"] == config["metadata"]["name"]
+    assert env["CODERUN_WEBHOOK_HOST"] == "coderun-webhook.coderun-system.svc"
+    assert env["CODERUN_WEBHOOK_TLS_DIR"].startswith("/tmp/")  # the only writable path
     service = next(s for s in by_kind(objects, "Service") if s["metadata"]["name"] == "coderun-webhook")
     assert service["spec"]["selector"]["coderun.io/leader"] == "true"  # only the leader runs kopf
     failing = by_kind(template(helm, "--set", "webhook.failurePolicy=Fail"), "ValidatingWebhookConfiguration")
@@ -184,13 +199,55 @@ def test_the_webhook_trusts_the_certificate_the_operator_serves(helm):
     assert not by_kind(template(helm, "--set", "webhook.enabled=false"), "ValidatingWebhookConfiguration")
 
 
-def test_the_operator_network_policy_admits_only_its_ports(helm):
+def test_cert_manager_issues_the_certificate_the_operator_mounts(helm):
+    objects = template(helm, "--set", "webhook.certManager.enabled=true")
+    config, = by_kind(objects, "ValidatingWebhookConfiguration")
+    certificates = {c["metadata"]["name"]: c for c in by_kind(objects, "Certificate")}
+    issuers = {i["metadata"]["name"]: i for i in by_kind(objects, "Issuer")}
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "coderun-system/coderun-webhook"
+    serving, ca = certificates["coderun-webhook"], certificates["coderun-webhook-ca"]
+    assert ca["spec"]["isCA"] and issuers[ca["spec"]["issuerRef"]["name"]]["spec"] == {"selfSigned": {}}
+    assert issuers[serving["spec"]["issuerRef"]["name"]]["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
+    assert "coderun-webhook.coderun-system.svc" in serving["spec"]["dnsNames"]
+    deployment, = by_kind(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["CODERUN_WEBHOOK_CERT"] == "/etc/coderun/webhook/tls.crt" and "CODERUN_WEBHOOK_SECRET" not in env
+    assert "CODERUN_WEBHOOK_CONFIGURATION" not in env  # cert-manager's cainjector owns the caBundle
+    volume, = [v for v in pod["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == serving["spec"]["secretName"]
+
+
+def test_the_operator_network_policy_keeps_pods_off_the_webhook_and_metrics(helm):
     policy, = by_kind(template(helm), "NetworkPolicy")
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-    ingress_ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
-    assert ingress_ports == {"health", "webhook", "metrics"}
+    rules = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    # No cluster ranges known: no rule admits the webhook (only the node itself, i.e. an API server on it), and
+    # no rule the health port (the kubelet's probes come from the node, which NetworkPolicy does not police).
+    assert set(rules) == {"metrics"}
+    assert rules["metrics"]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
     assert egress_ports == {53, 443, 6443}
+    policy, = by_kind(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16,fd00:10:88::/64}"),
+                      "NetworkPolicy")
+    webhook, = [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "webhook"]
+    assert webhook["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.88.0.0/16"]}},
+                               {"ipBlock": {"cidr": "::/0", "except": ["fd00:10:88::/64"]}}]
+    peers = [{"ipBlock": {"cidr": "172.16.0.0/28"}}]
+    policy, = by_kind(template(helm, "--set-json", f"networkPolicy.webhookFrom={json.dumps(peers)}"),
+                      "NetworkPolicy")
+    webhook, = [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "webhook"]
+    assert webhook["from"] == peers
+
+
+def test_the_cluster_ranges_reach_the_operator(helm):
+    deployment, = by_kind(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16}",
+                                   "--set", "clusterNetwork.serviceCIDRs={10.96.0.0/16}"), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CODERUN_POD_CIDRS"] == "10.88.0.0/16" and env["CODERUN_SERVICE_CIDRS"] == "10.96.0.0/16"
+    assert "CODERUN_NODE_CIDRS" not in env
+    assert "clusterNetwork" in template(helm, "--set", "clusterNetwork.podCIDRs={not-a-cidr}", check=False).stderr
 
 
 def test_optional_objects_render_when_asked(helm):

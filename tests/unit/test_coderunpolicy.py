@@ -42,7 +42,7 @@ def test_bundles_are_the_four_the_docs_promise():
     ({"maxConcurrentRuns": 0}, "spec.maxConcurrentRuns"),
     ({"runtimes": [{"language": "python", "image": "x"}]}, "spec.runtimes.0.command"),
     ({"warmPool": {"size": 2, "languages": ["cobol"]}}, "spec.warmPool.languages: 'cobol' is not a runtime"),
-    ({"warmPool": {"size": 2}, "egress": [{"cidr": "10.0.0.1/32"}]}, "a warm pool cannot serve a policy with egress"),
+    ({"warmPool": {"size": 2}, "egress": [{"cidr": "203.0.113.5/32"}]}, "a warm pool cannot serve a policy with egress"),
     ({"warmPool": {"size": 2, "cpuRequest": "2"}}, "spec.warmPool.cpuRequest=2 is above the pods' cpu limit"),
     ({"warmPool": {"size": 500}}, "spec.warmPool.size"),
 ])
@@ -81,7 +81,7 @@ def test_naming_a_policy_other_than_default_needs_the_use_permission(ref, needs)
 
 
 def test_a_recorded_decision_is_the_decision_whatever_the_policy_says_now():
-    p = policy("p", defaults={"memory": "300Mi"}, egress=[{"cidr": "10.0.0.1/32", "ports": [{"port": 443}]}],
+    p = policy("p", defaults={"memory": "300Mi"}, egress=[{"cidr": "203.0.113.5/32", "ports": [{"port": 443}]}],
                approval={"required": "WithEgress"}, maxConcurrentRuns=2)
     decision = evaluate(run_spec(), p)
     again = decision_from_record(type(decision.record()).model_validate(

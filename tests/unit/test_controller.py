@@ -618,7 +618,7 @@ def test_a_finished_run_is_kept_slim_and_the_cache_reads_its_source_whole(env):
 
 @pytest.mark.parametrize("other,outcome", [
     ({"redactionPatterns": ["tok-[0-9]+"]}, {"stdout": "tok-12345\n"}),            # answered unredacted
-    ({"egress": [{"cidr": "10.0.0.5/32"}]}, {"stdout": "NETWORK reachable\n"}),   # no-egress got egress's
+    ({"egress": [{"cidr": "192.0.2.5/32"}]}, {"stdout": "NETWORK reachable\n"}),  # no-egress got egress's
     ({"maxProcesses": 8}, {"stdout": "20 processes ran\n"}),                      # capped got uncapped's
     ({"maxInodes": 64}, {"reason": "DiskLimitExceeded", "exitCode": None,           # a limit outcome of others
                          "limit": {"kind": "inodes", "observed": 65, "limit": 64}}),

@@ -101,6 +101,10 @@ class CodeRunPolicySpec(ApiModel):
         json_schema_extra={"items": {"type": "string", "maxLength": 512}})
     egress: list[EgressRule] | None = Field(None, max_length=64, description=(
         "Destinations runs may reach. None by default: a sandbox reaches no network at all."))
+    allow_cluster_egress: bool = Field(False, description=(
+        "Allow egress CIDRs that cover the cluster's own pod, Service or node ranges, loopback or link-local "
+        "addresses (the cloud metadata address): runs could then reach the operator, the API server, the "
+        "kubelet and other tenants' pods. Without it such a CIDR is refused, naming it."))
     max_concurrent_runs: int | None = Field(None, ge=1, le=10000, description=(
         "Runs of this policy with a sandbox at once in the namespace, counted per policy (runs of the "
         "namespace's other policies count against their own caps); the rest wait as Pending/Queued and start "

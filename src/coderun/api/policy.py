@@ -3,6 +3,7 @@ decision cannot drift; the operator turns a CodeRunPolicy object into one (contr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
                             APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, merged_limits, spec_digest)
@@ -40,6 +41,9 @@ class Policy:
     warm_pool_languages: tuple[str, ...] = ()
     warm_pool_cpu_request: str | None = None
     uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
+    # Its RE2 patterns compiled by the operator's loader (controlplane/policy/patterns.py): they live and go with
+    # this object, one per CodeRunPolicy uid and spec digest.
+    compiled_patterns: Any = field(default=None, compare=False, repr=False)
 
     def approval_required(self) -> bool:
         return self.approval == APPROVAL_ALWAYS or (self.approval == APPROVAL_WITH_EGRESS and bool(self.egress))

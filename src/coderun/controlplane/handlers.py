@@ -14,7 +14,7 @@ import threading
 
 import kopf
 
-from . import metrics, webhook
+from . import k8s, metrics, webhook, webhook_server
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders import LABEL_MANAGED_BY, LABEL_SANDBOX
@@ -25,7 +25,7 @@ controller = Controller()
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.posting.enabled = False  # the controller posts its own Events
     if logging.getLogger().level > logging.DEBUG:  # without --verbose: no line per event or webhook call
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -38,19 +38,17 @@ def configure(settings: kopf.OperatorSettings, **_) -> None:
     # A restarted leader lists every CodeRun (finished ones hold up to ~1 MiB each): in pages, never all at once.
     settings.watching.chunk_size = 100
     settings.networking.error_backoffs = [1, 2, 5]
-    metrics.serve(controller.store.active_count)
-    if WEBHOOK_PORT:
-        host = os.environ.get("CODERUN_WEBHOOK_HOST", "127.0.0.1")  # how the API server reaches us
-        certfile, keyfile = os.environ.get("CODERUN_WEBHOOK_CERT"), os.environ.get("CODERUN_WEBHOOK_KEY")
-        if not certfile or not keyfile:
-            certfile, keyfile = webhook.self_signed_certificate([host])
-        settings.admission.server = kopf.WebhookServer(
-            addr=os.environ.get("CODERUN_WEBHOOK_ADDR", host), port=int(WEBHOOK_PORT), host=host,
-            certfile=certfile, pkeyfile=keyfile, cafile=os.environ.get("CODERUN_WEBHOOK_CA", certfile))
-        # The Helm chart writes the ValidatingWebhookConfiguration itself (its CA, its Service), so the operator
-        # needs no RBAC on webhook configurations; the host-process mode lets kopf register it.
+    if WEBHOOK_PORT:  # first: kopf retries this handler when the API server is away, and the rest runs once
+        certificate = webhook_server.ServingCertificate(os.environ, k8s)
+        settings.admission.server = certificate.server()
+        # The Helm chart writes the ValidatingWebhookConfiguration (the operator keeps only its caBundle current);
+        # the host-process mode lets kopf register it.
         if os.environ.get("CODERUN_WEBHOOK_MANAGED", "true").lower() == "true":
             settings.admission.managed = "validate.coderun.io"
+        memo["certificate_stop"] = threading.Event()
+        threading.Thread(target=certificate.keep_fresh, args=(memo["certificate_stop"],), name="webhook-certificate",
+                         daemon=True).start()
+    metrics.serve(controller.store.active_count)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -110,3 +108,5 @@ async def start_ticking(memo: kopf.Memo, **_) -> None:
 async def stop_ticking(memo: kopf.Memo, **_) -> None:
     memo["tick"].cancel()
     memo["pools_stop"].set()
+    if "certificate_stop" in memo:
+        memo["certificate_stop"].set()

@@ -308,18 +308,51 @@ def read_lease(namespace: str, name: str) -> dict[str, Any] | None:
 def write_lease(namespace: str, name: str, spec: dict[str, Any], resource_version: str | None) -> None:
     """Create the Lease (no resourceVersion) or replace the one read at `resource_version`; Conflict when another
     writer got there first, so two replicas can never both believe they hold it."""
-    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec,
-            "metadata": {"name": name, "namespace": namespace,
-                         **({"resourceVersion": resource_version} if resource_version else {})}}
+    body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": spec}
+    _create_or_replace(f"Lease {name}", _coordination().create_namespaced_lease,
+                       _coordination().replace_namespaced_lease, namespace, name, body, resource_version)
+
+
+def _create_or_replace(what: str, create: Callable, replace: Callable, namespace: str, name: str,
+                       body: dict[str, Any], resource_version: str | None) -> None:
+    """Create (no resourceVersion) or replace what was read at `resource_version`; Conflict when another writer
+    got there first."""
+    body = {**body, "metadata": {**body.get("metadata", {}), "name": name, "namespace": namespace,
+                                 **({"resourceVersion": resource_version} if resource_version else {})}}
     try:
         if resource_version:
-            _call(f"Lease {name}", _coordination().replace_namespaced_lease, name, namespace, body)
+            _call(what, replace, name, namespace, body)
         else:
-            _call(f"Lease {name}", _coordination().create_namespaced_lease, namespace, body)
+            _call(what, create, namespace, body)
     except Transient as e:
         if isinstance(e.__cause__, ApiException) and e.__cause__.status == 409:
             raise Conflict(str(e)) from e
         raise
+
+
+# ------------------------------------------------------------------------------------------ webhook TLS
+def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
+    """The webhook's serving certificate Secret (the only Secret the operator may read: by name, its namespace)."""
+    secret = _call(f"Secret {name}", _core().read_namespaced_secret, name, namespace, missing_ok=True)
+    return _plain(secret) if secret is not None else None
+
+
+def write_secret(namespace: str, name: str, secret: dict[str, Any], resource_version: str | None) -> None:
+    _create_or_replace(f"Secret {name}", _core().create_namespaced_secret, _core().replace_namespaced_secret,
+                       namespace, name, secret, resource_version)
+
+
+def read_webhook_configuration(name: str) -> dict[str, Any] | None:
+    found = _call(f"ValidatingWebhookConfiguration {name}",
+                  _admissionregistration().read_validating_webhook_configuration, name, missing_ok=True)
+    return _plain(found) if found is not None else None
+
+
+def set_webhook_ca_bundle(name: str, webhook_names: list[str], ca_bundle: str) -> None:
+    """Each webhook's clientConfig.caBundle (a strategic merge by webhook name: nothing else changes)."""
+    patch = {"webhooks": [{"name": n, "clientConfig": {"caBundle": ca_bundle}} for n in webhook_names]}
+    _call(f"ValidatingWebhookConfiguration {name}",
+          _admissionregistration().patch_validating_webhook_configuration, name, patch)
 
 
 def label_pod(namespace: str, name: str, labels: dict[str, str | None]) -> None:

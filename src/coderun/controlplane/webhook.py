@@ -8,10 +8,6 @@ got past the webhook (it was down, `failurePolicy: Ignore`) still ends with the 
 """
 from __future__ import annotations
 
-import datetime
-import ipaddress
-import os
-import tempfile
 from typing import Any, Mapping
 
 from coderun.api.coderunpolicy import ADMISSION_ENFORCE
@@ -46,36 +42,3 @@ def review_policy(policy: Mapping[str, Any]) -> str | None:
     except InvalidPolicy as e:
         return f"CodeRunPolicy {(policy.get('metadata') or {}).get('name')}: {e}"
     return None
-
-
-def self_signed_certificate(hosts: list[str]) -> tuple[str, str]:
-    """A certificate for the webhook server when none is given (the local cluster); files in a private temp dir.
-    Production passes its own (cert-manager, or the Helm chart's)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    now = datetime.datetime.now(datetime.timezone.utc)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    directory = tempfile.mkdtemp(prefix="coderun-webhook-")
-    certfile, keyfile = os.path.join(directory, "tls.crt"), os.path.join(directory, "tls.key")
-    with open(certfile, "wb") as out:
-        out.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(os.open(keyfile, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-        out.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                    serialization.NoEncryption()))
-    return certfile, keyfile

@@ -250,7 +250,8 @@ def _answer_from_cache(ctl: core.Controller, run: Mapping[str, Any], spec: CodeR
         return False  # run for real; collection then reports the conflict with the program's own result
     if artifacts is None:
         return False  # the earlier run's artifacts are gone or not genuine: run again rather than answer wrong
-    outcome = reused_outcome(source, spec, decision, digest, artifacts, redactor(decision.policy), now)
+    outcome = reused_outcome(source, spec, decision, digest, artifacts,
+                             redactor(decision.policy, ctl.store.policies(meta["namespace"])), now)
     outcome.fields["cacheKey"] = key
     if ctl.finish(run, outcome) is not None:
         core.metrics.CACHE_HITS.labels(core.metrics.language_label(spec.language)).inc()

@@ -26,7 +26,6 @@ from .store import owner_uid
 
 # Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
 LOG_LIMIT_BYTES = 8 * 1024 * 1024
-_redactors: dict[tuple[str, ...], Redactor] = {}
 
 
 def advance(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
@@ -125,7 +124,7 @@ def finish_from_frame(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping
             artifacts, skipped, conflict = *store_artifacts(ctl, run, frame.artifacts), None
         except ArtifactsConflict as e:
             artifacts, skipped, conflict = [], [], e
-        outcome = outcome_from_frame(spec, frame, redactor(policy), oom_killed, effective,
+        outcome = outcome_from_frame(spec, frame, redactor(policy, ctl.store.policies(ns)), oom_killed, effective,
                                      parse_time(status.get("startTime")), artifacts,
                                      [s.model_dump() for s in frame.artifactsSkipped] + skipped)
         if conflict:
@@ -143,11 +142,13 @@ def finish_from_frame(ctl: core.Controller, run: Mapping[str, Any], pod: Mapping
     ctl.api.delete_pod(ns, pod_name)
 
 
-def redactor(policy) -> Redactor:
-    patterns = tuple(policy.redaction_patterns) if policy else ()
-    if patterns not in _redactors:
-        _redactors[patterns] = Redactor(patterns)
-    return _redactors[patterns]
+def redactor(policy, live_policies: Mapping[str, Any]) -> Redactor:
+    """The redactor the loaded policy compiled, when the run's recorded policy is still the live one (same
+    digest); else one for this result only (the policy changed or went: its patterns are not kept for it)."""
+    live = live_policies.get(policy.name) if policy else None
+    if policy and getattr(live, "digest", None) == policy.digest and live.compiled_patterns:
+        return live.compiled_patterns.redactor
+    return Redactor(policy.redaction_patterns if policy else ())
 
 
 def store_artifacts(ctl: core.Controller, run: Mapping[str, Any], artifacts) -> tuple[list[dict], list[dict]]:

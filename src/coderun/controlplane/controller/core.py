@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 from .. import k8s as real_k8s
 from .. import metrics
 from coderun.api.identity import APPROVED_BY
+from coderun.api.coderunpolicy import spec_digest
 from coderun.api.models import CodeRunStatus
 from coderun.api.reasons import Phase, Reason, StartMode
 from coderun.api.text import one_line
@@ -143,6 +144,10 @@ class Controller:
             return
         from ..policy import InvalidPolicyMark
         from ..policy.load import InvalidPolicy, policy_from_object
+        held = self.store.policies(meta["namespace"]).get(meta["name"])
+        if getattr(held, "uid", None) == meta.get("uid") and \
+                getattr(held, "digest", None) == spec_digest(policy.get("spec") or {}):
+            return  # the same policy (uid and spec digest): keep what it compiled
         try:
             loaded = policy_from_object(policy)
         except InvalidPolicy as e:

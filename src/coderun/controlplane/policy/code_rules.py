@@ -6,7 +6,6 @@ determined program can reach a module in ways no static check sees), the sandbox
 from __future__ import annotations
 
 import ast
-import functools
 from typing import Iterator
 
 from coderun.api.coderunpolicy import CodeRules
@@ -17,7 +16,10 @@ from ..results.redact import compile_pattern
 IMPORT_FUNCTIONS = {"__import__", "importlib.import_module"}
 
 
-def check_code(language: str, code: str, rules: CodeRules | None, policy_name: str) -> Denial | None:
+def check_code(language: str, code: str, rules: CodeRules | None, policy_name: str,
+               compiled_denied: tuple | None = None) -> Denial | None:
+    """`compiled_denied`: the loaded policy's denied patterns, compiled (policy/patterns.py); without them (a
+    policy built in code) each pattern is compiled here, within the same budget, and not kept."""
     if rules is None:
         return None
     if language == "python" and (rules.denied_python_imports or rules.denied_python_calls):
@@ -27,18 +29,13 @@ def check_code(language: str, code: str, rules: CodeRules | None, policy_name: s
     for index, rule in enumerate(rules.denied_patterns or ()):
         if rule.language != language:
             continue
-        pattern = _compiled(rule.pattern)
+        pattern = compiled_denied[index] if compiled_denied else compile_pattern(rule.pattern)
         for number, line in enumerate(code.split("\n"), start=1):
             if pattern.search(line):
                 why = f" ({rule.message})" if rule.message else ""
                 return _denied(f"codeRules.deniedPatterns[{index}]", number,
                                f"matches the denied pattern {rule.pattern!r}{why}", policy_name)
     return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _compiled(pattern: str):
-    return compile_pattern(pattern)
 
 
 def _denied(rule: str, line: int | None, what: str, policy_name: str) -> Denial:

@@ -65,7 +65,8 @@ def _verdict(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
                       f"spec.ttlSecondsAfterFinished={ttl} is above the maximum {policy.max_ttl_seconds_after_finished}"
                       f" of policy {policy.name!r} (maxTtlSecondsAfterFinished); ask for at most "
                       f"{policy.max_ttl_seconds_after_finished}")
-    denial = check_code(spec.language, spec.code, policy.code_rules, policy.name)
+    compiled = policy.compiled_patterns.denied if policy.compiled_patterns else None
+    denial = check_code(spec.language, spec.code, policy.code_rules, policy.name, compiled)
     if denial:
         return denial
     return Decision(policy=policy, runtime=runtime, limits=effective)

@@ -1,6 +1,7 @@
 """A CodeRunPolicy object as policy data, or a message that names the field to fix."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from kubernetes.utils import parse_quantity
@@ -8,8 +9,9 @@ from pydantic import ValidationError
 
 from coderun.api.coderunpolicy import CodeRunPolicySpec
 from coderun.api.policy import Policy, policy_from_spec
-from ..results.redact import InvalidPattern, compile_pattern
+from .egress import cluster_egress_refusal
 from .evaluate import first_above
+from .patterns import PatternBudgetExceeded, compile_policy_patterns
 
 
 class InvalidPolicy(ValueError):
@@ -26,15 +28,16 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     except ValidationError as e:
         first = e.errors()[0]
         raise InvalidPolicy(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
-    patterns = [(f"spec.redactionPatterns[{i}]", p) for i, p in enumerate(spec.redaction_patterns or ())]
+    refusal = cluster_egress_refusal([rule.cidr for rule in spec.egress or ()], spec.allow_cluster_egress)
+    if refusal:
+        raise InvalidPolicy(refusal)
     rules = spec.code_rules.denied_patterns if spec.code_rules and spec.code_rules.denied_patterns else ()
-    patterns += [(f"spec.codeRules.deniedPatterns[{i}].pattern", r.pattern) for i, r in enumerate(rules)]
-    for where, pattern in patterns:
-        try:
-            compile_pattern(pattern)
-        except InvalidPattern as e:
-            raise InvalidPolicy(f"{where}: {e}; use RE2 syntax (no look-around, no back-references)") from None
-    policy = policy_from_spec(name, raw, spec, (obj.get("metadata") or {}).get("uid"))
+    try:
+        compiled = compile_policy_patterns(spec.redaction_patterns or (), [r.pattern for r in rules])
+    except PatternBudgetExceeded as e:
+        raise InvalidPolicy(str(e)) from None
+    policy = dataclasses.replace(policy_from_spec(name, raw, spec, (obj.get("metadata") or {}).get("uid")),
+                                 compiled_patterns=compiled)
     unknown = [lang for lang in policy.warm_pool_languages if lang not in policy.runtimes]
     if unknown:
         raise InvalidPolicy(f"spec.warmPool.languages: {unknown[0]!r} is not a runtime of this policy; use one of "

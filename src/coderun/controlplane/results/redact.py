@@ -1,8 +1,13 @@
-"""Secret redaction: key-like strings never reach the status, whatever the program printed.
+r"""Secret redaction: key-like strings never reach the status, whatever the program printed.
 
 Patterns run on RE2 (google-re2), which matches in time linear in the input: a program's output is hostile,
 and a backtracking engine on a crafted string could stall the operator for minutes. RE2 has no look-around,
 so a pattern that must keep a prefix captures it as group 1 and the replacement puts it back.
+
+A policy's author is as hostile as a program's output: twelve characters (`\pL{300}`) compile to a third of a
+million instructions and tens of MiB. Every pattern is compiled with a memory budget (RE2's max_mem, which
+bounds the program and the DFA caches matching later fills) and a program-size cap; the policy loader adds a
+budget for all of a policy's patterns together.
 """
 from __future__ import annotations
 
@@ -28,23 +33,49 @@ BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 
 
+# RE2's memory budget per pattern: its compiled program and the DFA states matching caches (beyond it RE2 falls
+# back to its slower, still linear, NFA). The built-in patterns need a few KiB of program.
+PATTERN_MAX_MEM = 128 * 1024
+# Instructions one pattern may compile to (the program's share of max_mem allows ~5,000): \pL{4} is 4,788,
+# the built-in patterns stay under 400.
+PATTERN_MAX_PROGRAM = 5000
+_OPTIONS = re2.Options()
+_OPTIONS.max_mem = PATTERN_MAX_MEM
+_OPTIONS.log_errors = False  # a refused pattern is reported to its author, not logged by RE2 on stderr
+
+
 class InvalidPattern(ValueError):
-    """A redaction pattern RE2 cannot compile (e.g. look-around or back-references)."""
+    """A pattern RE2 cannot compile (look-around, back-references) or that is over the size budget."""
 
 
 def compile_pattern(pattern: str) -> re2._Regexp:
+    """The pattern compiled within the budget, or InvalidPattern saying what to change."""
     try:
-        return re2.compile(pattern)
+        compiled = re2.compile(pattern, _OPTIONS)
     except re2.error as e:
-        raise InvalidPattern(f"redaction pattern {pattern!r} is not RE2 syntax: {e}") from e
+        if "too large" in str(e):
+            raise InvalidPattern(f"pattern {pattern[:64]!r} is too large (it compiles to more than RE2's "
+                                 f"{PATTERN_MAX_MEM // 1024} KiB budget); use smaller repeat counts and "
+                                 "narrower classes (\\pL{300} is 300 copies of every letter)") from None
+        raise InvalidPattern(f"pattern {pattern[:64]!r} is not RE2 syntax: {e}; use RE2 syntax (no look-around, "
+                             "no back-references)") from None
+    if compiled.programsize > PATTERN_MAX_PROGRAM:
+        raise InvalidPattern(f"pattern {pattern[:64]!r} is too large ({compiled.programsize} RE2 instructions, "
+                             f"at most {PATTERN_MAX_PROGRAM}); use smaller repeat counts and narrower classes")
+    return compiled
+
+
+# Compiled once per process: the same twelve patterns for every policy.
+_BUILTIN = tuple((kind, compile_pattern(p)) for kind, p in BUILTIN_PATTERNS)
 
 
 class Redactor:
-    """Compiled once per policy; `redact` returns the cleaned text and how many secrets it removed."""
+    """The built-in patterns and a policy's own; `redact` returns the cleaned text and how many secrets it removed.
+    Built once per loaded policy (policy/load.py), so its patterns go when the policy goes."""
 
-    def __init__(self, extra_patterns: Iterable[str] = ()):
-        self._patterns = [(kind, compile_pattern(p)) for kind, p in BUILTIN_PATTERNS]
-        self._patterns += [("policy", compile_pattern(p)) for p in extra_patterns]
+    def __init__(self, extra_patterns: Iterable[str | re2._Regexp] = ()):
+        self._patterns = list(_BUILTIN) + [
+            ("policy", p if isinstance(p, re2._Regexp) else compile_pattern(p)) for p in extra_patterns]
 
     def redact(self, text: str) -> tuple[str, int]:
         total = 0
