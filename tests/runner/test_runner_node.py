@@ -3,11 +3,12 @@
 Every sample is the stderr of Debian bookworm's node 18.20.4 (the sandbox-node image, in a chroot of its root
 filesystem) running `node main.js` in /tmp/work, verbatim; above each, the program (a bash $'...' string).
 """
+import json
 import shutil
 
 import pytest
 
-from runner_harness import load_runner_module
+from runner_harness import load_runner_module, runner_in
 
 runner = load_runner_module()
 
@@ -495,3 +496,14 @@ def test_the_runner_reports_a_javascript_error(run_runner):
     assert (run.frame["reason"], run.frame["stdout"]) == ("NonZeroExit", "before\n"), run.frame
     assert run.frame["error"] == {"type": "TypeError", "line": 3,
                                   "message": "Cannot read properties of undefined (reading 'z')"}
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="no node on this machine")
+def test_a_javascript_error_report_printed_by_a_successful_run_is_no_error(run_runner, tmp_path):
+    fake = json.dumps(NODE_TYPE_ERROR)  # a JavaScript string literal too
+    javascript = dict(language="javascript", command=["node", "main.js"], codeFile="main.js")
+    run = run_runner(f'process.stderr.write({fake});\nconsole.log("fine");\n', **javascript)
+    assert (run.frame["reason"], run.frame["exitCode"], run.frame["stdout"]) == ("Completed", 0, "fine\n")
+    assert run.frame["stderr"] == NODE_TYPE_ERROR and run.frame["error"] is None
+    run = runner_in(tmp_path / "failing")(f'process.stderr.write({fake});\nprocess.exit(4);\n', **javascript)
+    assert run.frame["reason"] == "NonZeroExit" and run.frame["error"]["type"] == "TypeError"
