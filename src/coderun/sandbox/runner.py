@@ -103,6 +103,10 @@ DELETED_MARK = " (deleted)"
 MAX_CLOSE_FD = 65536
 TAIL_BYTES = 16384
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Per cent of the memory limit V8's old space may take: the rest is the young generation, code and Node's own.
+V8_HEAP_SHARE = 80
+# What V8 prints when its heap is full, before it aborts: the program ran out of memory, as an OOM kill says.
+V8_HEAP_EXHAUSTED = re.compile(r"^FATAL ERROR: .*JavaScript heap out of memory", re.M)
 # Kubernetes ConfigMap key rules: a key never names another file or a dir.
 CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
 
@@ -199,9 +203,10 @@ def parse_run_spec(raw: dict) -> dict:
         seen.add(path)
         checked_files.append({"path": path, "key": key})
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
-    disk = raw.get("diskBytes")
+    disk, memory = raw.get("diskBytes"), raw.get("memoryBytes")
     return {
         "diskBytes": None if disk is None else _limit(disk, "diskBytes", MAX_DISK_BYTES),
+        "memoryBytes": None if memory is None else _limit(memory, "memoryBytes", MAX_DISK_BYTES),
         "maxInodes": _limit(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes", MAX_INODES),
         "maxProcesses": _limit(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses", MAX_PROCESSES),
         "language": raw.get("language"),
@@ -310,11 +315,14 @@ def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:
         write_new_file(work_dir, entry["path"], read_input_key(input_dir, entry["key"]))
 
 
-def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_dir: str) -> dict:
+def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_dir: str,
+                      memory_bytes: int | None = None) -> dict:
     """The whole environment of the child: nothing leaks in from the runner's.
 
     scratch_dir is the parent of the work dir (/tmp in the pod), the only
     writable place, so HOME, TMPDIR and matplotlib's cache live there.
+    Node's heap is sized from the memory limit (V8 would take about half of
+    it, and abort there, long before the limit).
     """
     env = {
         "PATH": BASE_PATH,
@@ -327,6 +335,9 @@ def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_d
         "MPLCONFIGDIR": os.path.join(scratch_dir, ".matplotlib"),
         "CODERUN_OUTPUT_DIR": outputs_dir,
     }
+    if memory_bytes is not None:
+        heap_mib = max(memory_bytes * V8_HEAP_SHARE // 100 // 1048576, 16)
+        env["NODE_OPTIONS"] = f"--max-old-space-size={heap_mib}"
     env.update(spec_env)
     return env
 
@@ -1537,7 +1548,8 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
     home_dir = os.path.join(scratch_dir, "home")
     os.makedirs(home_dir, exist_ok=True)
     os.makedirs(outputs, exist_ok=True)
-    env = child_environment(spec["env"], scratch_dir, home_dir, outputs)
+    env = child_environment(spec["env"], scratch_dir, home_dir, outputs,
+                            spec["memoryBytes"] if spec["language"] == "javascript" else None)
     guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
                     is_pid1)
     try:
@@ -1546,8 +1558,9 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
     except OSError as exc:  # e.g. the image lacks the interpreter
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds)
-    oom_killed = (outcome.returncode == -signal.SIGKILL and outcome.runner_kill_reason is None
-                  and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
+    oom_killed = outcome.runner_kill_reason is None and (
+        (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
+        or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
     artifacts, skipped, unlisted = collect_artifacts(outputs, spec["artifacts"])
     return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
 

@@ -70,6 +70,7 @@ def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
         "outputBytes": limits.output_bytes + REDACTION_MARGIN_BYTES,
         "floodBytes": limits.output_bytes * FLOOD_FACTOR,
         "diskBytes": int(parse_quantity(limits.disk)),
+        "memoryBytes": int(parse_quantity(limits.memory)),
         "maxProcesses": policy.max_processes,
         "maxInodes": policy.max_inodes,
         "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
