@@ -165,9 +165,9 @@ def test_parse_args_defaults_and_both_forms(runner):
                                            "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log"}
     args = runner.parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
-    # A warm pool pod's runner: the input comes on stdin and is laid out under /tmp unless told where.
+    # A warm pool pod's runner: the input comes on stdin and is laid out where a cold pod's ConfigMap is mounted.
     assert (runner.parse_args(["--input-stdin"]).input, runner.parse_args(["--input-stdin"]).input_stdin) == \
-        ("/tmp/.coderun-input", True)
+        ("/coderun/input", True)
     assert runner.parse_args(["--input-stdin", "--input=/x"]).input == "/x"
 
 

@@ -730,8 +730,9 @@ class Guards:
     (a host file outside disk accounting that belongs to the runner)."""
 
     def __init__(self, scratch_dir: str, disk_bytes: int | None, max_inodes: int, max_processes: int,
-                 termination_fd: int | None, is_pid1: bool):
+                 termination_fd: int | None, is_pid1: bool, input_dir: str | None = None):
         self.scratch_dir, self.disk_bytes, self.max_inodes = scratch_dir, disk_bytes, max_inodes
+        self.input_dir = input_dir
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
         self.next_check = 0.0
@@ -743,8 +744,8 @@ class Guards:
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
         file outside disk accounting, too) and forks at the cap (RLIMIT_NPROC counts the uid's processes: the
-        runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us); and
-        the syscall filter goes on last."""
+        runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us) and a
+        mount namespace in which the raw input is hidden; and the syscall filter goes on last."""
         if self.disk_bytes is not None:
             lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes)
         # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
@@ -754,7 +755,7 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
-            enter_program_namespaces()
+            enter_program_namespaces(self.input_dir)
         install_syscall_filter()
 
     def due(self, now: float) -> bool:
@@ -845,7 +846,7 @@ class Guards:
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 # Every namespace flag of clone(2): the program may fork, never make namespaces.
 CLONE_NAMESPACE_FLAGS = 0x7E020000
 PR_SET_DUMPABLE = 4
@@ -971,15 +972,21 @@ def enter_user_namespace() -> bool:
     return True
 
 
-def enter_program_namespaces() -> None:
+def enter_program_namespaces(hidden_dir: str | None = None) -> None:
     """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
     program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
     The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
-    program's own. Without them (see enter_user_namespace) the program runs beside us as before."""
+    program's own. Without them (see enter_user_namespace) the program runs beside us as before.
+
+    hidden_dir (the raw input, which the runner has read) gets an empty read-only tmpfs over it: the program
+    sees its input only where the runner laid it out, the same whether it came from a ConfigMap or a warm pod's
+    stdin, and cannot write where a warm pod's runner wrote it. Best effort: if refused, it stays visible."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID | CLONE_NEWNS) != 0:
         return
+    if hidden_dir is not None:
+        libc.mount(b"tmpfs", os.fsencode(hidden_dir), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     status_read, status_write = os.pipe()
     init = os.fork()
     if init == 0:
@@ -1551,7 +1558,7 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
     env = child_environment(spec["env"], scratch_dir, home_dir, outputs,
                             spec["memoryBytes"] if spec["language"] == "javascript" else None)
     guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
-                    is_pid1)
+                    is_pid1, os.path.abspath(args.input))
     try:
         outcome = run_child(spec["command"], work, env, stdin_path,
                             spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
@@ -1566,15 +1573,14 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
 
 
 DEFAULT_PATHS = {
-    "input": "/coderun/input",                      # the input ConfigMap mount
+    "input": "/coderun/input",                      # the input ConfigMap mount, or where --input-stdin writes it
     "work": "/tmp/work",                            # writable; the program's cwd
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
 }
-STDIN_INPUT_DIR = "/tmp/.coderun-input"         # where --input-stdin lays the input out
-USAGE = ("usage: runner.py [--input DIR | --input-stdin] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
+USAGE = ("usage: runner.py [--input DIR] [--input-stdin] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
-         "input on stdin instead of reading a mounted ConfigMap.")
+         "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
@@ -1596,8 +1602,6 @@ def parse_args(argv: list[str]) -> types.SimpleNamespace:
             print(f"{USAGE}\nrunner.py: bad argument {option!r}", file=sys.stderr)
             sys.exit(2)
         paths[key] = value if has_value else args.pop(0)
-    if input_stdin and "--input" not in [a.partition("=")[0] for a in argv]:
-        paths["input"] = STDIN_INPUT_DIR
     return types.SimpleNamespace(**paths, input_stdin=input_stdin)
 
 
