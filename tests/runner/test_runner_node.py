@@ -536,3 +536,5 @@ def test_node_out_of_heap_is_out_of_memory(run_runner, tmp_path):
     fake = 'console.error("FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory");'
     run = runner_in(tmp_path / "fake")(fake + "process.exit(1);", memoryBytes=128 * MIB, **JAVASCRIPT)
     assert (run.frame["reason"], run.frame["oomKilled"]) == ("NonZeroExit", False), run.frame
+    # V8 failing to get memory for a new isolate (e.g. a flood of worker threads) is out of memory too.
+    assert runner.V8_HEAP_EXHAUSTED.search("\n#\n# Fatal process out of memory: Failed to reserve virtual memory\n#\n")

@@ -105,8 +105,9 @@ TAIL_BYTES = 16384
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
 # Per cent of the memory limit V8's old space may take: the rest is the young generation, code and Node's own.
 V8_HEAP_SHARE = 80
-# What V8 prints when its heap is full, before it aborts: the program ran out of memory, as an OOM kill says.
-V8_HEAP_EXHAUSTED = re.compile(r"^FATAL ERROR: .*JavaScript heap out of memory", re.M)
+# What V8 prints when its heap is full, or memory for it cannot be had, before it aborts: the program ran out
+# of memory, as an OOM kill says.
+V8_HEAP_EXHAUSTED = re.compile(r"^(FATAL ERROR: .*JavaScript heap out of memory|# Fatal process out of memory)", re.M)
 # Kubernetes ConfigMap key rules: a key never names another file or a dir.
 CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
 
