@@ -267,6 +267,22 @@ def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_a
     assert (("Pod", NS, claimed) in api.objects) is accepted
 
 
+def test_refill_replaces_a_pool_pod_the_pool_would_not_build_now(env):
+    """An older operator's pool pod (here: its input not yet on a volume of its own) is never claimed; it must
+    not keep the pool's place either."""
+    api, _, ctl = env
+    names = start_pool(env)
+    old = copy.deepcopy(api.objects[("Pod", NS, names[0])])
+    old["spec"]["volumes"] = [v for v in old["spec"]["volumes"] if v["name"] != "input"]
+    old["spec"]["containers"][0]["volumeMounts"] = [m for m in old["spec"]["containers"][0]["volumeMounts"]
+                                                    if m["name"] != "input"]
+    api.objects[("Pod", NS, names[0])] = api._stamp(copy.deepcopy(old))
+    ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, names[0])]), deleted=False)
+    warm.refill(ctl)
+    assert ("Pod", NS, names[0]) not in api.objects and ("Pod", NS, names[1]) in api.objects
+    assert api.calls.count("create_pod") == 3
+
+
 def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env, monkeypatch):
     api, _, ctl = env
     names = start_pool(env)
