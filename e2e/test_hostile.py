@@ -390,9 +390,10 @@ PROGRAMS: list[Hostile] = [
             "Completed", refused("runner", "new", "rename")),
     Hostile("write-input", r'''
         names = os.listdir("/coderun/input") if os.path.isdir("/coderun/input") else []
-        report(new=attempt(lambda: open("/coderun/input/evil", "w")),
+        report(names=names, new=attempt(lambda: open("/coderun/input/evil", "w")),
                existing=attempt(lambda: open(os.path.join("/coderun/input", names[0]), "a")) if names else "none")''',
-            "Completed", refused("new", "existing")),
+            # the runner hides the raw input under an empty read-only tmpfs: the program has its files in its work dir
+            "Completed", lambda s, f: refused("new", "existing")(s, f) and f["names"] == []),
     Hostile("write-proc-sys", r'''
         report(hostname=attempt(lambda: open("/proc/sys/kernel/hostname", "w").write("x")),
                sysrq=attempt(lambda: open("/proc/sysrq-trigger", "w").write("b")),
