@@ -1496,7 +1496,7 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
     reason, exit_code, signal_number = classify(outcome)
     error = None
     parse_error = ERROR_PARSERS.get(spec["language"])
-    if parse_error is not None and outcome.returncode != 0:  # a program that succeeded printed, not raised, it
+    if parse_error is not None and outcome.returncode != 0:  # exit 0: any report it printed, it handled
         error = parse_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
     # The operator writes every human message; the frame carries facts (reason, limit, counts) only.
     frame_limit = {"limit": outcome.limit} if outcome.limit else {}
