@@ -983,10 +983,14 @@ PROGRAMS: list[Hostile] = [
     # V8's heap is sized from the memory limit: it is full near the limit (V8's own fatal error, or the kernel's
     # OOM kill first), never at V8's default of about half the limit, and either way the run is OOMKilled.
     Hostile("js-memory-bomb-heap", r'''
+        const limit = Math.round(require("v8").getHeapStatistics().heap_size_limit / 1048576);
         const keep = [];
-        for (;;) keep.push(new Array(100000).fill(1.5));''',
-            "OOMKilled", lambda s, f: "memory" in s["message"].lower() and s.get("signal") in (None, 6, 9),
-            limits={"memory": "256Mi"}, language="javascript"),
+        for (let i = 0; ; i++) {
+            keep.push(new Array(100000).fill(1.5));  // 0.8 MB of heap each
+            if (i % 20 === 0) report({limit, used: Math.round(process.memoryUsage().heapUsed / 1048576)});
+        }''',
+            "OOMKilled", lambda s, f: "memory" in s["message"].lower() and s.get("signal") in (None, 6, 9)
+            and f["limit"] >= 0.8 * 256 and f["used"] > 0.55 * 256, limits={"memory": "256Mi"}, language="javascript"),
     # Every worker is a thread with a V8 isolate of its own: memory runs out before the thread cap (RLIMIT_NPROC).
     Hostile("js-worker-flood", r'''
         const { Worker } = require("worker_threads");
