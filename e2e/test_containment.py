@@ -94,3 +94,27 @@ def test_forged_result_frame_cannot_replace_the_real_one(operator, namespace):
     # Writing the runner's termination log is itself a violation the runner reports; the forgery changes nothing.
     assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "SandboxViolation", 9)
     assert "CODERUN-RESULT-V1" in status["stdout"]  # the forgery stays inside the program's own output
+
+
+def test_an_inode_flood_at_a_tenth_of_a_core_ends_near_the_cap_while_it_runs(operator, namespace):
+    """25,000 empty files at `cpu: 100m` against the default cap of 16,384 entries under /tmp. The runner's count
+    once fell behind such a program (it shares the tenth of a core, and nice means nothing under gVisor) and the
+    run ended DiskLimitExceeded only after all 25,000 were made; now the program is stopped while it is counted
+    near the cap, so the run ends near the cap, before the program is done."""
+    code = textwrap.dedent("""
+        import os
+        os.makedirs("/tmp/i")
+        for i in range(25000):
+            open(f"/tmp/i/{i}", "w").close()
+            if i % 250 == 0:
+                print(i, flush=True)
+        print("done", flush=True)
+    """)
+    name = operator.create_run(namespace, {"language": "python", "code": code,
+                                           "limits": {"cpu": "100m", "timeoutSeconds": 180}})
+    status = operator.wait_run(namespace, name, timeout=300)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "DiskLimitExceeded"), status.get("message")
+    printed = status["stdout"].split()
+    assert "done" not in printed, printed[-3:]
+    # The files made are the last count printed and fewer than 250 more: near the cap, well short of 25,000.
+    assert 16384 - 250 <= int(printed[-1]) <= 16384 * 1.2, printed[-3:]

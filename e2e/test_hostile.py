@@ -105,6 +105,15 @@ def scoped(addr):
 '''
 
 
+# The JavaScript programs' report() and attempt(), as the Python PRELUDE's: an error's code (EPERM) or name.
+JS_PRELUDE = r'''
+const fs = require("fs"), cp = require("child_process");
+function report(facts) { fs.writeSync(1, JSON.stringify(facts) + "\n"); }
+function attempt(fn) { try { fn(); return "allowed"; } catch (e) { return (e && (e.code || e.name)) || String(e); } }
+function sleep(ms) { Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms); }
+'''
+
+
 @dataclass
 class Hostile:
     id: str
@@ -119,6 +128,7 @@ class Hostile:
     refusable: str = ""          # a 422 at create whose body names this is as good as the expected reason
     pad_code_to: int = 0         # pad the code with a comment up to this many characters
     slow: bool = False           # runs to a deadline: batched with its kind so quick batches stay quick
+    language: str = "python"     # javascript: JS_PRELUDE before the code, no Python header
 
 
 def facts_of(status: dict) -> dict:
@@ -380,9 +390,10 @@ PROGRAMS: list[Hostile] = [
             "Completed", refused("runner", "new", "rename")),
     Hostile("write-input", r'''
         names = os.listdir("/coderun/input") if os.path.isdir("/coderun/input") else []
-        report(new=attempt(lambda: open("/coderun/input/evil", "w")),
+        report(names=names, new=attempt(lambda: open("/coderun/input/evil", "w")),
                existing=attempt(lambda: open(os.path.join("/coderun/input", names[0]), "a")) if names else "none")''',
-            "Completed", refused("new", "existing")),
+            # the runner hides the raw input under an empty read-only tmpfs: the program has its files in its work dir
+            "Completed", lambda s, f: refused("new", "existing")(s, f) and f["names"] == []),
     Hostile("write-proc-sys", r'''
         report(hostname=attempt(lambda: open("/proc/sys/kernel/hostname", "w").write("x")),
                sysrq=attempt(lambda: open("/proc/sysrq-trigger", "w").write("b")),
@@ -955,6 +966,80 @@ PROGRAMS: list[Hostile] = [
     Hostile("created-at-ancient", "print('ok')", "Completed",
             lambda s, f: s["stdout"] == "ok\n" and metric(s, "totalMillis") >= 0,
             meta={"annotations": {"coderun.io/created-at": "0001-01-01T00:00:00+14:00"}}, raw=True),
+    # ------------------------------------------------------------------ JavaScript
+    # Short-lived children are not needed: sleepers pile up at the process cap, long before memory runs out.
+    Hostile("js-fork-bomb", r'''
+        for (;;) {
+            try {
+                cp.spawn("/bin/sleep", ["1000"], {stdio: "ignore", detached: true}).on("error", () => {});
+            } catch (e) {}
+        }''',
+            "ProcessLimitExceeded", lambda s, f: "process" in s["message"].lower(),
+            limits={"memory": "256Mi", "timeoutSeconds": 15}, slow=True, language="javascript"),
+    Hostile("js-memory-bomb-buffers", r'''
+        const keep = [];
+        for (;;) keep.push(Buffer.alloc(10 * 1024 * 1024, 1));''',
+            "OOMKilled", lambda s, f: "memory" in s["message"].lower(), language="javascript"),
+    # V8's heap is sized from the memory limit: it is full near the limit (V8's own fatal error, or the kernel's
+    # OOM kill first), never at V8's default of about half the limit, and either way the run is OOMKilled.
+    Hostile("js-memory-bomb-heap", r'''
+        const limit = Math.round(require("v8").getHeapStatistics().heap_size_limit / 1048576);
+        const keep = [];
+        for (let i = 0; ; i++) {
+            keep.push(new Array(100000).fill(1.5));  // 0.8 MB of heap each
+            if (i % 20 === 0) report({limit, used: Math.round(process.memoryUsage().heapUsed / 1048576)});
+        }''',
+            "OOMKilled", lambda s, f: "memory" in s["message"].lower() and s.get("signal") in (None, 6, 9)
+            and f["limit"] >= 0.8 * 256 and f["used"] > 0.55 * 256, limits={"memory": "256Mi"}, language="javascript"),
+    # Every worker is a thread with a V8 isolate of its own: memory runs out before the thread cap (RLIMIT_NPROC).
+    Hostile("js-worker-flood", r'''
+        const { Worker } = require("worker_threads");
+        for (;;) new Worker("setInterval(() => {}, 1000)", {eval: true});''',
+            "OOMKilled", lambda s, f: "memory" in s["message"].lower(), language="javascript"),
+    # PID 1 of the program's namespace is the runner's init: catchable signals are ignored, SIGSTOP is undone.
+    Hostile("js-signals-to-init", r'''
+        const sent = {};
+        for (const name of ["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGSTOP", "SIGCONT"]) {
+            sent[name] = attempt(() => process.kill(1, name));
+            sleep(100);
+        }
+        report({sent, alive: true, pid: process.pid});''',
+            "Completed", lambda s, f: f["alive"] is True and f["pid"] == 2 and s["exitCode"] == 0,
+            language="javascript"),
+    Hostile("js-sigkill-init", r'''
+        report({pid: process.pid, before: true});
+        process.kill(1, "SIGKILL");
+        sleep(1000);
+        report({after: true});''',
+            "Signaled", lambda s, f: f.get("pid") == 2 and "after" not in f and s["signal"] == 9,
+            language="javascript"),
+    # Node's internal bindings are the same process with the same uid, filter and namespaces: no way around them.
+    Hostile("js-process-binding", r'''
+        const bindings = {};
+        for (const name of ["fs", "natives", "spawn_sync", "process_wrap", "os", "tcp_wrap", "pipe_wrap", "v8"]) {
+            bindings[name] = attempt(() => process.binding(name));
+        }
+        const id = cp.spawnSync("/usr/bin/id", ["-u"]);  // the public face of the spawn_sync binding
+        report({bindings, spawn_uid: id.stdout ? id.stdout.toString().trim() : String(id.error),
+                shadow: attempt(() => fs.readFileSync("/etc/shadow")),
+                proc_sys: attempt(() => fs.writeFileSync("/proc/sys/kernel/hostname", "x"))});''',
+            "Completed", lambda s, f: f["spawn_uid"] == "65532" and refused("shadow", "proc_sys")(s, f),
+            language="javascript"),
+    Hostile("js-setuid", r'''
+        report({uid: attempt(() => process.setuid(0)), gid: attempt(() => process.setgid(0)),
+                euid: attempt(() => process.seteuid(0)), egid: attempt(() => process.setegid(0)),
+                groups: attempt(() => process.setgroups([0])), now: process.getuid()});''',
+            "Completed", lambda s, f: refused("uid", "gid", "euid", "egid", "groups")(s, f) and f["now"] == 65532,
+            language="javascript"),
+    Hostile("js-proc-1", r'''
+        report({environ: attempt(() => fs.readFileSync("/proc/1/environ")),
+                root: attempt(() => fs.readdirSync("/proc/1/root")), cwd: attempt(() => fs.readdirSync("/proc/1/cwd")),
+                maps: attempt(() => fs.readFileSync("/proc/1/maps")), mem: attempt(() => fs.openSync("/proc/1/mem", "r")),
+                stdout: attempt(() => fs.openSync("/proc/1/fd/1", "w")),
+                pids: fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p)).map(Number)});''',
+            # /proc/1 is the runner's init, not dumpable: the same uid may not open what it holds
+            "Completed", lambda s, f: refused("environ", "root", "cwd", "maps", "mem", "stdout")(s, f)
+            and 1 in f["pids"] and len(f["pids"]) <= 3, language="javascript"),
     Hostile("big-spec-700k", r'''
         import glob
         sizes = [len(open(p).read()) for p in sorted(glob.glob("data/*.txt"))]
@@ -991,10 +1076,14 @@ def batches(programs: list[Hostile]) -> list[list[Hostile]]:
 
 
 def _spec(h: Hostile, header: str) -> dict:
-    code = textwrap.dedent(h.code).lstrip("\n") if h.raw else header + PRELUDE + textwrap.dedent(h.code).lstrip("\n")
+    code = textwrap.dedent(h.code).lstrip("\n")
+    if h.language == "javascript":
+        code = JS_PRELUDE + code
+    elif not h.raw:
+        code = header + PRELUDE + code
     if h.pad_code_to:
         code += "\n#" + "p" * (h.pad_code_to - len(code) - 3) + "\n"
-    return {"language": "python", "code": code, "limits": {**SMALL, **h.limits}, **h.spec}
+    return {"language": h.language, "code": code, "limits": {**SMALL, **h.limits}, **h.spec}
 
 
 class HostTrap:

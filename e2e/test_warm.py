@@ -6,7 +6,9 @@ runner prints `CODERUN-ACCEPTED` once it has the whole input, before the program
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import re
 import threading
 import time
@@ -33,7 +35,25 @@ CASES = [
                            ".write('artifact')\nprint('done')"}),
     ("secret-redacted", {"code": "print('key AKIAABCDEFGHIJKLMNOP')"}),
     ("javascript", {"language": "javascript", "code": "console.log(6 * 7); null.x;"}),
+    # What the program can see of where it runs: its scratch and work dirs, its environment, its rlimits, and the
+    # raw input dir (hidden: an empty read-only directory, warm or cold).
+    ("program-view", {"code": "import json, os, resource\n"
+                              "def tried(fn):\n"
+                              "    try:\n"
+                              "        return fn()\n"
+                              "    except OSError as e:\n"
+                              "        return type(e).__name__\n"
+                              "print(json.dumps({'tmp': sorted(os.listdir('/tmp')), 'work': sorted(os.listdir('.')),\n"
+                              "    'cwd': os.getcwd(), 'env': dict(os.environ),\n"
+                              "    'rlimits': {n: resource.getrlimit(getattr(resource, n))\n"
+                              "                for n in dir(resource) if n.startswith('RLIMIT_')},\n"
+                              "    'input': tried(lambda: os.listdir('/coderun/input')),\n"
+                              "    'input_write': tried(lambda: open('/coderun/input/x', 'w') and 'written')}))",
+                      "files": [{"path": "data/in.txt", "content": "from a file"}]}),
 ]
+# What the program must see, beyond seeing the same warm and cold.
+SEEN = {"program-view": lambda view: view["input"] == [] and view["input_write"] == "OSError"
+        and view["tmp"] == ["home", "outputs", "work"] and view["work"] == ["data", "main.py"]}
 # What may differ between a warm and a cold run of the same program: when, where, how long.
 WHERE_AND_WHEN = ("startMode", "podName", "startTime", "completionTime", "metrics", "policyDigest", "message")
 # A write past the disk limit meets two enforcers, RLIMIT_FSIZE (EFBIG, the program's own error) and the runner's
@@ -55,30 +75,58 @@ def comparable(status: dict, case: str = "") -> dict:
     return status
 
 
-def test_a_warm_run_has_the_status_a_cold_run_has(cluster, operator, namespace):
-    """The same programs in a namespace with a pool and in one without, under the same policy otherwise."""
+@contextlib.contextmanager
+def cold_twin(cluster, namespace: str, warm_pool: dict, **policy):
+    """A namespace beside `namespace` with the same policy but no pool; `namespace` gets the pool."""
     cold_ns = f"{namespace}-cold"
     cluster.core.create_namespace({"metadata": {"name": cold_ns, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
     try:
         cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", cold_ns, "coderunpolicies", {
             "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
-            "spec": {"admission": "Record"}})
-        apply_warm_pool(cluster, namespace, {"size": 2, "cpuRequest": "50m"})  # python and javascript
-        for name, spec in CASES:
-            spec = {"language": "python", **spec}
-            wait_for(lambda: pool_ready(cluster, namespace, spec["language"]) >= 1, 120, "a ready warm pod")
-            warm = cluster.wait_run(namespace, cluster.create_run(namespace, spec, name=name), timeout=120)
-            cold = cluster.wait_run(cold_ns, cluster.create_run(cold_ns, spec, name=name), timeout=120)
-            assert warm["status"]["startMode"] == "Warm", (name, warm["status"])
-            assert cold["status"]["startMode"] == "Cold", (name, cold["status"])
-            warm_view, cold_view = comparable(warm["status"], name), comparable(cold["status"], name)
-            assert warm_view == cold_view, (name, {k: (warm_view.get(k), cold_view.get(k))
-                                                   for k in set(warm_view) | set(cold_view)
-                                                   if warm_view.get(k) != cold_view.get(k)})
-            assert warm["status"]["podName"].startswith("pool-default-")
+            "spec": {"admission": "Record", **policy}})
+        apply_warm_pool(cluster, namespace, warm_pool, **policy)
+        yield cold_ns
     finally:
         cluster.core.delete_namespace(cold_ns, propagation_policy="Background")
+
+
+def run_warm_and_cold(cluster, namespace: str, cold_ns: str, name: str, spec: dict) -> tuple[dict, dict]:
+    """The same run in both namespaces, once each: (warm status, cold status), asserted equal where it counts."""
+    spec = {"language": "python", **spec}
+    wait_for(lambda: pool_ready(cluster, namespace, spec["language"]) >= 1, 120, "a ready warm pod")
+    warm = cluster.wait_run(namespace, cluster.create_run(namespace, spec, name=name), timeout=120)["status"]
+    cold = cluster.wait_run(cold_ns, cluster.create_run(cold_ns, spec, name=name), timeout=120)["status"]
+    assert warm["startMode"] == "Warm", (name, warm)
+    assert cold["startMode"] == "Cold", (name, cold)
+    warm_view, cold_view = comparable(warm, name), comparable(cold, name)
+    assert warm_view == cold_view, (name, {k: (warm_view.get(k), cold_view.get(k))
+                                           for k in set(warm_view) | set(cold_view)
+                                           if warm_view.get(k) != cold_view.get(k)})
+    assert warm["podName"].startswith("pool-default-")
+    return warm, cold
+
+
+def test_a_warm_run_has_the_status_a_cold_run_has(cluster, operator, namespace):
+    """The same programs in a namespace with a pool and in one without, under the same policy otherwise."""
+    with cold_twin(cluster, namespace, {"size": 2, "cpuRequest": "50m"}) as cold_ns:  # python and javascript
+        for name, spec in CASES:
+            warm, _ = run_warm_and_cold(cluster, namespace, cold_ns, name, spec)
+            if name in SEEN:
+                assert SEEN[name](json.loads(warm["stdout"])), (name, warm["stdout"])
+
+
+def test_input_files_count_once_against_the_disk_limit_warm_or_cold(cluster, operator, namespace):
+    """Two 250 KB input files and 400 KB written under `disk: 1Mi` (900 KB of the 1,048,576 bytes): within the
+    limit both ways; a warm pod once kept a second copy of its input under /tmp and ended DiskLimitExceeded."""
+    spec = {"code": "open('out.bin', 'wb').write(b'w' * 400_000)\nprint(sum(len(open(f'data/{n}').read()) "
+                    "for n in ('a.txt', 'b.txt')))",
+            "files": [{"path": f"data/{n}", "content": n[0] * 250_000} for n in ("a.txt", "b.txt")],
+            "limits": {"disk": "1Mi"}}
+    pool = {"size": 1, "cpuRequest": "50m", "languages": ["python"]}
+    with cold_twin(cluster, namespace, pool, defaults={"disk": "1Mi"}) as cold_ns:
+        warm, cold = run_warm_and_cold(cluster, namespace, cold_ns, "disk-near-limit", spec)
+    assert (warm["phase"], warm["reason"], warm["stdout"]) == ("Succeeded", "Completed", "500000\n"), warm
 
 
 def pool_pod_names(cluster, namespace: str) -> set[str]:

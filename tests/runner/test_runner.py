@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from runner_harness import process_alive, sha256_hex, wait_until
+from runner_harness import process_alive, runner_in, sha256_hex, wait_until
 
 EMPTY_SHA256 = sha256_hex(b"")
 
@@ -98,6 +98,17 @@ def test_outcome(run_runner, code, spec, expected):
 def test_non_zero_exit_reports_the_error_as_data(run_runner):
     run = run_runner("x = 1\ny = 0\nprint(x / y)\n")
     assert run.frame["error"] == {"type": "ZeroDivisionError", "message": "division by zero", "line": 3}
+
+
+def test_a_handled_traceback_of_a_successful_run_is_no_error(run_runner, tmp_path):
+    code = ("import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()\n"
+            "print('recovered')\n")
+    run = run_runner(code)
+    assert (run.frame["reason"], run.frame["exitCode"], run.frame["stdout"]) == ("Completed", 0, "recovered\n")
+    assert "ZeroDivisionError" in run.frame["stderr"] and run.frame["error"] is None
+    # The same report from a program that then fails is its error.
+    run = runner_in(tmp_path / "failing")(code + "raise SystemExit(2)\n")
+    assert run.frame["reason"] == "NonZeroExit" and run.frame["error"]["type"] == "ZeroDivisionError"
 
 
 def test_runner_environment_does_not_leak_into_the_program(run_runner):

@@ -96,6 +96,48 @@ def test_many_small_files_count_against_the_inode_cap(run_runner):
     assert run.frame["metrics"]["wallMillis"] < 2000 and run.elapsed < 4
 
 
+def test_at_a_tenth_of_a_core_the_inode_cap_holds_while_the_program_runs(run_runner, cpu_limited):
+    # cpu: 100m, and the program takes back the priority the runner gave up for it (under gVisor nice means
+    # nothing): the runner's count of a big tree must not fall behind a program that creates files as fast as
+    # it can. It stops the program while it counts near the cap, so the program is caught past the cap by at
+    # most what it creates in a fraction of one count (hundreds of files here), long before it is done.
+    code = program("""
+        import os, time
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+        for i in range(25000):
+            open(f"f{i}", "w").close()
+        print("written", flush=True)
+    """)
+    run = run_runner(code, maxInodes=8000, timeoutSeconds=120, wrapper=cpu_limited, subprocess_timeout=180)
+    assert (run.frame["reason"], run.frame["stdout"]) == ("DiskLimitExceeded", ""), run.frame
+    assert run.frame["limit"]["kind"] == "inodes" and run.frame["limit"]["limit"] == 8000
+    created = len(list(run.work.iterdir()))
+    assert 8000 < created <= 9600, created  # the runner of before let it run on to 10,000-11,400 of them
+
+
+def test_holding_a_program_near_the_cap_leaves_it_as_it_was(run_runner):
+    # 700 entries of a cap of 1,000: past half, so every count stops the program, and resumes it after. A child
+    # the program stopped itself stays stopped; the program runs on and ends as it would anywhere.
+    code = program("""
+        import os, signal, time
+        for i in range(700):
+            open(f"f{i}", "w").close()
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        os.kill(child, signal.SIGSTOP)
+        started, spins = time.monotonic(), 0
+        while time.monotonic() - started < 2:
+            spins += 1
+        state = open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0]
+        os.kill(child, signal.SIGKILL)
+        print(state, spins > 0)
+    """)
+    run = run_runner(code, maxInodes=1000, timeoutSeconds=20)
+    assert (run.frame["reason"], run.frame["stdout"]) == ("Completed", "T True\n"), run.frame
+
+
 def test_a_fork_bomb_meets_the_process_cap_and_nothing_survives(run_runner, as_pid1):
     # Every process of the bomb keeps writing to the runner's own stdout (it is PID 1): nothing may write after
     # the frame, so every one of them was dead before the runner reported (the kernel's own teardown of the

@@ -3,11 +3,12 @@
 Every sample is the stderr of Debian bookworm's node 18.20.4 (the sandbox-node image, in a chroot of its root
 filesystem) running `node main.js` in /tmp/work, verbatim; above each, the program (a bash $'...' string).
 """
+import json
 import shutil
 
 import pytest
 
-from runner_harness import load_runner_module
+from runner_harness import load_runner_module, runner_in
 
 runner = load_runner_module()
 
@@ -495,3 +496,45 @@ def test_the_runner_reports_a_javascript_error(run_runner):
     assert (run.frame["reason"], run.frame["stdout"]) == ("NonZeroExit", "before\n"), run.frame
     assert run.frame["error"] == {"type": "TypeError", "line": 3,
                                   "message": "Cannot read properties of undefined (reading 'z')"}
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="no node on this machine")
+def test_a_javascript_error_report_printed_by_a_successful_run_is_no_error(run_runner, tmp_path):
+    fake = json.dumps(NODE_TYPE_ERROR)  # a JavaScript string literal too
+    javascript = dict(language="javascript", command=["node", "main.js"], codeFile="main.js")
+    run = run_runner(f'process.stderr.write({fake});\nconsole.log("fine");\n', **javascript)
+    assert (run.frame["reason"], run.frame["exitCode"], run.frame["stdout"]) == ("Completed", 0, "fine\n")
+    assert run.frame["stderr"] == NODE_TYPE_ERROR and run.frame["error"] is None
+    run = runner_in(tmp_path / "failing")(f'process.stderr.write({fake});\nprocess.exit(4);\n', **javascript)
+    assert run.frame["reason"] == "NonZeroExit" and run.frame["error"]["type"] == "TypeError"
+
+
+JAVASCRIPT = dict(language="javascript", command=["node", "main.js"], codeFile="main.js")
+MIB = 1048576
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="no node on this machine")
+def test_node_heap_is_sized_from_the_memory_limit(run_runner, tmp_path):
+    code = 'console.log(Math.round(require("v8").getHeapStatistics().heap_size_limit / 1048576));'
+    run = run_runner(code, memoryBytes=512 * MIB, **JAVASCRIPT)
+    # 80% for the old space, V8's young generation on top: near the limit, where V8's own default (a share of
+    # the machine's memory, about half of a pod's) is not
+    assert 0.8 * 512 <= int(run.frame["stdout"]) <= 512, run.frame
+    default = runner_in(tmp_path / "default")(code, **JAVASCRIPT)  # no memory limit given: V8's own choice
+    assert int(default.frame["stdout"]) != int(run.frame["stdout"])
+    python = runner_in(tmp_path / "python")("import os; print(os.environ.get('NODE_OPTIONS'))", memoryBytes=512 * MIB)
+    assert python.frame["stdout"] == "None\n"  # only Node's environment says so
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="no node on this machine")
+def test_node_out_of_heap_is_out_of_memory(run_runner, tmp_path):
+    run = run_runner("const keep = [];\nwhile (true) keep.push(new Array(100000).fill(1.5));\n",
+                     memoryBytes=128 * MIB, **JAVASCRIPT)
+    assert (run.frame["reason"], run.frame["signal"], run.frame["oomKilled"]) == ("Signaled", 6, True), run.frame
+    assert "JavaScript heap out of memory" in run.frame["stderr"]
+    # The same words printed by a program that then fails on its own are only words.
+    fake = 'console.error("FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory");'
+    run = runner_in(tmp_path / "fake")(fake + "process.exit(1);", memoryBytes=128 * MIB, **JAVASCRIPT)
+    assert (run.frame["reason"], run.frame["oomKilled"]) == ("NonZeroExit", False), run.frame
+    # V8 failing to get memory for a new isolate (e.g. a flood of worker threads) is out of memory too.
+    assert runner.V8_HEAP_EXHAUSTED.search("\n#\n# Fatal process out of memory: Failed to reserve virtual memory\n#\n")

@@ -165,9 +165,9 @@ def test_parse_args_defaults_and_both_forms(runner):
                                            "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log"}
     args = runner.parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
-    # A warm pool pod's runner: the input comes on stdin and is laid out under /tmp unless told where.
+    # A warm pool pod's runner: the input comes on stdin and is laid out where a cold pod's ConfigMap is mounted.
     assert (runner.parse_args(["--input-stdin"]).input, runner.parse_args(["--input-stdin"]).input_stdin) == \
-        ("/tmp/.coderun-input", True)
+        ("/coderun/input", True)
     assert runner.parse_args(["--input-stdin", "--input=/x"]).input == "/x"
 
 
@@ -184,14 +184,14 @@ def minimal_run_json(**fields) -> dict:
 
 def test_sandbox_limits_default_when_absent(runner):
     spec = runner.parse_run_spec(minimal_run_json())
-    assert (spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"]) == (None, 16384, 128)
-    spec = runner.parse_run_spec(minimal_run_json(diskBytes=1 << 20, maxInodes=10, maxProcesses=1))
-    assert (spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"]) == (1 << 20, 10, 1)
+    assert (spec["diskBytes"], spec["memoryBytes"], spec["maxInodes"], spec["maxProcesses"]) == (None, None, 16384, 128)
+    spec = runner.parse_run_spec(minimal_run_json(diskBytes=1 << 20, memoryBytes=1 << 27, maxInodes=10, maxProcesses=1))
+    assert (spec["diskBytes"], spec["memoryBytes"], spec["maxInodes"], spec["maxProcesses"]) == (1 << 20, 1 << 27, 10, 1)
 
 
 @pytest.mark.parametrize("field, value", [
     ("diskBytes", 0), ("diskBytes", -1), ("diskBytes", 2**64), ("diskBytes", "1Mi"), ("diskBytes", 1.5),
-    ("maxInodes", 0), ("maxInodes", True), ("maxInodes", 2**31), ("maxProcesses", 0),
+    ("memoryBytes", 0), ("memoryBytes", "128Mi"), ("maxInodes", 0), ("maxInodes", True), ("maxInodes", 2**31), ("maxProcesses", 0),
     ("maxProcesses", 2**40), ("maxProcesses", None),
 ])
 def test_sandbox_limits_out_of_range_are_invalid_input(runner, field, value):

@@ -5,6 +5,8 @@ runs the program."""
 import hashlib
 import json
 
+import pytest
+
 from runner_harness import last_frame_line, runner_in, warm_document
 
 NONCE = "0123456789abcdef" * 4
@@ -76,3 +78,46 @@ def test_a_bad_key_in_the_document_is_refused(run_runner):
     run = run_runner("unused", warm_stream=b"%d\n%s" % (len(body), body))
     assert run.frame["reason"] == "InvalidInput" and "ConfigMap key" in run.frame["message"]
     assert last_frame_line(run.raw_stdout)
+
+
+# The program's view of where it runs: its scratch dir, its work dir, its environment and its rlimits.
+VIEW = """import json, os, resource
+print(json.dumps({"scratch": sorted(os.listdir("..")), "work": sorted(os.listdir(".")), "env": dict(os.environ),
+                  "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource)
+                              if n.startswith("RLIMIT_")}}))
+"""
+
+
+def test_a_warm_program_sees_what_a_cold_one_sees_and_its_input_counts_once(tmp_path):
+    """Two 250 KB input files and 400 KB written under a 1 MiB disk limit: within it, warm or cold (the warm
+    input is not a second copy under the scratch dir the limit measures)."""
+    code = VIEW + "open('out.bin', 'wb').write(b'w' * 400_000)\n"
+    files = {"data/a.bin": b"a" * 250_000, "data/b.bin": b"b" * 250_000}
+    runs = {}
+    for mode, nonce in (("cold", None), ("warm", NONCE)):
+        (tmp_path / mode).mkdir()
+        runs[mode] = runner_in(tmp_path / mode)(code, input_files=files, diskBytes=1 << 20, warm_nonce=nonce)
+        assert runs[mode].frame["reason"] == "Completed", (mode, runs[mode].frame)
+    warm, cold = (json.loads(runs[m].frame["stdout"].replace(str(tmp_path / m), "<base>")) for m in ("warm", "cold"))
+    assert warm == cold and warm["scratch"] == ["home", "outputs", "work"] and warm["work"] == ["data", "main.py"]
+    # The warm runner wrote its input where it was told (a pool pod's own volume at the ConfigMap's path), one file
+    # per key as the ConfigMap mount has them.
+    assert sorted(p.name for p in (tmp_path / "warm" / "input").iterdir()) == ["code", "file-0", "file-1", "run.json"]
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_as_pid1_the_program_can_neither_list_nor_change_the_raw_input(run_runner, as_pid1, tmp_path, warm):
+    code = f"""import os
+input_dir = {str(tmp_path / "input")!r}
+print(sorted(os.listdir(input_dir)))
+try:
+    open(os.path.join(input_dir, "planted"), "w")
+    print("written")
+except OSError as e:
+    print(type(e).__name__, e.errno)
+print(open("data.txt").read())
+"""
+    run = run_runner(code, input_files={"data.txt": b"laid out"}, stdin=b"", wrapper=as_pid1,
+                     warm_nonce=NONCE if warm else None)
+    assert run.frame["stdout"].splitlines() == ["[]", "OSError 30", "laid out"], run.frame  # EROFS
+    assert not (tmp_path / "input" / "planted").exists()

@@ -36,6 +36,25 @@ def test_pod_is_hardened_as_the_design_demands(run_body):
     assert pod["metadata"]["name"] == "demo-sandbox"
 
 
+def test_a_pool_pod_has_its_input_where_a_cold_pod_has_it_on_a_volume_of_its_own(run_body):
+    """The warm runner writes the input it receives at the ConfigMap's path, on a small volume apart from /tmp
+    (whose size is the program's disk limit), so the input never counts against that limit twice."""
+    from coderun.controlplane.builders import build_pool_pod
+    body = run_body({"language": "python", "code": "print(1)"})
+    _, decision = decide(body)
+    cold = build_pod(body, decision, "demo-input")["spec"]
+    warm = build_pool_pod("ns", decision, {"coderun.io/pool": "p", "coderun.io/pool-language": "python", "key": "k"},
+                          600)["spec"]
+    mounts = {m["mountPath"]: m for m in warm["containers"][0]["volumeMounts"]}
+    assert mounts.keys() == {m["mountPath"] for m in cold["containers"][0]["volumeMounts"]} == {"/coderun/input", "/tmp"}
+    assert mounts["/coderun/input"] == {"name": "input", "mountPath": "/coderun/input"}
+    assert {"name": "input", "mountPath": "/coderun/input", "readOnly": True} in cold["containers"][0]["volumeMounts"]
+    volumes = {v["name"]: v for v in warm["volumes"]}
+    assert volumes["input"] == {"name": "input", "emptyDir": {"sizeLimit": "4Mi"}}
+    assert volumes["tmp"] == {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}
+    assert "--input-stdin" in warm["containers"][0]["command"]
+
+
 def test_input_configmap_carries_code_stdin_files_and_instructions(run_body):
     body = run_body({"language": "python", "code": "print(1)", "stdin": "in",
                      "files": [{"path": "a/b.csv", "content": "x,y"},

@@ -79,7 +79,9 @@ def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
     container, cold_container = pool_pod["spec"]["containers"][0], cold["spec"]["containers"][0]
     assert container["stdin"] is container["stdinOnce"] is True
     assert container["command"][-1] == "--input-stdin" and "volumeMounts" in container
-    assert [m["name"] for m in container["volumeMounts"]] == ["tmp"]  # no input ConfigMap
+    # No input ConfigMap: a small volume of its own at the same path, which its runner writes the input to.
+    assert [m["name"] for m in container["volumeMounts"]] == ["input", "tmp"]
+    assert pool_pod["spec"]["volumes"][0] == {"name": "input", "emptyDir": {"sizeLimit": "4Mi"}}
     # Everything that isolates the pod is the cold pod's, exactly.
     for field in ("securityContext", "resources", "image", "terminationMessagePath"):
         assert container[field] == cold_container[field], field
@@ -265,6 +267,22 @@ def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_a
     assert (("Pod", NS, claimed) in api.objects) is accepted
 
 
+def test_refill_replaces_a_pool_pod_the_pool_would_not_build_now(env):
+    """An older operator's pool pod (here: its input not yet on a volume of its own) is never claimed; it must
+    not keep the pool's place either."""
+    api, _, ctl = env
+    names = start_pool(env)
+    old = copy.deepcopy(api.objects[("Pod", NS, names[0])])
+    old["spec"]["volumes"] = [v for v in old["spec"]["volumes"] if v["name"] != "input"]
+    old["spec"]["containers"][0]["volumeMounts"] = [m for m in old["spec"]["containers"][0]["volumeMounts"]
+                                                    if m["name"] != "input"]
+    api.objects[("Pod", NS, names[0])] = api._stamp(copy.deepcopy(old))
+    ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, names[0])]), deleted=False)
+    warm.refill(ctl)
+    assert ("Pod", NS, names[0]) not in api.objects and ("Pod", NS, names[1]) in api.objects
+    assert api.calls.count("create_pod") == 3
+
+
 def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env, monkeypatch):
     api, _, ctl = env
     names = start_pool(env)
@@ -293,6 +311,9 @@ def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env,
     (lambda spec: spec["containers"][0]["securityContext"].update({"runAsNonRoot": False}), False),
     (lambda spec: spec.update({"hostNetwork": True}), False),
     (lambda spec: spec["volumes"].append({"name": "token", "secret": {"secretName": "x"}}), False),
+    # The input volume is the pod's own scratch, never something else's under the same name.
+    (lambda spec: spec["volumes"][0].update({"emptyDir": None, "hostPath": {"path": "/"}}), False),
+    (lambda spec: spec["volumes"][0]["emptyDir"].update({"sizeLimit": "4096Ki"}), True),
     (lambda spec: spec.update({"initContainers": [{"name": "x", "image": "y"}]}), False),
     (lambda spec: spec["containers"][0]["resources"]["limits"].update({"memory": "64Gi"}), False),
 ])

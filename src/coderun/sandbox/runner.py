@@ -79,6 +79,15 @@ ORPHAN_REAP_SECONDS = 0.5
 NPROC_HEADROOM = 64
 GUARD_COST_RATIO = 20
 GUARD_NEAR_LIMIT_SECONDS = 1.0
+# Near a limit the program is stopped while its scratch is counted (it cannot outrun the count, nor starve it of
+# CPU at a low cpu limit, where nice means nothing under gVisor), and the next count comes when the program, at
+# the rate it was seen growing, would have used this share of what it has left; it runs at least a tenth as long
+# as the count took, so it keeps about a tenth of its time at worst, and only while it races towards the cap.
+GUARD_HEADROOM_SHARE = 0.5
+GUARD_MIN_RUN_SHARE = 0.1
+GUARD_MIN_RUN_SECONDS = 0.01
+# A process forked while the others are being stopped is stopped by the next pass.
+HOLD_PASSES = 4
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
@@ -94,6 +103,11 @@ DELETED_MARK = " (deleted)"
 MAX_CLOSE_FD = 65536
 TAIL_BYTES = 16384
 BASE_PATH = "/usr/local/bin:/usr/bin:/bin"
+# Per cent of the memory limit V8's old space may take: the rest is the young generation, code and Node's own.
+V8_HEAP_SHARE = 80
+# What V8 prints when its heap is full, or memory for it cannot be had, before it aborts: the program ran out
+# of memory, as an OOM kill says.
+V8_HEAP_EXHAUSTED = re.compile(r"^(FATAL ERROR: .*JavaScript heap out of memory|# Fatal process out of memory)", re.M)
 # Kubernetes ConfigMap key rules: a key never names another file or a dir.
 CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
 
@@ -190,9 +204,10 @@ def parse_run_spec(raw: dict) -> dict:
         seen.add(path)
         checked_files.append({"path": path, "key": key})
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
-    disk = raw.get("diskBytes")
+    disk, memory = raw.get("diskBytes"), raw.get("memoryBytes")
     return {
         "diskBytes": None if disk is None else _limit(disk, "diskBytes", MAX_DISK_BYTES),
+        "memoryBytes": None if memory is None else _limit(memory, "memoryBytes", MAX_DISK_BYTES),
         "maxInodes": _limit(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes", MAX_INODES),
         "maxProcesses": _limit(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses", MAX_PROCESSES),
         "language": raw.get("language"),
@@ -301,11 +316,14 @@ def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:
         write_new_file(work_dir, entry["path"], read_input_key(input_dir, entry["key"]))
 
 
-def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_dir: str) -> dict:
+def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_dir: str,
+                      memory_bytes: int | None = None) -> dict:
     """The whole environment of the child: nothing leaks in from the runner's.
 
     scratch_dir is the parent of the work dir (/tmp in the pod), the only
     writable place, so HOME, TMPDIR and matplotlib's cache live there.
+    Node's heap is sized from the memory limit (V8 would take about half of
+    it, and abort there, long before the limit).
     """
     env = {
         "PATH": BASE_PATH,
@@ -318,6 +336,9 @@ def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_d
         "MPLCONFIGDIR": os.path.join(scratch_dir, ".matplotlib"),
         "CODERUN_OUTPUT_DIR": outputs_dir,
     }
+    if memory_bytes is not None:
+        heap_mib = max(memory_bytes * V8_HEAP_SHARE // 100 // 1048576, 16)
+        env["NODE_OPTIONS"] = f"--max-old-space-size={heap_mib}"
     env.update(spec_env)
     return env
 
@@ -653,6 +674,37 @@ def program_processes(own_pid: int, session: int | None, child: int | None = Non
     return pids
 
 
+def running_processes(own_pid: int, session: int | None) -> list[int]:
+    """The program's processes that are neither stopped nor dead (see program_processes)."""
+    return [pid for pid, fields in proc_stats(own_pid)
+            if fields[0] not in (b"T", b"t", b"Z", b"X") and (session is None or int(fields[3]) == session)]
+
+
+def hold_processes(list_running) -> list[int]:
+    """SIGSTOP every process list_running() names, pass after pass until none is left running; the ones this
+    stopped (a process the program stopped itself stays stopped afterwards)."""
+    held: dict[int, None] = {}  # in order: released as stopped
+    for _ in range(HOLD_PASSES):
+        running = list_running()
+        if not running:
+            break
+        for pid in running:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                held[pid] = None
+            except (ProcessLookupError, PermissionError):
+                pass
+    return list(held)
+
+
+def release_processes(held: list[int]) -> None:
+    for pid in held:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def count_processes(own_pid: int, session: int | None) -> int:
     return len(program_processes(own_pid, session))
 
@@ -672,19 +724,23 @@ class Guards:
     (a host file outside disk accounting that belongs to the runner)."""
 
     def __init__(self, scratch_dir: str, disk_bytes: int | None, max_inodes: int, max_processes: int,
-                 termination_fd: int | None, is_pid1: bool):
+                 termination_fd: int | None, is_pid1: bool, input_dir: str | None = None):
         self.scratch_dir, self.disk_bytes, self.max_inodes = scratch_dir, disk_bytes, max_inodes
+        self.input_dir = input_dir
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
         self.next_check = 0.0
         self.next_bytes_check = 0.0
         self.near_limit = False
+        self.inodes = 0
+        self.counted: tuple[float, int] | None = None  # (when the program went on after a count, the count)
+        self.growth = 0.0  # inodes a second while the program runs
 
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
         file outside disk accounting, too) and forks at the cap (RLIMIT_NPROC counts the uid's processes: the
-        runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us); and
-        the syscall filter goes on last."""
+        runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us) and a
+        mount namespace in which the raw input is hidden; and the syscall filter goes on last."""
         if self.disk_bytes is not None:
             lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes)
         # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
@@ -694,7 +750,7 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
-            enter_program_namespaces(self.max_processes)
+            enter_program_namespaces(self.max_processes, self.input_dir)
         install_syscall_filter()
 
     def due(self, now: float) -> bool:
@@ -707,8 +763,14 @@ class Guards:
         # also stretch the pause before the next check.
         started = time.process_time()
         with_bytes = final or now >= self.next_bytes_check
-        verdict = self._check(with_bytes)
+        held = [] if final or not self.near_limit else hold_processes(self._running_processes)
+        counted_at = time.monotonic()
+        try:
+            verdict = self._check(with_bytes)
+        finally:
+            release_processes(held)
         cost = time.process_time() - started
+        done = time.monotonic()
         # Every check waits GUARD_COST_RATIO times its own cost before the next one, so the checks together take
         # at most 1/(GUARD_COST_RATIO + 1) of a core; the costlier bytes walk comes every other such pause at most,
         # the cheap counts in between.
@@ -717,10 +779,21 @@ class Guards:
             # Past half a limit, a costly walk (e.g. thousands of directories) must not put the next look beyond
             # the flood: at least every GUARD_NEAR_LIMIT_SECONDS then, at up to half a core.
             pause = min(pause, max(GUARD_NEAR_LIMIT_SECONDS, cost))
-        self.next_check = now + pause
+        if self.counted is not None:
+            before_at, before = self.counted
+            seconds = (counted_at if held else done) - before_at
+            # A burst is remembered, halved at every count that sees less: a short pause that happened to see no
+            # new file must not undo what the count before it saw.
+            self.growth = max(max(self.inodes - before, 0) / seconds if seconds > 0 else 0.0, self.growth / 2)
+            if self.growth > 0:
+                left = (self.max_inodes - self.inodes) / self.growth
+                pause = min(pause, max(GUARD_HEADROOM_SHARE * left, GUARD_MIN_RUN_SHARE * (done - counted_at),
+                                       GUARD_MIN_RUN_SECONDS))
+        self.counted = (done, self.inodes)
+        self.next_check = done + pause
         if with_bytes:
-            self.next_bytes_check = now + (pause if self.near_limit
-                                           else max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO))
+            self.next_bytes_check = done + (pause if self.near_limit
+                                            else max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO))
         return verdict
 
     def _check(self, with_bytes: bool) -> tuple[str, dict] | None:
@@ -736,6 +809,7 @@ class Guards:
         if verdict:
             return verdict
         used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
+        self.inodes = inodes
         self.near_limit = 2 * inodes > self.max_inodes or (
             with_bytes and self.disk_bytes is not None and 2 * used > self.disk_bytes)
         if inodes > self.max_inodes:
@@ -753,6 +827,9 @@ class Guards:
     def _processes(self) -> list[int]:
         return program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
 
+    def _running_processes(self) -> list[int]:
+        return running_processes(os.getpid(), None if self.is_pid1 else self.session)
+
     def _at_process_cap(self, pids: list[int]) -> tuple[str, dict] | None:
         if len(pids) < self.max_processes:
             return None
@@ -769,7 +846,7 @@ class Guards:
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 # Every namespace flag of clone(2): the program may fork, never make namespaces.
 CLONE_NAMESPACE_FLAGS = 0x7E020000
 PR_SET_DUMPABLE = 4
@@ -895,15 +972,21 @@ def enter_user_namespace() -> bool:
     return True
 
 
-def enter_program_namespaces(max_processes: int) -> None:
+def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None) -> None:
     """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
     program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
     The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
-    program's own. Without them (see enter_user_namespace) the program runs beside us as before."""
+    program's own. Without them (see enter_user_namespace) the program runs beside us as before.
+
+    hidden_dir (the raw input, which the runner has read) gets an empty read-only tmpfs over it: the program
+    sees its input only where the runner laid it out, the same whether it came from a ConfigMap or a warm pod's
+    stdin, and cannot write where a warm pod's runner wrote it. Best effort: if refused, it stays visible."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID | CLONE_NEWNS) != 0:
         return
+    if hidden_dir is not None:
+        libc.mount(b"tmpfs", os.fsencode(hidden_dir), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     status_read, status_write = os.pipe()
     init = os.fork()
     if init == 0:
@@ -1088,6 +1171,7 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                 drain_until = time.monotonic() + DRAIN_GRACE_SECONDS
             if drain_until is not None and (open_streams == 0 or now >= drain_until):
                 break
+            now = time.monotonic()  # a check may have taken a while
             if drain_until is not None:
                 wait = drain_until - now
             elif runner_kill_reason is None:
@@ -1422,7 +1506,7 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
     reason, exit_code, signal_number = classify(outcome)
     error = None
     parse_error = ERROR_PARSERS.get(spec["language"])
-    if parse_error is not None:
+    if parse_error is not None and outcome.returncode != 0:  # exit 0: any report it printed, it handled
         error = parse_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
     # The operator writes every human message; the frame carries facts (reason, limit, counts) only.
     frame_limit = {"limit": outcome.limit} if outcome.limit else {}
@@ -1482,31 +1566,32 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
     home_dir = os.path.join(scratch_dir, "home")
     os.makedirs(home_dir, exist_ok=True)
     os.makedirs(outputs, exist_ok=True)
-    env = child_environment(spec["env"], scratch_dir, home_dir, outputs)
+    env = child_environment(spec["env"], scratch_dir, home_dir, outputs,
+                            spec["memoryBytes"] if spec["language"] == "javascript" else None)
     guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
-                    is_pid1)
+                    is_pid1, os.path.abspath(args.input))
     try:
         outcome = run_child(spec["command"], work, env, stdin_path,
                             spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
     except OSError as exc:  # e.g. the image lacks the interpreter
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds)
-    oom_killed = (outcome.returncode == -signal.SIGKILL and outcome.runner_kill_reason is None
-                  and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
+    oom_killed = outcome.runner_kill_reason is None and (
+        (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
+        or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
     artifacts, skipped, unlisted = collect_artifacts(outputs, spec["artifacts"])
     return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
 
 
 DEFAULT_PATHS = {
-    "input": "/coderun/input",                      # the input ConfigMap mount
+    "input": "/coderun/input",                      # the input ConfigMap mount, or where --input-stdin writes it
     "work": "/tmp/work",                            # writable; the program's cwd
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
 }
-STDIN_INPUT_DIR = "/tmp/.coderun-input"         # where --input-stdin lays the input out
-USAGE = ("usage: runner.py [--input DIR | --input-stdin] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
+USAGE = ("usage: runner.py [--input DIR] [--input-stdin] [--work DIR] [--outputs DIR] [--termination-log FILE]\n"
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
-         "input on stdin instead of reading a mounted ConfigMap.")
+         "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
@@ -1528,8 +1613,6 @@ def parse_args(argv: list[str]) -> types.SimpleNamespace:
             print(f"{USAGE}\nrunner.py: bad argument {option!r}", file=sys.stderr)
             sys.exit(2)
         paths[key] = value if has_value else args.pop(0)
-    if input_stdin and "--input" not in [a.partition("=")[0] for a in argv]:
-        paths["input"] = STDIN_INPUT_DIR
     return types.SimpleNamespace(**paths, input_stdin=input_stdin)
 
 

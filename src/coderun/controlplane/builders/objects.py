@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from kubernetes.utils import parse_quantity
 
-from coderun.api.models import API_VERSION, KIND, CodeRunSpec, EgressRule
+from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
 from ..policy import Decision
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE,
                     LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name, run_labels)
@@ -24,6 +24,10 @@ CONTAINER_NAME = "run"
 POD_DEADLINE_MARGIN_SECONDS = 60
 # Container logs count against ephemeral storage; leave room for them beside the user's /tmp.
 LOG_STORAGE_MARGIN = "32Mi"
+# A warm pool pod's runner writes the input it receives where a cold pod's ConfigMap is mounted, on a volume of its
+# own (never under /tmp, whose size is the program's disk limit): room for the largest input (4 UTF-8 bytes a
+# character at most, and run.json), taken from the log margin above. The runner hides it from the program.
+POOL_INPUT_SIZE = f"{(MAX_INPUT_TOTAL_CHARS * 4) // 1048576 + 1}Mi"
 # A stream that keeps flooding far beyond what the status keeps is stopped, not drained forever.
 FLOOD_FACTOR = 16
 # The runner keeps this much beyond spec.limits.outputBytes, so the operator redacts before it cuts and a
@@ -70,6 +74,7 @@ def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
         "outputBytes": limits.output_bytes + REDACTION_MARGIN_BYTES,
         "floodBytes": limits.output_bytes * FLOOD_FACTOR,
         "diskBytes": int(parse_quantity(limits.disk)),
+        "memoryBytes": int(parse_quantity(limits.memory)),
         "maxProcesses": policy.max_processes,
         "maxInodes": policy.max_inodes,
         "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
@@ -132,20 +137,21 @@ def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) 
     """The hardened sandbox pod (README, "What every run gets"). Nothing here is the caller's to switch off."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
     metadata["annotations"] = {"coderun.io/policy": decision.policy.name}
-    pod = _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
-                       decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
-    pod["spec"]["containers"][0]["volumeMounts"].insert(0, {"name": "input", "mountPath": INPUT_MOUNT,
-                                                            "readOnly": True})
-    pod["spec"]["volumes"].insert(0, {"name": "input", "configMap": {"name": input_configmap}})
-    return pod
+    return _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
+                        decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS,
+                        {"name": "input", "configMap": {"name": input_configmap}})
 
 
 def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str],
-                 deadline_seconds: int) -> dict[str, Any]:
+                 deadline_seconds: int, input_volume: dict[str, Any]) -> dict[str, Any]:
     """What every sandbox pod is, cold or warm: gVisor, no token, no network of its own, non-root, read-only
-    root, every capability dropped, limits equal to requests, a private /tmp."""
+    root, every capability dropped, limits equal to requests, a private /tmp, and the input at INPUT_MOUNT
+    (read-only for a ConfigMap; a warm pod's runner writes it)."""
     limits = decision.limits
     ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN))
+    input_mount = {"name": "input", "mountPath": INPUT_MOUNT}
+    if "configMap" in input_volume:
+        input_mount["readOnly"] = True  # else left out, as the API server leaves out a false one
     resources = {"cpu": limits.cpu, "memory": limits.memory, "ephemeral-storage": ephemeral}
     drop_all = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
@@ -177,9 +183,9 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
                 "securityContext": drop_all,
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "File",
-                "volumeMounts": [{"name": "tmp", "mountPath": TMP_MOUNT}],
+                "volumeMounts": [input_mount, {"name": "tmp", "mountPath": TMP_MOUNT}],
             }],
-            "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}],
+            "volumes": [input_volume, {"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}],
         },
     }
 
@@ -195,7 +201,8 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
     if decision.policy.uid:
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]
-    pod = _sandbox_pod(metadata, decision, list(POOL_RUNNER_COMMAND), idle_seconds)
+    pod = _sandbox_pod(metadata, decision, list(POOL_RUNNER_COMMAND), idle_seconds,
+                       {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     container = pod["spec"]["containers"][0]
     container.update({"stdin": True, "stdinOnce": True})
     if decision.policy.warm_pool_cpu_request:  # the policy chose to reserve less than the limit while it waits

@@ -357,7 +357,10 @@ def refill(ctl: core.Controller) -> None:
     for pod in ctl.store.pool_pods():
         meta = pod["metadata"]
         pool = (meta.get("namespace"), _key_of(pod))
-        if is_spent(pod) or (pool not in wanted and settled):
+        # A pod that is not what the pool builds now (an older operator's, e.g. before the input had a volume
+        # of its own, or a look-alike) would never be claimed, yet fill the pool's place: replace it.
+        outdated = pool in wanted and not is_genuine(pod, wanted[pool][1])
+        if is_spent(pod) or (pool not in wanted and settled) or outdated:
             if not meta.get("deletionTimestamp"):
                 _delete_unclaimed(ctl, pod)
             continue
