@@ -41,7 +41,8 @@ install() {
   # policy sets allowClusterEgress.
   local node_ip
   node_ip=$("$KUBECTL" get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
-  "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" \
+  # --force-conflicts: fields `kubectl apply` set (make up-host) are taken over by the release, not a conflict.
+  "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" --force-conflicts \
     --set image.digest="$digest" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
     --wait --timeout 180s "$@" >/dev/null

@@ -55,7 +55,9 @@ CASES = [
 SEEN = {"program-view": lambda view: view["input"] == [] and view["input_write"] == "OSError"
         and view["tmp"] == ["home", "outputs", "work"] and view["work"] == ["data", "main.py"]}
 # What may differ between a warm and a cold run of the same program: when, where, how long.
-WHERE_AND_WHEN = ("startMode", "podName", "startTime", "completionTime", "metrics", "policyDigest", "message")
+# The cache key covers the whole decision, the policy's digest with it, and the twins' policies differ by the pool.
+WHERE_AND_WHEN = ("startMode", "podName", "startTime", "completionTime", "metrics", "policyDigest", "message",
+                  "cacheKey")
 # A write past the disk limit meets two enforcers, RLIMIT_FSIZE (EFBIG, the program's own error) and the runner's
 # disk walk (SIGKILL), and which comes first is a race on either path; the reason and the limit are the same.
 RACING = {"disk": ("exitCode", "signal", "error", "stderr", "stderrBytes", "stderrSha256", "conditions")}
