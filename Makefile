@@ -8,14 +8,14 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds helm operator-lock test-e2e-chart cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
-	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory
+	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
 	@echo "make test   - unit, runner and e2e tests against the chart-installed operator, cold and warm (starts the cluster)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -98,10 +98,11 @@ bench: up
 bench-idle: up-host
 	$(PY) e2e/bench_idle.py
 
-# The operator's memory with 1,000 finished runs of 512 KiB output each, then after they are deleted (issue 17):
-# the controller in-process against the unit tier's fake API server; no cluster.
-bench-memory: venv
+# The same two figures without a cluster: the controller in-process against the unit tier's fake API server with
+# 1,000 finished runs of 512 KiB output, and the policy loader with the costliest patterns its budgets admit.
+bench-memory-inprocess: venv
 	$(PY) e2e/bench_operator_memory.py
+	$(PY) e2e/bench_policy_memory.py
 
 # The warm pool's transport (issue 11): pods/attach to pre-started gVisor pods.
 bench-attach: up-host
