@@ -287,6 +287,12 @@ start_apiserver() {
 }
 
 start_containerd() {
+  # /run/netns becomes a shared mount point of its own before any pod's netns is mounted under it, as `ip netns`
+  # makes it the first time it runs: made later (e2e/test_network.py's test hosts), it would hide the pods'
+  # netns mounts made before it, and those pods could never be deleted ("unlinkat ...: device or resource busy").
+  mkdir -p /run/netns
+  mountpoint -q /run/netns || mount --bind /run/netns /run/netns
+  mount --make-shared /run/netns
   PATH="$CONTAINERD_BIN:$GVISOR_BIN:$PATH" start containerd "$CONTAINERD_BIN/containerd" --config "$CLUSTER_DIR/containerd.toml"
   wait_for containerd 30 "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" version
 }
