@@ -31,8 +31,8 @@ def test_the_record_names_who_decided_and_who_created():
 
 @pytest.mark.parametrize("raw, shown", [
     ("system:serviceaccount:team-a:agent", "system:serviceaccount:team-a:agent"),
-    ("bob\nApproved-by: admin", "bob?Approved-by: admin"),
-    ("eve\u202egnp.exe\u0000", "eve?gnp.exe?"),
+    ("bob\nApproved-by: admin", "bob\\x0aApproved-by: admin"),
+    ("eve\u202egnp.exe\u0000", "eve\\u202egnp.exe\\x00"),
     ("", "?"),
 ])
 def test_identities_are_shown_on_one_line(raw, shown):

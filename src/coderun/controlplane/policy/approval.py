@@ -6,11 +6,11 @@ whatever string anybody typed. A self-approval does not count unless the policy 
 """
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass
 from typing import Mapping
 
 from coderun.api.identity import APPROVE_VERB, APPROVED_BY, CREATED_BY, IDENTITY_POLICY, REJECTED_BY
+from coderun.api.text import one_line
 
 MAX_SHOWN_IDENTITY_CHARS = 128
 
@@ -18,8 +18,7 @@ MAX_SHOWN_IDENTITY_CHARS = 128
 def shown_identity(value: str | None) -> str:
     """An identity as messages, Events and the status show it: no control or format characters (a newline or a
     bidi override could forge a second line), at most MAX_SHOWN_IDENTITY_CHARS. Bounded work on any input."""
-    head = (value or "")[:MAX_SHOWN_IDENTITY_CHARS + 1]
-    clean = "".join(c if unicodedata.category(c)[0] not in "CZ" or c == " " else "?" for c in head)
+    clean = one_line((value or "")[:MAX_SHOWN_IDENTITY_CHARS + 1])
     return clean[:MAX_SHOWN_IDENTITY_CHARS - 3] + "..." if len(clean) > MAX_SHOWN_IDENTITY_CHARS else clean or "?"
 
 
