@@ -81,10 +81,10 @@ GUARD_COST_RATIO = 20
 GUARD_NEAR_LIMIT_SECONDS = 1.0
 # Near a limit the program is stopped while its scratch is counted (it cannot outrun the count, nor starve it of
 # CPU at a low cpu limit, where nice means nothing under gVisor), and the next count comes when the program, at
-# the rate it was seen growing, would have used this share of what it has left; it runs at least a tenth as long
-# as the count took, so it keeps about a tenth of its time at worst, and only while it races towards the cap.
+# the rate it was seen growing, would have used this share of what it has left; it runs at least as long as the
+# count took (GUARD_MIN_RUN_SHARE of it), so it keeps a fifth of its time at worst, only while it nears a limit.
 GUARD_HEADROOM_SHARE = 0.5
-GUARD_MIN_RUN_SHARE = 0.1
+GUARD_MIN_RUN_SHARE = 0.25
 GUARD_MIN_RUN_SECONDS = 0.01
 # A process forked while the others are being stopped is stopped by the next pass.
 HOLD_PASSES = 4
@@ -705,6 +705,13 @@ def release_processes(held: list[int]) -> None:
             pass
 
 
+def time_to_reach(limit: int, before: int, now: int, seconds: float) -> float:
+    """Seconds until `limit`, at the rate the value went from `before` to `now` in `seconds` (inf if it did not
+    grow)."""
+    grown = now - before
+    return (limit - now) * seconds / grown if grown > 0 and seconds > 0 else float("inf")
+
+
 def count_processes(own_pid: int, session: int | None) -> int:
     return len(program_processes(own_pid, session))
 
@@ -734,7 +741,6 @@ class Guards:
         self.near_limit = False
         self.inodes = 0
         self.counted: tuple[float, int] | None = None  # (when the program went on after a count, the count)
-        self.growth = 0.0  # inodes a second while the program runs
 
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
@@ -781,14 +787,9 @@ class Guards:
             pause = min(pause, max(GUARD_NEAR_LIMIT_SECONDS, cost))
         if self.counted is not None:
             before_at, before = self.counted
-            seconds = (counted_at if held else done) - before_at
-            # A burst is remembered, halved at every count that sees less: a short pause that happened to see no
-            # new file must not undo what the count before it saw.
-            self.growth = max(max(self.inodes - before, 0) / seconds if seconds > 0 else 0.0, self.growth / 2)
-            if self.growth > 0:
-                left = (self.max_inodes - self.inodes) / self.growth
-                pause = min(pause, max(GUARD_HEADROOM_SHARE * left, GUARD_MIN_RUN_SHARE * (done - counted_at),
-                                       GUARD_MIN_RUN_SECONDS))
+            left = time_to_reach(self.max_inodes, before, self.inodes, (counted_at if held else done) - before_at)
+            pause = min(pause, max(GUARD_HEADROOM_SHARE * left, GUARD_MIN_RUN_SHARE * (done - counted_at),
+                                   GUARD_MIN_RUN_SECONDS))
         self.counted = (done, self.inodes)
         self.next_check = done + pause
         if with_bytes:
