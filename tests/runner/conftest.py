@@ -57,23 +57,3 @@ def as_nobody():
         yield runner_in(base, owner=NOBODY, interpreter=SYSTEM_PYTHON), drop
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-CPU_CGROUPS = Path("/sys/fs/cgroup/cpu")  # cgroup v1, as on this kind of machine
-
-
-@pytest.fixture
-def cpu_limited():
-    """A command prefix that runs the runner in a cgroup of its own limited to 100m of CPU (a CFS quota), as a
-    pod with `cpu: 100m` is: the runner and the program share that tenth of a core."""
-    if os.geteuid() != 0 or not (CPU_CGROUPS / "cpu.cfs_quota_us").exists():
-        pytest.skip("needs root and a cgroup v1 cpu controller to limit the runner's CPU")
-    group = Path(tempfile.mkdtemp(prefix="coderun-runner-", dir=CPU_CGROUPS))
-    (group / "cpu.cfs_period_us").write_text("100000")
-    (group / "cpu.cfs_quota_us").write_text("10000")
-    try:
-        yield ("sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh")
-    finally:
-        for pid in (group / "cgroup.procs").read_text().split():  # none unless the runner failed
-            os.kill(int(pid), 9)
-        group.rmdir()

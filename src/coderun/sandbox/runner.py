@@ -79,15 +79,6 @@ ORPHAN_REAP_SECONDS = 0.5
 NPROC_HEADROOM = 64
 GUARD_COST_RATIO = 20
 GUARD_NEAR_LIMIT_SECONDS = 1.0
-# Near a limit the program is stopped while its scratch is counted (it cannot outrun the count, nor starve it of
-# CPU at a low cpu limit, where nice means nothing under gVisor), and the next count comes when the program, at
-# the rate it was seen growing, would have used this share of what it has left; it runs at least as long as the
-# count took (GUARD_MIN_RUN_SHARE of it), so it keeps a fifth of its time at worst, only while it nears a limit.
-GUARD_HEADROOM_SHARE = 0.5
-GUARD_MIN_RUN_SHARE = 0.25
-GUARD_MIN_RUN_SECONDS = 0.01
-# A process forked while the others are being stopped is stopped by the next pass.
-HOLD_PASSES = 4
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
@@ -674,44 +665,6 @@ def program_processes(own_pid: int, session: int | None, child: int | None = Non
     return pids
 
 
-def running_processes(own_pid: int, session: int | None) -> list[int]:
-    """The program's processes that are neither stopped nor dead (see program_processes)."""
-    return [pid for pid, fields in proc_stats(own_pid)
-            if fields[0] not in (b"T", b"t", b"Z", b"X") and (session is None or int(fields[3]) == session)]
-
-
-def hold_processes(list_running) -> list[int]:
-    """SIGSTOP every process list_running() names, pass after pass until none is left running; the ones this
-    stopped (a process the program stopped itself stays stopped afterwards)."""
-    held: dict[int, None] = {}  # in order: released as stopped
-    for _ in range(HOLD_PASSES):
-        running = list_running()
-        if not running:
-            break
-        for pid in running:
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                held[pid] = None
-            except (ProcessLookupError, PermissionError):
-                pass
-    return list(held)
-
-
-def release_processes(held: list[int]) -> None:
-    for pid in held:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def time_to_reach(limit: int, before: int, now: int, seconds: float) -> float:
-    """Seconds until `limit`, at the rate the value went from `before` to `now` in `seconds` (inf if it did not
-    grow)."""
-    grown = now - before
-    return (limit - now) * seconds / grown if grown > 0 and seconds > 0 else float("inf")
-
-
 def count_processes(own_pid: int, session: int | None) -> int:
     return len(program_processes(own_pid, session))
 
@@ -739,8 +692,6 @@ class Guards:
         self.next_check = 0.0
         self.next_bytes_check = 0.0
         self.near_limit = False
-        self.inodes = 0
-        self.counted: tuple[float, int] | None = None  # (when the program went on after a count, the count)
 
     def child_limits(self) -> None:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
@@ -769,14 +720,8 @@ class Guards:
         # also stretch the pause before the next check.
         started = time.process_time()
         with_bytes = final or now >= self.next_bytes_check
-        held = [] if final or not self.near_limit else hold_processes(self._running_processes)
-        counted_at = time.monotonic()
-        try:
-            verdict = self._check(with_bytes)
-        finally:
-            release_processes(held)
+        verdict = self._check(with_bytes)
         cost = time.process_time() - started
-        done = time.monotonic()
         # Every check waits GUARD_COST_RATIO times its own cost before the next one, so the checks together take
         # at most 1/(GUARD_COST_RATIO + 1) of a core; the costlier bytes walk comes every other such pause at most,
         # the cheap counts in between.
@@ -785,16 +730,10 @@ class Guards:
             # Past half a limit, a costly walk (e.g. thousands of directories) must not put the next look beyond
             # the flood: at least every GUARD_NEAR_LIMIT_SECONDS then, at up to half a core.
             pause = min(pause, max(GUARD_NEAR_LIMIT_SECONDS, cost))
-        if self.counted is not None:
-            before_at, before = self.counted
-            left = time_to_reach(self.max_inodes, before, self.inodes, (counted_at if held else done) - before_at)
-            pause = min(pause, max(GUARD_HEADROOM_SHARE * left, GUARD_MIN_RUN_SHARE * (done - counted_at),
-                                   GUARD_MIN_RUN_SECONDS))
-        self.counted = (done, self.inodes)
-        self.next_check = done + pause
+        self.next_check = now + pause
         if with_bytes:
-            self.next_bytes_check = done + (pause if self.near_limit
-                                            else max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO))
+            self.next_bytes_check = now + (pause if self.near_limit
+                                           else max(GUARD_INTERVAL_SECONDS, 2 * cost * GUARD_COST_RATIO))
         return verdict
 
     def _check(self, with_bytes: bool) -> tuple[str, dict] | None:
@@ -810,7 +749,6 @@ class Guards:
         if verdict:
             return verdict
         used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
-        self.inodes = inodes
         self.near_limit = 2 * inodes > self.max_inodes or (
             with_bytes and self.disk_bytes is not None and 2 * used > self.disk_bytes)
         if inodes > self.max_inodes:
@@ -827,9 +765,6 @@ class Guards:
 
     def _processes(self) -> list[int]:
         return program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
-
-    def _running_processes(self) -> list[int]:
-        return running_processes(os.getpid(), None if self.is_pid1 else self.session)
 
     def _at_process_cap(self, pids: list[int]) -> tuple[str, dict] | None:
         if len(pids) < self.max_processes:
@@ -1172,7 +1107,6 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                 drain_until = time.monotonic() + DRAIN_GRACE_SECONDS
             if drain_until is not None and (open_streams == 0 or now >= drain_until):
                 break
-            now = time.monotonic()  # a check may have taken a while
             if drain_until is not None:
                 wait = drain_until - now
             elif runner_kill_reason is None:
