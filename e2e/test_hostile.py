@@ -978,10 +978,6 @@ PROGRAMS: list[Hostile] = [
         }''',
             "ProcessLimitExceeded", lambda s, f: "process" in s["message"].lower(),
             limits={"memory": "256Mi", "timeoutSeconds": 45}, slow=True, language="javascript"),
-    Hostile("js-memory-bomb-buffers", r'''
-        const keep = [];
-        for (;;) keep.push(Buffer.alloc(10 * 1024 * 1024, 1));''',
-            "OOMKilled", lambda s, f: "memory" in s["message"].lower(), language="javascript"),
     # V8's heap is sized from the memory limit: it is full near the limit (V8's own fatal error, or the kernel's
     # OOM kill first), never at V8's default of about half the limit, and either way the run is OOMKilled.
     Hostile("js-memory-bomb-heap", r'''
