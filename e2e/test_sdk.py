@@ -75,7 +75,9 @@ def test_a_watch_that_drops_is_survived(operator, namespace):
     result = client.wait(created.name, timeout=90, stats=stats)
     assert result.stdout == "survived\n"
     assert stats.watches >= 3 and stats.lists >= stats.watches  # each ended watch: list again, watch again
-    assert stats.phases[-1] == "Succeeded" and "Running" in stats.phases
+    # It saw the run unfinished before it saw it end. Whether "Running" shows in between depends on how soon
+    # the operator sees the pod start on a loaded node, so it is not asserted.
+    assert stats.phases[-1] == "Succeeded" and stats.phases[-2] in ("", "Pending", "Running")
 
 
 def test_files_stdin_and_artifact_bytes(client):
