@@ -27,15 +27,15 @@ $(VENV)/.installed: pyproject.toml
 crds: venv
 	$(PY) -m coderun.api.crd crds charts/coderun
 
-# Pins the operator image's dependencies (requirements/operator.txt) to what PyPI resolves today for
+# Pins the operator image's dependencies (operator/requirements.txt) to what PyPI resolves today for
 # pyproject.toml's [operator] requirements, in a throwaway venv. Review the diff, then commit it.
 operator-lock:
 	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; python3 -m venv "$$tmp/venv"; \
 	python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	print(*p["dependencies"], *p["optional-dependencies"]["operator"], sep="\n")' > "$$tmp/requirements.txt"; \
 	"$$tmp/venv/bin/pip" install -q --only-binary=:all: -r "$$tmp/requirements.txt"; \
-	{ sed -n '/^#/p' requirements/operator.txt; "$$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f; } \
-	  > "$$tmp/operator.txt"; mv "$$tmp/operator.txt" requirements/operator.txt
+	{ sed -n '/^#/p' operator/requirements.txt; "$$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f; } \
+	  > "$$tmp/operator.txt"; mv "$$tmp/operator.txt" operator/requirements.txt
 
 # helm, built from its Go module into the cache like the cluster's binaries (the chart tests render with it).
 helm:
@@ -93,21 +93,21 @@ test-e2e-warm: up
 test: test-unit test-e2e-chart demo test-e2e-warm
 
 bench: up
-	$(PY) e2e/bench_latency.py
+	$(PY) e2e/bench/latency.py
 
 bench-idle: up-host
-	$(PY) e2e/bench_idle.py
+	$(PY) e2e/bench/idle.py
 
 # The same two figures without a cluster: the controller in-process against the unit tier's fake API server with
 # 1,000 finished runs of 512 KiB output, and the policy loader with the costliest patterns its budgets admit.
 bench-memory-inprocess: venv
-	$(PY) e2e/bench_operator_memory.py
-	$(PY) e2e/bench_policy_memory.py
+	$(PY) e2e/bench/operator_memory.py
+	$(PY) e2e/bench/policy_memory.py
 
 # The warm pool's transport (issue 11): pods/attach to pre-started gVisor pods.
 bench-attach: up-host
-	$(PY) e2e/bench_attach.py
+	$(PY) e2e/bench/attach.py
 
 # The leading operator's memory: a worst-case policy, 1,000 finished runs of 512 KiB output, then none.
 bench-memory: up
-	$(PY) e2e/bench_memory.py
+	$(PY) e2e/bench/memory.py

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for coderun.controlplane.k8s, the controller's only seam to the API server.
+"""An in-memory stand-in for coderun_operator.k8s, the controller's only seam to the API server.
 
 It keeps objects by (kind, namespace, name), answers like the real module (None when created, the existing
 object on AlreadyExists, None for a missing object) and can be told to refuse or fail calls, so controller
@@ -11,7 +11,7 @@ import itertools
 from typing import Any, Callable
 
 from coderun.api.identity import admission_policies
-from coderun.controlplane.k8s import Conflict, Refused, Transient
+from coderun_operator.k8s import Conflict, Refused, Transient
 
 __all__ = ["Conflict", "FakeK8s", "Refused", "Transient"]
 

@@ -2,7 +2,7 @@
 the policy allows it; identities are shown bounded and on one line."""
 import pytest
 
-from coderun.controlplane.policy.approval import MAX_SHOWN_IDENTITY_CHARS, approval_verdict, shown_identity
+from coderun_operator.policy.approval import MAX_SHOWN_IDENTITY_CHARS, approval_verdict, shown_identity
 
 CREATED = {"coderun.io/created-by": "alice"}
 

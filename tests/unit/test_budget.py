@@ -1,6 +1,6 @@
 import json
 
-from coderun.controlplane.results.budget import (ETCD_OBJECT_LIMIT_BYTES, escaped_prefix, fit, json_size, smaller_statuses,
+from coderun_operator.results.budget import (ETCD_OBJECT_LIMIT_BYTES, escaped_prefix, fit, json_size, smaller_statuses,
                                     status_budget)
 
 

@@ -2,9 +2,9 @@ import base64
 import json
 
 from coderun.api.models import CodeRunSpec
-from coderun.controlplane.builders import (build_input_configmap, build_namespace_network_policy, build_network_policy, build_pod,
+from coderun_operator.builders import (build_input_configmap, build_namespace_network_policy, build_network_policy, build_pod,
                               child_name, code_hash)
-from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
+from coderun_operator.policy import DEFAULT_POLICY, evaluate
 
 
 def decide(body):
@@ -39,7 +39,7 @@ def test_pod_is_hardened_as_the_design_demands(run_body):
 def test_a_pool_pod_has_its_input_where_a_cold_pod_has_it_on_a_volume_of_its_own(run_body):
     """The warm runner writes the input it receives at the ConfigMap's path, on a small volume apart from /tmp
     (whose size is the program's disk limit), so the input never counts against that limit twice."""
-    from coderun.controlplane.builders import build_pool_pod
+    from coderun_operator.builders import build_pool_pod
     body = run_body({"language": "python", "code": "print(1)"})
     _, decision = decide(body)
     cold = build_pod(body, decision, "demo-input")["spec"]

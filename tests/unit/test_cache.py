@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 
 from coderun.api.models import CodeRunSpec, EgressRule
-from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
-from coderun.controlplane.results.cache import (cache_key, image_digest, is_reusable, is_same_source, pick_reusable,
+from coderun_operator.policy import DEFAULT_POLICY, evaluate
+from coderun_operator.results.cache import (cache_key, image_digest, is_reusable, is_same_source, pick_reusable,
                                                 reused_outcome)
-from coderun.controlplane.results.redact import Redactor
+from coderun_operator.results.redact import Redactor
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -105,7 +105,7 @@ _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create"
 
 
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
-    source = (REPO / "src" / "coderun" / "controlplane" / "k8s.py").read_text()
+    source = (REPO / "operator" / "coderun_operator" / "k8s.py").read_text()
     needed = set()
     for verb, rest in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)", source):
         assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
@@ -181,7 +181,7 @@ def test_the_webhook_is_rendered_the_same_every_time_with_no_private_key(helm):
     objects = template(helm)
     assert not by_kind(objects, "Secret")
     config, = by_kind(objects, "ValidatingWebhookConfiguration")
-    handlers = (REPO / "src" / "coderun" / "controlplane" / "handlers.py").read_text()
+    handlers = (REPO / "operator" / "coderun_operator" / "handlers.py").read_text()
     for hook in config["webhooks"]:
         path = hook["clientConfig"]["service"]["path"]
         assert f'id="{path.lstrip("/")}"' in handlers, f"{path} is not a kopf handler id in handlers.py"

@@ -131,7 +131,7 @@ def test_the_sdk_cli_and_tools_import_without_kopf_mcp_or_openai():
     """The light `pip install coderun` has kubernetes + pydantic only: none of these may pull in the extras."""
     blocked = "import sys\nfor name in ('kopf', 'mcp', 'openai'):\n    sys.modules[name] = None\n"
     done = subprocess.run([sys.executable, "-c", blocked + "import coderun.client, coderun.cli, coderun.tools\n"
-                           "assert not [m for m in sys.modules if m.startswith('coderun.controlplane')]"],
+                           "assert not [m for m in sys.modules if m.startswith('coderun_operator')]"],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr  # nor the control plane: the layout's line between the two
 

@@ -6,10 +6,10 @@ import yaml
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.policy import DEFAULT_POLICY, decision_from_record
-from coderun.controlplane.policy import Denial, InvalidPolicyMark, evaluate, needs_use_permission, select_policy
-from coderun.controlplane.policy.code_rules import check_code
+from coderun_operator.policy import Denial, InvalidPolicyMark, evaluate, needs_use_permission, select_policy
+from coderun_operator.policy.code_rules import check_code
 from coderun.api.coderunpolicy import CodeRules
-from coderun.controlplane.policy.load import InvalidPolicy, policy_from_object
+from coderun_operator.policy.load import InvalidPolicy, policy_from_object
 
 BUNDLES = sorted((Path(__file__).parents[2] / "policies").glob("*/coderunpolicy.yaml"))
 
@@ -134,8 +134,8 @@ def test_code_too_deep_to_parse_is_refused_not_a_crash():
 
 
 def test_a_warm_pool_is_per_language_and_may_reserve_less_cpu_than_its_limit():
-    from coderun.controlplane.builders import build_pool_pod
-    from coderun.controlplane.controller.warm import wanted_pools
+    from coderun_operator.builders import build_pool_pod
+    from coderun_operator.controller.warm import wanted_pools
     loaded = policy(warmPool={"size": 3, "cpuRequest": "100m"})
     pools = wanted_pools("team-a", loaded)
     assert sorted(language for language, _ in pools.values()) == ["javascript", "python"]  # every runtime

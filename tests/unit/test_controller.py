@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from coderun.controlplane.controller import Controller
+from coderun_operator.controller import Controller
 from fake_k8s import FakeK8s, Refused, Transient
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
@@ -718,7 +718,7 @@ def test_a_queued_run_starts_when_a_running_one_is_deleted(env):
 
 
 def test_runs_deleted_before_their_expiry_leave_no_schedule_behind():
-    from coderun.controlplane.controller.store import Store
+    from coderun_operator.controller.store import Store
     store = Store()
     for i in range(500):
         store.expire_at(T0 + timedelta(days=7), f"uid-{i}")

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from coderun.controlplane.results.frame import FrameError, parse_frame
+from coderun_operator.results.frame import FrameError, parse_frame
 
 REAL = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
         "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000}}

@@ -5,8 +5,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from coderun.controlplane import k8s, leader
-from coderun.controlplane.leader import Observation, Record, held_by, may_take, observe, record_of, released
+from coderun_operator import k8s, leader
+from coderun_operator.leader import Observation, Record, held_by, may_take, observe, record_of, released
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, 123456, tzinfo=timezone.utc)
 

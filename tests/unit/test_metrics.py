@@ -1,6 +1,6 @@
 from prometheus_client import REGISTRY
 
-from coderun.controlplane import metrics
+from coderun_operator import metrics
 
 
 def series(name: str) -> int:

@@ -1,6 +1,6 @@
 import pytest
 
-from coderun.controlplane.results.pod_state import (image_with_digest, never_fits, pending_verdict, pod_level_failure,
+from coderun_operator.results.pod_state import (image_with_digest, never_fits, pending_verdict, pod_level_failure,
                                        terminated)
 
 

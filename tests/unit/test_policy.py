@@ -1,7 +1,7 @@
 import pytest
 
 from coderun.api.models import CodeRunSpec
-from coderun.controlplane.policy import DEFAULT_POLICY, Decision, Denial, evaluate, select_policy
+from coderun_operator.policy import DEFAULT_POLICY, Decision, Denial, evaluate, select_policy
 
 
 def spec(**fields):

@@ -6,13 +6,13 @@ import weakref
 import pytest
 
 from coderun.api.models import CodeRunSpec
-from coderun.controlplane.controller import Controller
-from coderun.controlplane.controller.collection import redactor
-from coderun.controlplane.policy import InvalidPolicyMark, decision_from_record, evaluate
-from coderun.controlplane.policy.egress import cluster_egress_refusal, protected_networks
-from coderun.controlplane.policy.load import InvalidPolicy, policy_from_object
-from coderun.controlplane.policy.patterns import POLICY_MAX_PROGRAM
-from coderun.controlplane.results.redact import InvalidPattern, compile_pattern
+from coderun_operator.controller import Controller
+from coderun_operator.controller.collection import redactor
+from coderun_operator.policy import InvalidPolicyMark, decision_from_record, evaluate
+from coderun_operator.policy.egress import cluster_egress_refusal, protected_networks
+from coderun_operator.policy.load import InvalidPolicy, policy_from_object
+from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM
+from coderun_operator.results.redact import InvalidPattern, compile_pattern
 
 LOCAL_CLUSTER = protected_networks({"CODERUN_POD_CIDRS": "10.88.0.0/16", "CODERUN_SERVICE_CIDRS": "10.96.0.0/16",
                                     "CODERUN_NODE_CIDRS": "192.168.1.10/32"})
@@ -104,7 +104,7 @@ def test_without_configured_ranges_every_private_range_is_protected():
 
 
 def test_the_loader_and_so_the_webhook_refuse_cluster_egress_unless_allowed():
-    from coderun.controlplane.webhook import review_policy
+    from coderun_operator.webhook import review_policy
     refusal = review_policy(policy_object(egress=[{"cidr": "169.254.169.254/32"}]))
     assert "spec.egress[0].cidr: 169.254.169.254/32 covers 169.254.0.0/16" in refusal
     assert review_policy(policy_object(allowClusterEgress=True, egress=[{"cidr": "169.254.169.254/32"}])) is None

@@ -6,10 +6,10 @@ import json
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Reason
-from coderun.controlplane.builders import build_input_configmap, warm_input
-from coderun.controlplane.builders.objects import REDACTION_MARGIN_BYTES
-from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
-from coderun.controlplane.results import frame
+from coderun_operator.builders import build_input_configmap, warm_input
+from coderun_operator.builders.objects import REDACTION_MARGIN_BYTES
+from coderun_operator.policy import DEFAULT_POLICY, evaluate
+from coderun_operator.results import frame
 from coderun.sandbox import runner
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from coderun.controlplane.results.redact import Redactor
+from coderun_operator.results.redact import Redactor
 
 SECRETS = [
     ("aws-access-key", "AKIAIOSFODNN7EXAMPLE"),

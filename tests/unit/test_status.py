@@ -4,11 +4,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from coderun.api.models import CodeRunSpec
-from coderun.controlplane.policy import DEFAULT_POLICY
-from coderun.controlplane.results.lifecycle import expiry_time, ttl_seconds
-from coderun.controlplane.results.frame import RunnerFrame
-from coderun.controlplane.results.redact import Redactor
-from coderun.controlplane.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
+from coderun_operator.policy import DEFAULT_POLICY
+from coderun_operator.results.lifecycle import expiry_time, ttl_seconds
+from coderun_operator.results.frame import RunnerFrame
+from coderun_operator.results.redact import Redactor
+from coderun_operator.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
                                     terminal_status)
 
 NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)

@@ -1,5 +1,5 @@
 from coderun.api.models import Expect
-from coderun.controlplane.results.validate import validate_output
+from coderun_operator.results.validate import validate_output
 
 SCHEMA = {"type": "object", "required": ["rate"], "properties": {"rate": {"type": "number", "maximum": 1}}}
 
@@ -29,7 +29,7 @@ def test_non_json_truncated_and_bad_schema_are_explained():
 
 
 def test_a_check_that_burns_cpu_is_stopped_with_a_clear_error():
-    from coderun.controlplane.results import validate
+    from coderun_operator.results import validate
     # uniqueItems over many distinct unhashable items is quadratic in jsonschema.
     stdout = "[" + ",".join(f'{{"k": {i}}}' for i in range(40000)) + "]"
     result = validate_output(Expect(stdout_json_schema={"type": "array", "uniqueItems": True}), 0, stdout, False)

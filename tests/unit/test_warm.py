@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from coderun.controlplane.builders import build_pod
-from coderun.controlplane.controller import Controller, warm
-from coderun.controlplane.policy import DEFAULT_POLICY, evaluate
+from coderun_operator.builders import build_pod
+from coderun_operator.controller import Controller, warm
+from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s, Transient
 from test_controller import NS, T0, Clock, frame_log, make_run
@@ -318,8 +318,8 @@ def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env,
     (lambda spec: spec["containers"][0]["resources"]["limits"].update({"memory": "64Gi"}), False),
 ])
 def test_only_a_pod_built_as_the_pool_builds_it_is_genuine(change, genuine):
-    from coderun.controlplane.builders import build_pool_pod
-    from coderun.controlplane.policy.load import policy_from_object
+    from coderun_operator.builders import build_pool_pod
+    from coderun_operator.policy.load import policy_from_object
     policy = policy_from_object(POLICY)
     (key, (language, decision)), = warm.wanted_pools(NS, policy).items()
     pod = build_pool_pod(NS, decision, {"coderun.io/pool": "default", "coderun.io/pool-language": language,

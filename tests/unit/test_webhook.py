@@ -2,8 +2,8 @@
 and nothing is allowed on the built-in baseline before the namespace's policies are known."""
 import pytest
 
-from coderun.controlplane import webhook
-from coderun.controlplane.controller import Controller
+from coderun_operator import webhook
+from coderun_operator.controller import Controller
 from fake_k8s import FakeK8s, Transient
 
 NS = "team-a"

@@ -10,8 +10,8 @@ import urllib.parse
 import pytest
 from cryptography import x509
 
-from coderun.controlplane import webhook_server
-from coderun.controlplane.webhook_server import (MAX_REVIEW_BYTES, BoundedWebhookServer, ServingCertificate,
+from coderun_operator import webhook_server
+from coderun_operator.webhook_server import (MAX_REVIEW_BYTES, BoundedWebhookServer, ServingCertificate,
                                                  bundle_from_secret, ensure_bundle, issue, needs_renewal,
                                                  service_names, sync_ca_bundle, write_files)
 from fake_k8s import Conflict, FakeK8s, Refused

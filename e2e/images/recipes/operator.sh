@@ -1,19 +1,19 @@
 # coderun.local/operator:v1 — the operator (`coderun-operator`, i.e. kopf with coderun's handlers) in a
 # venv at /opt/coderun/venv on Debian bookworm minbase with Debian's Python 3.11. The same content as the
-# Dockerfile at the repository root, without Docker or a registry.
+# operator/Dockerfile, without Docker or a registry.
 #
 # Two layers of caching (see build.sh): the base (debootstrap, then the third-party dependencies that
 # pyproject.toml names for the package and its `operator` extra, from PyPI at the versions
-# requirements/operator.txt pins) is keyed by those two files through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
-# the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun. So an edit to
+# operator/requirements.txt pins) is keyed by those two files through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
+# the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun and operator/coderun_operator. So an edit to
 # the code rebuilds the image in seconds; a change to the dependencies rebuilds the base.
 #
 # Byte-code is compiled at build time as unchecked-hash .pyc (precompile_python in ../debian.sh says why).
 IMAGE_REF=coderun.local/operator:v1
 VENV=/opt/coderun/venv
-BASE_INPUTS=(pyproject.toml requirements/operator.txt)
+BASE_INPUTS=(pyproject.toml operator/requirements.txt)
 mapfile -t RECIPE_INPUTS < <(cd "$REPO" && printf '%s\n' pyproject.toml README.md &&
-    find src/coderun -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort)
+    find src/coderun operator/coderun_operator -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort)
 MKIMAGE_ARGS=(--entrypoint "[\"$VENV/bin/coderun-operator\"]" --user 65532:65532 --workdir /tmp
     --env "PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin" --env LANG=C.UTF-8
     --env PYTHONDONTWRITEBYTECODE=1 --env PYTHONUNBUFFERED=1)
@@ -27,7 +27,7 @@ operator_chroot() {
 }
 
 # The packages and the third-party dependencies: slow (debootstrap, then PyPI), so build.sh caches them
-# apart from the code, keyed by pyproject.toml and requirements/operator.txt.
+# apart from the code, keyed by pyproject.toml and operator/requirements.txt.
 make_base_rootfs() {
     local rootfs=$1 deps
     debian_rootfs "$rootfs" coderun /tmp "${OPERATOR_DEBS[*]}"
@@ -45,7 +45,7 @@ print(*project["dependencies"], *project["optional-dependencies"]["operator"], s
         cp "$PIP_CERT" "$rootfs/tmp/pip-cert.pem"
         pip_env+=(PIP_CERT=/tmp/pip-cert.pem)
     fi
-    cp "$REPO/requirements/operator.txt" "$rootfs/tmp/constraints.txt"  # the pinned versions
+    cp "$REPO/operator/requirements.txt" "$rootfs/tmp/constraints.txt"  # the pinned versions
     operator_chroot "$rootfs" "${pip_env[@]}" "$VENV/bin/pip" install -c /tmp/constraints.txt "${deps[@]}" >&2
     rm -f "$rootfs/tmp/constraints.txt"
     rm -f "$rootfs/tmp/pip-cert.pem"
@@ -71,7 +71,8 @@ make_rootfs() {
     rm -rf "$rootfs/tmp/wheel"
     # pip and setuptools were for the build: the operator does not use them.
     operator_chroot "$rootfs" "$VENV/bin/python" -m pip uninstall --quiet -y pip setuptools >&2
-    precompile_python "$rootfs" "$VENV/lib/python3.11/site-packages/coderun"
+    precompile_python "$rootfs" "$VENV/lib/python3.11/site-packages/coderun" \
+        "$VENV/lib/python3.11/site-packages/coderun_operator"
     verify_operator_rootfs "$rootfs"  # needs the base's /dev/null, so before /dev is emptied
     rm -rf "${rootfs:?}"/dev/* "${rootfs:?}"/tmp/* "${rootfs:?}"/root/.cache
 }
@@ -83,7 +84,7 @@ verify_operator_rootfs() {
     local rootfs=$1
     local as_operator=(chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i "PATH=$VENV/bin:/usr/bin:/bin"
         HOME=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
-    "${as_operator[@]}" "$VENV/bin/python" -c 'import coderun.controlplane.handlers, kopf, re2, cryptography
+    "${as_operator[@]}" "$VENV/bin/python" -c 'import coderun_operator.handlers, kopf, re2, cryptography
 import os, sys
 def compiled(cached):  # a .pyc from the build, valid without its source being checked
     try:

@@ -1,5 +1,5 @@
 """Policy data: runtimes, default and maximum limits, code rules, egress, concurrency, approval. Frozen, so a
-decision cannot drift; the operator turns a CodeRunPolicy object into one (controlplane/policy/load.py)."""
+decision cannot drift; the operator turns a CodeRunPolicy object into one (coderun_operator/policy/load.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,7 +41,7 @@ class Policy:
     warm_pool_languages: tuple[str, ...] = ()
     warm_pool_cpu_request: str | None = None
     uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
-    # Its RE2 patterns compiled by the operator's loader (controlplane/policy/patterns.py): they live and go with
+    # Its RE2 patterns compiled by the operator's loader (coderun_operator/policy/patterns.py): they live and go with
     # this object, one per CodeRunPolicy uid and spec digest.
     compiled_patterns: Any = field(default=None, compare=False, repr=False)
 
@@ -111,7 +111,7 @@ DEFAULT_POLICY = Policy(
 
 def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | None = None) -> Policy:
     """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent. (The operator
-    checks first what the schema cannot: see controlplane/policy/load.py.)"""
+    checks first what the schema cannot: see coderun_operator/policy/load.py.)"""
     ttl = spec.ttl_seconds_after_finished
     return Policy(
         name=name, runtimes={r.language: r for r in spec.runtimes} if spec.runtimes else dict(DEFAULT_POLICY.runtimes),

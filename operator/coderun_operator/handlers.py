@@ -1,4 +1,4 @@
-"""kopf wiring only: each handler hands the object to the controller. Run with `kopf run -m coderun.controlplane.handlers`.
+"""kopf wiring only: each handler hands the object to the controller. Run with `kopf run -m coderun_operator.handlers`.
 
 Only low-level event handlers: kopf keeps no state on the objects (no progress or diff-base annotations, which
 would have to hold the whole spec), adds no finalizers, and does not retry them; the controller's own tick

@@ -21,7 +21,7 @@ from kubernetes import client, config
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PID_FILE = REPO / ".cluster" / "pids" / "operator.pid"
 METRICS = "http://127.0.0.1:{port}/metrics"
 

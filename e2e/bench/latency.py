@@ -23,13 +23,12 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from coderun.api.models import GROUP, PLURAL, VERSION, CodeRunSpec  # noqa: E402
 from coderun.api.reasons import TERMINAL_PHASES  # noqa: E402
-from coderun.controlplane.builders import build_input_configmap, build_pod  # noqa: E402
-from coderun.controlplane.policy import DEFAULT_POLICY, evaluate  # noqa: E402
+from coderun_operator.builders import build_input_configmap, build_pod  # noqa: E402
+from coderun_operator.policy import DEFAULT_POLICY, evaluate  # noqa: E402
 
-KUBECONFIG = Path(__file__).resolve().parents[1] / ".cluster" / "kubeconfig"
+KUBECONFIG = Path(__file__).resolve().parents[2] / ".cluster" / "kubeconfig"
 CODE = "print(1)"
 
 

@@ -1,4 +1,4 @@
-"""What a hostile CodeRunPolicy's regexes cost the operator (`python e2e/bench_policy_memory.py`; no cluster).
+"""What a hostile CodeRunPolicy's regexes cost the operator (`python e2e/bench/policy_memory.py`; no cluster).
 
 Issue 17: twelve characters of RE2 (`\\pL{300}`) cost the leader 24-44 MiB, kept after the policy was deleted.
 This loads policies the way the operator does (Controller.on_policy, the loader the webhook also runs) and
@@ -18,10 +18,10 @@ import string
 import time
 
 from coderun.api.models import CodeRunSpec
-from coderun.controlplane.controller import Controller
-from coderun.controlplane.controller.collection import redactor
-from coderun.controlplane.policy import evaluate
-from coderun.controlplane.policy.patterns import POLICY_MAX_PROGRAM
+from coderun_operator.controller import Controller
+from coderun_operator.controller.collection import redactor
+from coderun_operator.policy import evaluate
+from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM
 
 
 def rss_mib() -> float:

@@ -3,7 +3,7 @@ it (process_resident_memory_bytes):
 
   baseline -> the attack policy (64 + 256 patterns of `\\pL{300}`) refused at `kubectl apply` -> the costliest
   policy the budgets admit (64 redaction + 256 denied patterns filling the policy's RE2 budget, e2e/
-  bench_policy_memory.py's) applied -> deleted -> with 1,000 finished runs of 512 KiB output each (256 KiB stdout
+  policy_memory.py's) applied -> deleted -> with 1,000 finished runs of 512 KiB output each (256 KiB stdout
   + 256 KiB stderr; one real run, 999 answered by the result cache, which needs no pod) -> after they are deleted.
 
 Prints each figure beside the operator's memory limit. Statuses are never listed whole (1,000 x 512 KiB): the
@@ -15,7 +15,6 @@ import argparse
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -23,10 +22,8 @@ from pathlib import Path
 
 from kubernetes import client, config
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "e2e"))
-from bench_policy_memory import budget_filling_patterns  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+from policy_memory import budget_filling_patterns  # noqa: E402  (its neighbour: python puts e2e/bench on the path)
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"

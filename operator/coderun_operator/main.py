@@ -17,7 +17,7 @@ from . import health, leader, metrics
 
 def main() -> None:
     liveness = os.environ.get("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
-    sys.argv = ["kopf", "run", "--module", "coderun.controlplane.handlers", "--all-namespaces", "--standalone",
+    sys.argv = ["kopf", "run", "--module", "coderun_operator.handlers", "--all-namespaces", "--standalone",
                 "--liveness", liveness, *sys.argv[1:]]
     if os.environ.get("CODERUN_LEADER_ELECTION", "").lower() != "true":
         metrics.LEADER.set(1)  # the only replica

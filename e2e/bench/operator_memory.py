@@ -17,10 +17,10 @@ import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
 from fake_k8s import FakeK8s  # noqa: E402 - the unit tier's fake API server
 
-from coderun.controlplane.controller import Controller  # noqa: E402
+from coderun_operator.controller import Controller  # noqa: E402
 
 STREAM_BYTES = 256 * 1024
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)

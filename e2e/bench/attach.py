@@ -5,7 +5,7 @@ would), then, one pod at a time: attach through the API server, write a line, re
 Prints the attach handshake and the full round trip, so the warm path's budget (claim, attach, input, program,
 result, status) can be planned against real numbers, not guesses.
 
-    .venv/bin/python e2e/bench_attach.py [N, default 8: each holds 50m CPU plus gVisor's overhead]
+    .venv/bin/python e2e/bench/attach.py [N, default 8: each holds 50m CPU plus gVisor's overhead]
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from kubernetes import client, config
 from kubernetes.stream import stream
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ANSWER = "import sys; line = sys.stdin.readline(); print('got ' + line.strip(), flush=True)"
 
 

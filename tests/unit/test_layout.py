@@ -1,0 +1,27 @@
+"""The layout the design card names, and the import contracts in .importlinter (run by import-linter)."""
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).parents[2]
+
+
+def test_the_import_contracts_hold():
+    # A subprocess, so the graph is of the source tree as a fresh interpreter imports it.
+    linted = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                             "lint_imports_command()", "--no-cache"],
+                            cwd=REPO, capture_output=True, text=True, timeout=120,
+                            env={"PYTHONPATH": f"{REPO / 'src'}:{REPO / 'operator'}", "PATH": "/usr/bin:/bin"})
+    assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-2000:]
+    assert "broken" in linted.stdout and " 0 broken" in linted.stdout
+
+
+def test_operator_holds_the_operator_and_does_not_shadow_the_standard_library():
+    top = REPO / "operator"
+    assert {p.name for p in top.iterdir() if p.name != "__pycache__"} == {"Dockerfile", "requirements.txt",
+                                                                          "coderun_operator"}
+    assert not (top / "__init__.py").exists()
+    # With the repository root first on the path (as `python -m pytest` puts it), `operator` is still the stdlib's.
+    probe = subprocess.run([sys.executable, "-c", "import operator; print(operator.add(2, 3), operator.__file__)"],
+                           cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert probe.stdout.startswith("5 ") and "/operator/" not in probe.stdout.split(" ", 1)[1], probe
