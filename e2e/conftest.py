@@ -264,7 +264,8 @@ def operator(cluster) -> Cluster:
     """The operator running from this checkout (restarted once per session, so it runs the code under test);
     `cluster.operator` controls it and says where its endpoints and log are."""
     if OPERATOR_MODE == "chart":
-        subprocess.run(["make", "up"], cwd=REPO, check=True, capture_output=True)
+        if not os.environ.get("CODERUN_E2E_UP"):  # `make test` brought it up once for every pass
+            subprocess.run(["make", "up"], cwd=REPO, check=True, capture_output=True)
         cluster.operator = ChartOperator(cluster)
         return cluster
     subprocess.run(["make", "up-host"], cwd=REPO, check=True, capture_output=True)
@@ -328,6 +329,17 @@ def count_start_modes(cluster, namespace: str) -> None:
     if WARM_MODE:
         for run in cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]:
             START_MODES[(run.get("status") or {}).get("startMode") or "none"] += 1
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Warm mode proves the warm transport, so it runs the tests that start runs (those that take the operator);
+    a test of the cluster alone proved what it proves in the chart pass and is not run twice."""
+    if not WARM_MODE:
+        return
+    cluster_only = [item for item in items if "operator" not in getattr(item, "fixturenames", ())]
+    if cluster_only:
+        config.hook.pytest_deselected(items=cluster_only)
+        items[:] = [item for item in items if item not in cluster_only]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
