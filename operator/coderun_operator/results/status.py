@@ -1,9 +1,6 @@
 """Status computation, pure: (run, what happened, now) -> the status dict to write once.
 
-The accepted, waiting, running and terminal statuses are computed here, so their phases, reasons, conditions and
-messages stay consistent; the controller writes them (Controller.write_status), adding the start mode, the queue
-time and the cache key. Two small writes it makes itself: the approval record, and a failed warm claim's return
-to Pending before the run starts cold (controller/).
+Every writer of status goes through here, so phases, reasons, conditions and messages stay consistent.
 """
 from __future__ import annotations
 
