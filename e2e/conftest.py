@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
+from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402 - the API constants, never re-declared
 from coderun.api.reasons import TERMINAL_PHASES as TERMINAL  # noqa: E402
 
@@ -291,7 +292,7 @@ def apply_warm_pool(cluster, namespace: str, warm_pool: dict | None = None, read
                     **spec) -> None:
     """A `default` policy like the built-in one (admission Record) with a warm pool; waits for `ready` pods."""
     warm_pool = warm_pool or WARM_POOL
-    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "coderunpolicies", {
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
         "spec": {"admission": "Record", "warmPool": warm_pool, **spec}})
     languages = len(warm_pool.get("languages") or ("python", "javascript"))
@@ -371,7 +372,7 @@ class PodCensus:
 
 
 # ---- people: kubectl impersonation (`--as=alice`) with the RBAC a namespace owner gives them
-CODERUNS = [{"apiGroups": ["coderun.io"], "resources": ["coderuns"]}]
+CODERUNS = [{"apiGroups": [GROUP], "resources": [PLURAL]}]
 CREATOR_VERBS = ["create", "get", "list", "watch", "patch"]
 APPROVER_VERBS = ["get", "list", "watch", "patch", "approve"]  # the chart's coderun-approver ClusterRole
 
@@ -395,7 +396,7 @@ def grant(cluster, namespace: str, user: str, verbs: list[str], rules=CODERUNS, 
 def create_as(cluster, user: str, namespace: str, spec: dict, annotations: dict | None = None, check: bool = True):
     """`kubectl --as=USER create -f -`: the run's name, or (with check=False) kubectl's result."""
     name = f"run-{uuid.uuid4().hex[:8]}"
-    manifest = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
                 "metadata": {"name": name, **({"annotations": annotations} if annotations else {})}, "spec": spec}
     result = cluster.kubectl("--as", user, "create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
                              check=check)

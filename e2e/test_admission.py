@@ -8,7 +8,7 @@ from coderun.api.models import GROUP, PLURAL, VERSION
 
 
 def manifest(spec: dict, name: str = "bad") -> str:
-    return yaml.safe_dump({"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
+    return yaml.safe_dump({"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
                            "metadata": {"name": name}, "spec": spec})
 
 

@@ -19,6 +19,8 @@ import urllib.request
 import pytest
 from kubernetes.client.rest import ApiException
 
+from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.models import GROUP, PLURAL, VERSION
 from conftest import OPERATOR_MODE, REPO, ChartOperator, PodCensus, wait_for
 
 NAMESPACE, RELEASE = "coderun-system", "coderun"
@@ -131,26 +133,26 @@ def test_the_chart_made_a_restricted_run_namespace_with_its_default_policy(chart
 
 
 def test_the_in_cluster_webhook_refuses_what_an_enforcing_policy_denies(chart, namespace):
-    policy = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+    policy = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
               "spec": {"codeRules": {"deniedPythonImports": ["socket"]}, "admission": "Enforce"}}
-    chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", policy)
+    chart.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, policy)
 
     def refused():
         try:
             name = chart.create_run(namespace, {"language": "python", "code": "import socket\n"})
         except ApiException as e:
             return e
-        chart.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderuns", name)
+        chart.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         return None  # the leader has not seen the policy yet
     error = wait_for(refused, 20, "the webhook to refuse the run")
     assert error.status == 403 and "imports 'socket'" in error.body, error.body
     bad = {**policy, "metadata": {"name": "bad"}, "spec": {"redactionPatterns": ["(?<=x)y"]}}
     with pytest.raises(ApiException) as malformed:
-        chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", bad)
+        chart.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, bad)
     assert "redactionPatterns" in malformed.value.body
 
 
-ENFORCING = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+ENFORCING = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
              "spec": {"codeRules": {"deniedPythonImports": ["socket"]}, "admission": "Enforce"}}
 DENIED_RUN = """apiVersion: coderun.io/v1alpha1
 kind: CodeRun
@@ -163,8 +165,7 @@ def refused_by_kubectl(cluster, namespace: str, timeout: float) -> str:
     """kubectl create of a run the namespace's enforcing policy denies, until the webhook refuses it (the leader
     may not have seen the policy, or be serving a new certificate, yet); returns kubectl's message."""
     try:
-        cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies",
-                                                       ENFORCING)
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, ENFORCING)
     except ApiException as e:
         assert e.status == 409, e.body  # made by an earlier call
 
@@ -247,9 +248,9 @@ def test_a_sandbox_with_pod_network_egress_cannot_reach_the_operator(chart, name
     server = chart.pod_ip(namespace, "server")
     wait_for(lambda: chart.pod_phase(namespace, "server") == "Running", 60, "the control server running")
     leader = leader_pod(chart).status.pod_ip
-    policy = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "podnet"},
+    policy = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "podnet"},
               "spec": {"allowClusterEgress": True, "egress": [{"cidr": "10.88.0.0/16"}]}}
-    chart.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", policy)
+    chart.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, policy)
     code = SNOOP.format(server=server, leader=leader)
 
     def snooped():

@@ -10,22 +10,19 @@ from datetime import datetime
 import pytest
 from kubernetes.client.rest import ApiException
 
-from coderun.api.coderunpolicy import spec_digest
-from coderun.api.models import CodeRunSpec
+from coderun.api.coderunpolicy import POLICY_PLURAL, spec_digest
+from coderun.api.models import GROUP, VERSION, CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
 from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, wait_for
-
-GROUP, VERSION, POLICIES = "coderun.io", "v1alpha1", "coderunpolicies"
-
 
 def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": spec}
     try:
-        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, body)
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, body)
     except Exception:  # noqa: BLE001 - exists: replace it
-        current = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, name)
+        current = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name)
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        cluster.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, name, body)
+        cluster.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name, body)
     time.sleep(1)  # the operator's watch delivers it; runs created after this see it
 
 
@@ -70,7 +67,7 @@ def test_limits_over_the_policy_maximum_are_refused_naming_field_value_and_maxim
                                                                          "maximums.memory"), status
     assert "spec.limits.memory=512Mi" in status["message"] and "128Mi" in status["message"]
     # An audit tells which version of which policy said no.
-    policy = operator.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICIES, "small")
+    policy = operator.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "small")
     assert (status["policy"], status["policyDigest"]) == ("small", spec_digest(policy["spec"])), status
 
 
@@ -233,8 +230,8 @@ def test_naming_a_policy_takes_the_use_verb_and_the_baseline_cannot_be_named(ope
     assert "cannot be named" in says, says
     says = refusal(operator, namespace, {"language": "python", "code": "print(1)", "policyRef": "open"}, "policyRef")
     assert "alice may not use CodeRunPolicy 'open'" in says and "hidden-gpu" not in says, says
-    grant(operator, namespace, "alice", ["use"], rules=[{"apiGroups": ["coderun.io"],
-                                                         "resources": ["coderunpolicies"]}], names=["open"])
+    grant(operator, namespace, "alice", ["use"], rules=[{"apiGroups": [GROUP],
+                                                         "resources": [POLICY_PLURAL]}], names=["open"])
     name = create_as(operator, "alice", namespace, {"language": "python", "code": "print(1)", "policyRef": "open"})
     status = status_of(operator.wait_run(namespace, name))
     assert (status["phase"], status["policy"]) == ("Succeeded", "open"), status

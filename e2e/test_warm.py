@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.models import GROUP, VERSION
 from conftest import PodCensus, apply_warm_pool, pool_ready, wait_for
 
 POD_LOGS = Path("/var/log/pods")
@@ -84,8 +86,8 @@ def cold_twin(cluster, namespace: str, warm_pool: dict, **policy):
     cluster.core.create_namespace({"metadata": {"name": cold_ns, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
     try:
-        cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", cold_ns, "coderunpolicies", {
-            "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cold_ns, POLICY_PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
             "spec": {"admission": "Record", **policy}})
         apply_warm_pool(cluster, namespace, warm_pool, **policy)
         yield cold_ns
@@ -143,12 +145,12 @@ def test_the_pool_refills_and_follows_its_policy(cluster, operator, namespace):
     wait_for(lambda: pool_ready(cluster, namespace) == 2, 60, "the pool back to 2 ready pods")
     assert run["status"]["podName"] not in pool_pod_names(cluster, namespace)  # a claimed pod is never reused
     # A changed policy replaces its pods; a policy without a pool has none.
-    cluster.custom.patch_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default",
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "default",
                                                   {"spec": {"warmPool": {"size": 1, "cpuRequest": "50m",
                                                                           "languages": ["python"]}}})
     wait_for(lambda: pool_ready(cluster, namespace) == 1 and len(pool_pod_names(cluster, namespace)) == 1, 90,
              "the pool shrunk to 1")
-    cluster.custom.delete_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", "default")
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "default")
     wait_for(lambda: not pool_pod_names(cluster, namespace), 90, "the pool gone with its policy")
 
 

@@ -2,8 +2,9 @@
 
 Finished runs are made without pods: a language no policy offers is Rejected at admission, one status write
 each. The operator then sits idle; over a window we read its CPU time from /proc and the API requests it
-sent from its own counter (`coderun_api_requests_total`, watches excluded). Neither should grow with N:
-nothing is listed or polled per finished run.
+sent from its own counter (`coderun_api_requests_total`, watches excluded). Neither should grow with N: no
+request is made per finished run (the operator lists the nodes at most every 30 s when a pending run needs
+them, and a namespace's runs and all CodeRunPolicies once after a start).
 """
 from __future__ import annotations
 

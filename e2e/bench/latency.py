@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kubernetes import client, config, watch
 
+from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION, CodeRunSpec  # noqa: E402
 from coderun.api.reasons import TERMINAL_PHASES  # noqa: E402
 from coderun_operator.builders import build_input_configmap, build_pod  # noqa: E402
@@ -96,7 +97,7 @@ class Stopwatch:
 
 
 def create_run(custom, namespace: str, name: str, **limits) -> float:
-    body = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "metadata": {"name": name},
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": name},
             "spec": {"language": "python", "code": CODE, **({"limits": limits} if limits else {})}}
     start = time.monotonic()
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
@@ -189,8 +190,8 @@ def bench_burst(custom, stopwatch, namespace, n):
 
 
 def apply_policy(custom, namespace: str, warm_pool: dict) -> None:
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "coderunpolicies", {
-        "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
         "spec": {"warmPool": {"languages": ["python"], **warm_pool}}})
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "unit"))
 from fake_k8s import FakeK8s  # noqa: E402 - the unit tier's fake API server
 
+from coderun.api.models import GROUP, VERSION  # noqa: E402
 from coderun_operator.controller import Controller  # noqa: E402
 
 STREAM_BYTES = 256 * 1024
@@ -40,7 +41,7 @@ def finished_run(i: int) -> dict:
     """A Succeeded run as the API server returns it: its own 512 KiB of output, a full recorded decision."""
     name = f"run-{i:05d}"
     return {
-        "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
         "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{i:05d}", "resourceVersion": str(1000 + i),
                      "generation": 1, "creationTimestamp": "2026-11-22T11:00:00Z",
                      "labels": {"coderun.io/cache-key": f"{i:063d}"}},

@@ -294,3 +294,23 @@ def test_the_chart_installs_the_identity_policies_and_an_approver_role(helm):
     approver, = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "coderun-approver"]
     assert _granted(approver["rules"]) >= {("coderun.io", "coderuns", "approve"), ("coderun.io", "coderuns", "patch")}
     assert not any(v in ("create", "delete", "*") for rule in approver["rules"] for v in rule["verbs"])
+
+
+def test_the_readme_installs_with_its_own_values_file(helm, tmp_path):
+    """The values file the README has a newcomer write: it lints, renders the run namespace and its `default`
+    policy, and that policy loads as the operator loads it (the digests stand in for what was pushed)."""
+    from coderun_operator.policy.load import policy_from_object
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"write `my-values.yaml`.*?```yaml\n(.*?)```", readme, re.S)
+    assert block, "the README's my-values.yaml block"
+    values = tmp_path / "my-values.yaml"
+    values.write_text(block.group(1).replace("sha256:...", "sha256:" + "0" * 64))
+    linted = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    objects = template(helm, "-f", str(values))
+    assert [n["metadata"]["name"] for n in by_kind(objects, "Namespace")] == ["agents"]
+    policy, = by_kind(objects, "CodeRunPolicy")
+    assert policy["metadata"]["namespace"] == "agents"
+    assert policy_from_object(policy).runtimes["python"].image.endswith("@sha256:" + "0" * 64)
+    deployment, = by_kind(objects, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "0" * 64)

@@ -52,6 +52,14 @@ def test_a_malformed_policy_is_refused_naming_the_field(spec, says):
     assert says in str(raised.value), raised.value
 
 
+def test_the_client_reads_a_policy_as_the_operator_does():
+    from coderun.client.runtimes import effective_policy
+    obj = yaml.safe_load((Path(__file__).parents[2] / "policies/strict/coderunpolicy.yaml").read_text())
+    assert effective_policy(obj) == policy_from_object(obj)  # compiled patterns aside (not compared)
+    with pytest.raises(ValueError, match=r"^CodeRunPolicy bad: spec\.maxConcurrentRuns: "):
+        effective_policy({"metadata": {"name": "bad"}, "spec": {"maxConcurrentRuns": 0}})
+
+
 def test_selection_prefers_the_named_policy_then_the_namespace_default():
     named, default = policy("named"), policy("default")
     assert select_policy("named", {"named": named, "default": default}) is named

@@ -134,7 +134,7 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
 
 
 def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
-    """The hardened sandbox pod (README, "What every run gets"). Nothing here is the caller's to switch off."""
+    """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch off."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
     metadata["annotations"] = {"coderun.io/policy": decision.policy.name}
     return _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),

@@ -5,29 +5,20 @@ import dataclasses
 from typing import Any, Mapping
 
 from kubernetes.utils import parse_quantity
-from pydantic import ValidationError
 
-from coderun.api.coderunpolicy import CodeRunPolicySpec
-from coderun.api.policy import Policy, policy_from_spec
+from coderun.api.policy import InvalidPolicy, Policy, read_policy_object
 from .egress import cluster_egress_refusal
 from .evaluate import first_above
 from .patterns import PatternBudgetExceeded, compile_policy_patterns
 
-
-class InvalidPolicy(ValueError):
-    """The policy cannot be applied; the message names the field and what to change."""
+__all__ = ["InvalidPolicy", "policy_from_object"]
 
 
 def policy_from_object(obj: Mapping[str, Any]) -> Policy:
-    """The policy a CodeRunPolicy object describes; InvalidPolicy if it is malformed in a way the CRD schema
-    cannot see (an RE2 pattern that does not compile, a default above its maximum)."""
-    name = (obj.get("metadata") or {}).get("name") or "?"
-    raw = obj.get("spec") or {}
-    try:
-        spec = CodeRunPolicySpec.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise InvalidPolicy(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    """The policy a CodeRunPolicy object describes; InvalidPolicy if the schema refuses it (read_policy_object,
+    shared with the client) or it is malformed in a way the CRD schema cannot see (an RE2 pattern that does not
+    compile, a default above its maximum)."""
+    spec, policy = read_policy_object(obj)
     refusal = cluster_egress_refusal([rule.cidr for rule in spec.egress or ()], spec.allow_cluster_egress)
     if refusal:
         raise InvalidPolicy(refusal)
@@ -36,8 +27,7 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
         compiled = compile_policy_patterns(spec.redaction_patterns or (), [r.pattern for r in rules])
     except PatternBudgetExceeded as e:
         raise InvalidPolicy(str(e)) from None
-    policy = dataclasses.replace(policy_from_spec(name, raw, spec, (obj.get("metadata") or {}).get("uid")),
-                                 compiled_patterns=compiled)
+    policy = dataclasses.replace(policy, compiled_patterns=compiled)
     unknown = [lang for lang in policy.warm_pool_languages if lang not in policy.runtimes]
     if unknown:
         raise InvalidPolicy(f"spec.warmPool.languages: {unknown[0]!r} is not a runtime of this policy; use one of "

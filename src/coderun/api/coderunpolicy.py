@@ -1,8 +1,9 @@
 """The CodeRunPolicy API: what a platform team lets agents run, as YAML in git (policies/ has bundles).
 
 Like CodeRun, the pydantic models are the one source of the CRD schema. The schema and its CEL rules refuse
-a malformed policy at `kubectl apply`, naming the field; `policy_from_spec` adds what CEL cannot check (an
-RE2 pattern that does not compile, defaults above maximums) and says what to change.
+a malformed policy at `kubectl apply`, naming the field; the operator's loader (coderun_operator/policy/load.py,
+through the webhook) adds what CEL cannot check (an RE2 pattern that does not compile, defaults above maximums)
+and says what to change.
 """
 from __future__ import annotations
 

@@ -1,9 +1,12 @@
 """Policy data: runtimes, default and maximum limits, code rules, egress, concurrency, approval. Frozen, so a
-decision cannot drift; the operator turns a CodeRunPolicy object into one (coderun_operator/policy/load.py)."""
+decision cannot drift. `read_policy_object` turns a CodeRunPolicy object into one for the client and the operator;
+the operator's loader (coderun_operator/policy/load.py) adds the checks only code can make."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
+
+from pydantic import ValidationError
 
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
                             APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, merged_limits, spec_digest)
@@ -109,9 +112,26 @@ DEFAULT_POLICY = Policy(
 )
 
 
+class InvalidPolicy(ValueError):
+    """The policy cannot be applied; the message names the field and what to change."""
+
+
+def read_policy_object(obj: Mapping[str, Any]) -> tuple[CodeRunPolicySpec, Policy]:
+    """A CodeRunPolicy object, read once for the client and the operator alike: its validated spec and the policy
+    data it describes. InvalidPolicy names the first field the schema refuses; what only code can check (RE2
+    patterns, cluster egress, defaults above maximums) the operator checks after (coderun_operator/policy/load.py)."""
+    meta = obj.get("metadata") or {}
+    raw = obj.get("spec") or {}
+    try:
+        spec = CodeRunPolicySpec.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise InvalidPolicy(f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    return spec, policy_from_spec(meta.get("name") or "?", raw, spec, meta.get("uid"))
+
+
 def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | None = None) -> Policy:
-    """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent. (The operator
-    checks first what the schema cannot: see coderun_operator/policy/load.py.)"""
+    """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent."""
     ttl = spec.ttl_seconds_after_finished
     return Policy(
         name=name, runtimes={r.language: r for r in spec.runtimes} if spec.runtimes else dict(DEFAULT_POLICY.runtimes),

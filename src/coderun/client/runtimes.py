@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ..api.coderunpolicy import CodeRunPolicySpec
 from ..api.models import ResourceLimits
-from ..api.policy import DEFAULT_POLICY, Policy, policy_from_spec
+from ..api.policy import DEFAULT_POLICY, InvalidPolicy, Policy, read_policy_object
 
 
 class RuntimeInfo(BaseModel):
@@ -27,12 +26,10 @@ def effective_policy(policy_object: Mapping[str, Any] | None) -> Policy:
     the operator's to refuse with a reason; here it raises ValueError naming the field."""
     if policy_object is None:
         return DEFAULT_POLICY
-    raw = policy_object.get("spec") or {}
     try:
-        spec = CodeRunPolicySpec.model_validate(raw)
-    except ValidationError as e:
-        raise ValueError(f"CodeRunPolicy {policy_object['metadata']['name']}: {e.errors()[0]['msg']}") from None
-    return policy_from_spec(policy_object["metadata"]["name"], raw, spec)
+        return read_policy_object(policy_object)[1]
+    except InvalidPolicy as e:
+        raise ValueError(f"CodeRunPolicy {policy_object['metadata']['name']}: {e}") from None
 
 
 def offered_runtimes(policy: Policy = DEFAULT_POLICY) -> list[RuntimeInfo]:
