@@ -7,7 +7,7 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds helm operator-lock test-e2e-chart cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
+.PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess
 
 help:
@@ -71,26 +71,47 @@ down:
 demo: up
 	@bash examples/demo.sh "$(KUBECTL)"
 
+# Every pytest pass prints where its time went, so the next change knows.
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2
+
 test-unit: venv helm
-	$(PY) -m pytest tests -q
+	$(PYTEST) tests
 
 test-e2e: up-host
-	$(PY) -m pytest e2e -q
+	$(PYTEST) e2e
 
-# The same suite against the operator as users install it: the image and the Helm chart (make up).
+# The e2e tier against the operator as users install it (the image and the Helm chart, brought up once by
+# `make up`: CODERUN_E2E_UP tells the fixtures so). Modules that wait on the cluster run side by side, one file per
+# worker; these run alone, each in a pass of its own: the hostile table fills the node and times a canary and
+# /healthz throughout; the failover and warm-pool tests kill the leader; the chart's tests reinstall the chart.
+CHART := CODERUN_E2E_OPERATOR=chart CODERUN_E2E_UP=1
+ALONE := e2e/test_hostile.py e2e/test_operator_restart.py e2e/test_warm.py e2e/test_helm.py
+SIDE_BY_SIDE := -n 3 --dist loadfile
+e2e-chart-passes:
+	$(CHART) $(PYTEST) e2e $(SIDE_BY_SIDE) $(addprefix --ignore=,$(ALONE))
+	$(CHART) $(PYTEST) e2e/test_hostile.py
+	$(CHART) $(PYTEST) e2e/test_operator_restart.py e2e/test_warm.py
+	$(CHART) $(PYTEST) e2e/test_helm.py
+
+# The tests that start runs again with a warm pool in every test namespace (conftest's CODERUN_E2E_WARM): outcomes,
+# limits, floods, artifacts and hostile code must end the same on a claimed warm pod as on a cold one.
+WARM_SUITE := e2e/test_coderun.py e2e/test_containment.py e2e/test_network.py e2e/test_node.py e2e/test_sdk.py
+e2e-warm-passes:
+	$(CHART) CODERUN_E2E_WARM=1 $(PYTEST) $(WARM_SUITE) $(SIDE_BY_SIDE)
+	$(CHART) CODERUN_E2E_WARM=1 $(PYTEST) e2e/test_hostile.py
+
 test-e2e-chart: up
-	CODERUN_E2E_OPERATOR=chart $(PY) -m pytest e2e -q
+	$(MAKE) --no-print-directory e2e-chart-passes
 
-# The core suite again with a warm pool in every test namespace (conftest's CODERUN_E2E_WARM): outcomes, limits,
-# floods, artifacts and hostile code must end the same on a claimed warm pod as on a cold one.
-WARM_SUITE := e2e/test_coderun.py e2e/test_containment.py e2e/test_hostile.py e2e/test_network.py e2e/test_node.py \
-	e2e/test_sdk.py
 test-e2e-warm: up
-	CODERUN_E2E_OPERATOR=chart CODERUN_E2E_WARM=1 $(PY) -m pytest $(WARM_SUITE) -q
+	$(MAKE) --no-print-directory e2e-warm-passes
 
-# CI's command: the e2e suite against the operator as users install it (the image and the chart), the README's
-# `make demo` exactly as a newcomer runs it, then the core suite on warm pods.
-test: test-unit test-e2e-chart demo test-e2e-warm
+# CI's command: the unit and runner tiers, then on one `make up`: the e2e passes against the operator as users
+# install it, the README's `make demo` exactly as a newcomer runs it, then the warm passes.
+test: test-unit up
+	$(MAKE) --no-print-directory e2e-chart-passes
+	$(MAKE) --no-print-directory demo
+	$(MAKE) --no-print-directory e2e-warm-passes
 
 bench: up
 	$(PY) e2e/bench/latency.py

@@ -343,6 +343,16 @@ def pytest_collection_modifyitems(config, items) -> None:
         items[:] = [item for item in items if item not in cluster_only]
 
 
+def pytest_sessionfinish(session) -> None:
+    if WARM_MODE and hasattr(session.config, "workeroutput"):  # an xdist worker hands its tally to the controller
+        session.config.workeroutput["start_modes"] = dict(START_MODES)
+
+
+def pytest_testnodedown(node, error) -> None:
+    for mode, count in getattr(node, "workeroutput", {}).get("start_modes", {}).items():
+        START_MODES[mode] += count
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if WARM_MODE:
         terminalreporter.write_line(f"warm mode: runs by startMode {dict(START_MODES)}")
