@@ -29,7 +29,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
-from coderun.sandbox.runner import FRAME_PREFIX
+from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from conftest import TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wait_for
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from coderun.sandbox.runner.artifacts import MAX_SKIPPED_LISTED
 from runner_harness import process_alive, runner_in, sha256_hex, wait_until
 
 EMPTY_SHA256 = sha256_hex(b"")
@@ -409,11 +410,11 @@ def test_artifact_caps(run_runner, caps, sizes, kept, skipped):
     assert {s["name"]: s["why"] for s in run.frame["artifactsSkipped"]} == skipped
 
 
-def test_skipped_list_is_bounded(run_runner, runner):
+def test_skipped_list_is_bounded(run_runner):
     code = "import os\nfor i in range(200):\n    os.symlink('/etc/passwd', os.path.join(os.environ['CODERUN_OUTPUT_DIR'], f'l{i:03}'))\n"
     run = run_runner(code)
-    assert len(run.frame["artifactsSkipped"]) == runner.MAX_SKIPPED_LISTED
-    assert run.frame["artifactsSkippedUnlisted"] == 200 - runner.MAX_SKIPPED_LISTED
+    assert len(run.frame["artifactsSkipped"]) == MAX_SKIPPED_LISTED
+    assert run.frame["artifactsSkippedUnlisted"] == 200 - MAX_SKIPPED_LISTED
 
 
 # ------------------------------------------------------------------ forged frames and the termination log

@@ -1,0 +1,8 @@
+"""`python3 -m coderun.sandbox.runner`. The sandbox images ship the package's directories under /opt/coderun with
+a copy of this file beside them, and run `python3 -I /opt/coderun`: the path is /opt/coderun and the standard
+library, whatever the working directory, and no PYTHON* variable is read."""
+import sys
+
+from coderun.sandbox.runner.main import main
+
+sys.exit(main())
