@@ -58,3 +58,28 @@ precompile_python() {
     chroot "$rootfs" /usr/bin/env -i PATH=/usr/bin:/bin python3 -m compileall -q -f \
         --invalidation-mode unchecked-hash -x '/lib2to3/tests/' "$@" >&2
 }
+
+# verify_precompiled COMMAND... -- MODULE...: with COMMAND (the image's python, run in its root filesystem as its
+# user), import the MODULEs and fail unless every module imported has its byte-code from the build: an
+# unchecked-hash .pyc (precompile_python), used without its source being looked at, so nothing is compiled at
+# run time.
+verify_precompiled() {
+    local command=()
+    while [ "$1" != -- ]; do
+        command+=("$1")
+        shift
+    done
+    shift
+    "${command[@]}" -c 'import importlib, sys
+def compiled(cached):  # a .pyc from the build, valid without its source being checked
+    try:
+        with open(cached, "rb") as pyc:
+            return int.from_bytes(pyc.read(8)[4:8], "little") == 0b01
+    except OSError:
+        return False
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+stale = sorted(m.__name__ for m in list(sys.modules.values()) if getattr(m, "__cached__", None) and not compiled(m.__cached__))
+assert not stale, f"modules without build-time byte-code: {stale}"
+print("verified:", len(sys.argv) - 1, "modules import with", len(sys.modules), "in all, all precompiled", file=sys.stderr)' "$@"
+}
