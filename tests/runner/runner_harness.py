@@ -82,12 +82,14 @@ def last_frame_line(raw_stdout: bytes) -> bytes:
 
 def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.executable):
     """A function run(code, input_files={path: bytes}, stdin=bytes, runner_env={}, raw_run_json=bytes,
-    wrapper=(command prefix), **run.json overrides) that runs the runner with everything under tmp_path.
+    wrapper=(command prefix), cwd=(the runner's working directory), **run.json overrides) that runs the runner with
+    everything under tmp_path.
     With owner (a uid), the termination log belongs to that uid, as the runner runs as it (see as_nobody)."""
 
     def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
             runner_env: dict | None = None, raw_run_json: bytes | None = None, wrapper: tuple = (),
             subprocess_timeout: float = 60, warm_nonce: str | None = None, warm_stream: bytes | None = None,
+            cwd: Path | None = None,
             **overrides) -> RunnerRun:
         entries = {"code": code.encode() if isinstance(code, str) else code}
         file_refs = []
@@ -119,7 +121,7 @@ def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.e
         proc = subprocess.run(
             [*wrapper, interpreter, "-I", str(runner_root), *source, "--work", str(work),
              "--outputs", str(outputs), "--termination-log", str(termination_log)],
-            capture_output=True, timeout=subprocess_timeout, input=stream,
+            capture_output=True, timeout=subprocess_timeout, input=stream, cwd=cwd,
             env={**os.environ, **(runner_env or {})},
         )
         elapsed = time.monotonic() - started

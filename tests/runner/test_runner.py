@@ -120,6 +120,16 @@ def test_runner_environment_does_not_leak_into_the_program(run_runner):
     assert {"PATH", "HOME", "TMPDIR", "LANG", "MPLBACKEND", "MPLCONFIGDIR", "CODERUN_OUTPUT_DIR"} <= set(names)
 
 
+def test_the_runner_imports_nothing_from_its_working_directory_or_pythonpath(run_runner, tmp_path):
+    # `python3 -I <dir>`, as in the images: a json.py in the cwd or on PYTHONPATH is not the runner's json.
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "json.py").write_text("raise SystemExit('the runner imported a json.py it was handed')\n")
+    run = run_runner("import os\nprint(os.environ.get('PYTHONPATH'))\n", runner_env={"PYTHONPATH": str(shadow)},
+                     cwd=shadow)
+    assert (run.frame["reason"], run.frame["stdout"]) == ("Completed", "None\n"), run.frame  # nor the program's
+
+
 def test_program_runs_in_the_work_dir_with_its_own_session(run_runner):
     run = run_runner("import os\nprint(os.getcwd())\nprint(os.getsid(0) == os.getpid())\n")
     cwd, own_session = run.frame["stdout"].splitlines()
