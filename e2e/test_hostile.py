@@ -29,7 +29,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
-from coderun.sandbox.runner import FRAME_PREFIX
+from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from conftest import TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wait_for
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
@@ -385,10 +385,13 @@ PROGRAMS: list[Hostile] = [
                hosts=attempt(lambda: open("/etc/hosts", "a").write("10.0.0.1 evil\n")))''',
             "Completed", refused("passwd", "new", "preload", "hosts")),
     Hostile("overwrite-runner", r'''
-        report(runner=attempt(lambda: open("/opt/coderun/runner.py", "a")),
+        runner = "/opt/coderun/coderun/sandbox/runner/"
+        report(runner=attempt(lambda: open(runner + "main.py", "a")),
+               entry=attempt(lambda: open("/opt/coderun/__main__.py", "a")),
+               bytecode=attempt(lambda: open(runner + "__pycache__/main.cpython-311.pyc", "r+b")),
                new=attempt(lambda: open("/opt/coderun/evil.py", "w")),
-               rename=attempt(lambda: os.rename("/opt/coderun/runner.py", "/tmp/r.py")))''',
-            "Completed", refused("runner", "new", "rename")),
+               rename=attempt(lambda: os.rename(runner + "main.py", "/tmp/r.py")))''',
+            "Completed", refused("runner", "entry", "bytecode", "new", "rename")),
     Hostile("write-input", r'''
         names = os.listdir("/coderun/input") if os.path.isdir("/coderun/input") else []
         report(names=names, new=attempt(lambda: open("/coderun/input/evil", "w")),

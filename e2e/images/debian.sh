@@ -58,3 +58,58 @@ precompile_python() {
     chroot "$rootfs" /usr/bin/env -i PATH=/usr/bin:/bin python3 -m compileall -q -f \
         --invalidation-mode unchecked-hash -x '/lib2to3/tests/' "$@" >&2
 }
+
+# verify_precompiled COMMAND... -- MODULE...: with COMMAND (the image's python, run in its root filesystem as its
+# user), import the MODULEs and fail unless every module imported has its byte-code from the build: an
+# unchecked-hash .pyc (precompile_python), used without its source being looked at, so nothing is compiled at
+# run time.
+verify_precompiled() {
+    local command=()
+    while [ "$1" != -- ]; do
+        command+=("$1")
+        shift
+    done
+    shift
+    "${command[@]}" -c 'import importlib, sys
+def compiled(cached):  # a .pyc from the build, valid without its source being checked
+    try:
+        with open(cached, "rb") as pyc:
+            return int.from_bytes(pyc.read(8)[4:8], "little") == 0b01
+    except OSError:
+        return False
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+stale = sorted(m.__name__ for m in list(sys.modules.values()) if getattr(m, "__cached__", None) and not compiled(m.__cached__))
+assert not stale, f"modules without build-time byte-code: {stale}"
+print("verified:", len(sys.argv) - 1, "modules import with", len(sys.modules), "in all, all precompiled", file=sys.stderr)' "$@"
+}
+
+# The coderun runner, the entrypoint of every sandbox image: the package src/coderun/sandbox/runner with its
+# parents' __init__.py, at the same paths under /opt/coderun, and the package's __main__.py beside them, so that
+# `python3 -I /opt/coderun` runs it. -I: the path is /opt/coderun and the standard library, whatever the working
+# directory, and no PYTHON* variable is read. The program's environment is the runner's own making (child.py),
+# so nothing of this reaches it.
+RUNNER_ENTRYPOINT='["python3","-I","/opt/coderun"]'
+
+# The runner's files, relative to the repository, one a line: a sandbox recipe's RECIPE_INPUTS.
+runner_files() {
+    (cd "$REPO" && printf '%s\n' src/coderun/__init__.py src/coderun/sandbox/__init__.py &&
+        find src/coderun/sandbox/runner -type f -name '*.py' | LC_ALL=C sort)
+}
+
+# install_runner ROOTFS: the runner at /opt/coderun, compiled like the rest of the image, and every module of it
+# checked, as the sandbox user, to import from that byte-code.
+install_runner() {
+    local rootfs=$1 file modules=()
+    while read -r file; do
+        install -D -m 0644 "$REPO/$file" "$rootfs/opt/coderun/${file#src/}"
+        file=${file#src/}
+        file=${file%.py}
+        file=${file%/__init__}
+        modules+=("${file//\//.}")
+    done < <(runner_files)
+    install -m 0644 "$REPO/src/coderun/sandbox/runner/__main__.py" "$rootfs/opt/coderun/__main__.py"
+    precompile_python "$rootfs" /opt/coderun
+    verify_precompiled chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i PATH=/usr/bin:/bin \
+        PYTHONPATH=/opt/coderun python3 -- "${modules[@]}"
+}

@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner_harness import load_runner_module, runner_in
-
-
-@pytest.fixture(scope="session")
-def runner():
-    """The runner module, imported by path (for its pure functions)."""
-    return load_runner_module()
+from runner_harness import runner_in
 
 
 @pytest.fixture

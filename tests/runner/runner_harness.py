@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,20 @@ import sys
 import time
 from pathlib import Path
 
-RUNNER_PATH = Path(__file__).resolve().parents[2] / "src" / "coderun" / "sandbox" / "runner.py"
+SRC = Path(__file__).resolve().parents[2] / "src"
 FRAME_PREFIX = b"CODERUN-RESULT-V1 "
 
 
-def load_runner_module():
-    """Import runner.py by path, as the operator and tests are meant to."""
-    spec = importlib.util.spec_from_file_location("coderun_sandbox_runner", RUNNER_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
+def lay_out_runner(root: Path) -> Path:
+    """root as a sandbox image's /opt/coderun (e2e/images/recipes/python.sh), its files linked to the source tree:
+    the runner package with its parents' __init__.py, and the package's __main__.py beside them. The runner is
+    run as in the pod: `python3 -I root`."""
+    package = root / "coderun" / "sandbox" / "runner"
+    package.parent.mkdir(parents=True)
+    for relative in ("coderun/__init__.py", "coderun/sandbox/__init__.py", "coderun/sandbox/runner"):
+        (root / relative).symlink_to(SRC / relative)
+    (root / "__main__.py").symlink_to(SRC / "coderun/sandbox/runner/__main__.py")
+    return root
 
 
 @dataclasses.dataclass
@@ -80,12 +82,14 @@ def last_frame_line(raw_stdout: bytes) -> bytes:
 
 def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.executable):
     """A function run(code, input_files={path: bytes}, stdin=bytes, runner_env={}, raw_run_json=bytes,
-    wrapper=(command prefix), **run.json overrides) that runs the runner with everything under tmp_path.
+    wrapper=(command prefix), cwd=(the runner's working directory), **run.json overrides) that runs the runner with
+    everything under tmp_path.
     With owner (a uid), the termination log belongs to that uid, as the runner runs as it (see as_nobody)."""
 
     def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
             runner_env: dict | None = None, raw_run_json: bytes | None = None, wrapper: tuple = (),
             subprocess_timeout: float = 60, warm_nonce: str | None = None, warm_stream: bytes | None = None,
+            cwd: Path | None = None,
             **overrides) -> RunnerRun:
         entries = {"code": code.encode() if isinstance(code, str) else code}
         file_refs = []
@@ -110,11 +114,14 @@ def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.e
             termination_log.write_text("")
             if owner is not None:
                 os.chown(termination_log, owner, owner)
+        runner_root = tmp_path / "opt-coderun"
+        if not runner_root.exists():
+            lay_out_runner(runner_root)
         started = time.monotonic()
         proc = subprocess.run(
-            [*wrapper, interpreter, str(RUNNER_PATH), *source, "--work", str(work),
+            [*wrapper, interpreter, "-I", str(runner_root), *source, "--work", str(work),
              "--outputs", str(outputs), "--termination-log", str(termination_log)],
-            capture_output=True, timeout=subprocess_timeout, input=stream,
+            capture_output=True, timeout=subprocess_timeout, input=stream, cwd=cwd,
             env={**os.environ, **(runner_env or {})},
         )
         elapsed = time.monotonic() - started

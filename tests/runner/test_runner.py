@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from coderun.sandbox.runner.artifacts import MAX_SKIPPED_LISTED
 from runner_harness import process_alive, runner_in, sha256_hex, wait_until
 
 EMPTY_SHA256 = sha256_hex(b"")
@@ -117,6 +118,16 @@ def test_runner_environment_does_not_leak_into_the_program(run_runner):
     names = json.loads(run.frame["stdout"].replace("'", '"'))
     assert "CODERUN_TEST_SECRET" not in names and "KUBERNETES_SERVICE_HOST" not in names
     assert {"PATH", "HOME", "TMPDIR", "LANG", "MPLBACKEND", "MPLCONFIGDIR", "CODERUN_OUTPUT_DIR"} <= set(names)
+
+
+def test_the_runner_imports_nothing_from_its_working_directory_or_pythonpath(run_runner, tmp_path):
+    # `python3 -I <dir>`, as in the images: a json.py in the cwd or on PYTHONPATH is not the runner's json.
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "json.py").write_text("raise SystemExit('the runner imported a json.py it was handed')\n")
+    run = run_runner("import os\nprint(os.environ.get('PYTHONPATH'))\n", runner_env={"PYTHONPATH": str(shadow)},
+                     cwd=shadow)
+    assert (run.frame["reason"], run.frame["stdout"]) == ("Completed", "None\n"), run.frame  # nor the program's
 
 
 def test_program_runs_in_the_work_dir_with_its_own_session(run_runner):
@@ -409,11 +420,11 @@ def test_artifact_caps(run_runner, caps, sizes, kept, skipped):
     assert {s["name"]: s["why"] for s in run.frame["artifactsSkipped"]} == skipped
 
 
-def test_skipped_list_is_bounded(run_runner, runner):
+def test_skipped_list_is_bounded(run_runner):
     code = "import os\nfor i in range(200):\n    os.symlink('/etc/passwd', os.path.join(os.environ['CODERUN_OUTPUT_DIR'], f'l{i:03}'))\n"
     run = run_runner(code)
-    assert len(run.frame["artifactsSkipped"]) == runner.MAX_SKIPPED_LISTED
-    assert run.frame["artifactsSkippedUnlisted"] == 200 - runner.MAX_SKIPPED_LISTED
+    assert len(run.frame["artifactsSkipped"]) == MAX_SKIPPED_LISTED
+    assert run.frame["artifactsSkippedUnlisted"] == 200 - MAX_SKIPPED_LISTED
 
 
 # ------------------------------------------------------------------ forged frames and the termination log

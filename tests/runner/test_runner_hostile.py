@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from coderun.sandbox.runner.limits import scratch_usage
 from runner_harness import assert_nothing_after_the_frame
 
 
@@ -58,7 +59,7 @@ def test_filling_scratch_past_the_disk_limit_ends_the_run_promptly(run_runner, w
     assert run.termination_log.stat().st_mtime - float(run.frame["stdout"]) < 2.0
 
 
-def test_the_walk_of_a_big_tree_backs_off(run_runner, runner):
+def test_the_walk_of_a_big_tree_backs_off(run_runner):
     # 15000 entries (under the default inode cap) and a byte limit: a walk costs tens of ms, so one every 0.2 s
     # would take about a fifth of a core; the runner paces them to about 1/20 of its CPU time.
     code = program("""
@@ -77,7 +78,7 @@ def test_the_walk_of_a_big_tree_backs_off(run_runner, runner):
     runner_cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
                   - run.frame["metrics"]["cpuMillis"] / 1000)
     walk = time.process_time()
-    assert runner.scratch_usage(str(run.work.parent), 16384)[1] > 15000
+    assert scratch_usage(str(run.work.parent), 16384)[1] > 15000
     walk = time.process_time() - walk
     # Start-up, the final walk and the artifacts cost a fixed amount; the checks at most ~1/20 of the run.
     assert runner_cpu < 0.3 + 3 * walk + 0.08 * run.frame["metrics"]["wallMillis"] / 1000, (runner_cpu, walk)

@@ -9,6 +9,9 @@ import textwrap
 
 import pytest
 
+from coderun.sandbox.runner.artifacts import MAX_SKIPPED_LISTED
+from coderun.sandbox.runner.inputs import DEFAULT_ARTIFACT_CAPS
+from coderun.sandbox.runner.main import SHIELDED_SIGNALS
 from runner_harness import sha256_hex
 
 SHIELDED = ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE"]
@@ -31,8 +34,8 @@ def assert_runners_frame(run) -> None:
 # ------------------------------------------------------------------ signals
 
 
-def test_the_shielded_signals_are_exported(runner):
-    assert list(runner.SHIELDED_SIGNALS) == SHIELDED
+def test_the_shielded_signals_are_exported():
+    assert list(SHIELDED_SIGNALS) == SHIELDED
 
 
 @pytest.mark.parametrize("name", SHIELDED)
@@ -156,7 +159,7 @@ def test_symlinks_anywhere_in_the_outputs_dir_are_never_followed(run_runner, tmp
         ("sub/loop", "symlink"), ("sub/root", "symlink")]
 
 
-def test_thousands_of_small_output_files_give_a_bounded_frame(run_runner, runner):
+def test_thousands_of_small_output_files_give_a_bounded_frame(run_runner):
     code = program("""
         import os
         out = os.environ["CODERUN_OUTPUT_DIR"]
@@ -168,10 +171,10 @@ def test_thousands_of_small_output_files_give_a_bounded_frame(run_runner, runner
     run = run_runner(code, timeoutSeconds=30)
     assert_runners_frame(run)
     frame = run.frame
-    kept = runner.DEFAULT_ARTIFACT_CAPS["maxFiles"]
+    kept = DEFAULT_ARTIFACT_CAPS["maxFiles"]
     assert frame["reason"] == "Completed"
     assert [a["name"] for a in frame["artifacts"]] == [f"d00/f{i:03}" for i in range(kept)]
-    assert len(frame["artifactsSkipped"]) == runner.MAX_SKIPPED_LISTED
+    assert len(frame["artifactsSkipped"]) == MAX_SKIPPED_LISTED
     assert {s["why"] for s in frame["artifactsSkipped"]} == {"too-many"}
-    assert frame["artifactsSkippedUnlisted"] == 5000 - kept - runner.MAX_SKIPPED_LISTED
+    assert frame["artifactsSkippedUnlisted"] == 5000 - kept - MAX_SKIPPED_LISTED
     assert len(run.frame_json) < 20000

@@ -8,9 +8,8 @@ import shutil
 
 import pytest
 
-from runner_harness import load_runner_module, runner_in
-
-runner = load_runner_module()
+from coderun.sandbox.runner.errors import ERROR_PARSERS, V8_HEAP_EXHAUSTED, parse_node_error, parse_python_error
+from runner_harness import runner_in
 
 # $'console.log(1);\n\nthrow new TypeError("boom");\n'
 NODE_TYPE_ERROR = """\
@@ -453,40 +452,40 @@ Node.js v18.20.4
     pytest.param(NODE_CAUSE, ('Error', 'outer', 1), id='cause'),
 ])
 def test_node_reports_type_message_and_the_line_in_the_code(stderr, expected):
-    error = runner.parse_node_error(stderr, "main.js")
+    error = parse_node_error(stderr, "main.js")
     assert (error["type"], error["message"], error["line"]) == expected
 
 
 def test_stderr_without_an_uncaught_error_is_no_error():
-    assert runner.parse_node_error("", "main.js") is None
-    assert runner.parse_node_error("warning: something\nat the end\n", "main.js") is None
+    assert parse_node_error("", "main.js") is None
+    assert parse_node_error("warning: something\nat the end\n", "main.js") is None
     # process.exit(3) after console.error: no report, whatever the program printed
-    assert runner.parse_node_error("just a message:3\n\n", "main.js") is None
-    assert runner.parse_node_error("count:3\nx\n^\n\n\n", "main.js") is None  # a header and caret, nothing after
+    assert parse_node_error("just a message:3\n\n", "main.js") is None
+    assert parse_node_error("count:3\nx\n^\n\n\n", "main.js") is None  # a header and caret, nothing after
 
 
 def test_the_last_report_counts_and_the_program_cannot_fake_a_line_number():
     stderr = "/tmp/work/main.js:1\nx\n^\n\nError: printed by the program\n\n" + NODE_TYPE_ERROR
-    assert runner.parse_node_error(stderr, "main.js") == {"type": "TypeError", "message": "boom", "line": 3}
+    assert parse_node_error(stderr, "main.js") == {"type": "TypeError", "message": "boom", "line": 3}
     frame = "    at f (/tmp/work/main.js:" + "9" * 20 + ":1)\n"
     stderr = NODE_TYPE_ERROR.replace("    at Object.<anonymous>", frame + "    at Object.<anonymous>")
-    assert runner.parse_node_error(stderr, "main.js")["line"] == 3  # the next frame; int32 and int() bounded
+    assert parse_node_error(stderr, "main.js")["line"] == 3  # the next frame; int32 and int() bounded
 
 
 def test_the_program_cannot_make_the_parser_report_huge_values_or_take_long():
     stderr = "/tmp/work/main.js:" + "9" * 5000 + "\nx\n^\n\n" + "T" * 5000 + ": " + "m" * 20000 + "\n"
-    assert runner.parse_node_error(stderr, "main.js") is None  # no header: the line number is not a number
+    assert parse_node_error(stderr, "main.js") is None  # no header: the line number is not a number
     stderr = "/tmp/work/main.js:3\nx\n^\n\n" + "T" * 5000 + ": " + "m" * 20000 + "\n"
-    error = runner.parse_node_error(stderr, "main.js")
+    error = parse_node_error(stderr, "main.js")
     assert len(error["type"]) <= 1280 and len(error["message"]) <= 5120 and error["line"] == 3
-    error = runner.parse_node_error("/tmp/work/main.js:3\nx\n^\n\nError: " + "deep\n" * 100000, "main.js")
+    error = parse_node_error("/tmp/work/main.js:3\nx\n^\n\nError: " + "deep\n" * 100000, "main.js")
     assert error["type"] == "Error" and len(error["message"]) <= 5120
     for line in ("    at " + "(" * 250000, "    at " + "(a:1:1" * 40000, "1:" * 120000 + "x", " " * 250000 + "^x"):
-        assert runner.parse_node_error(NODE_TYPE_ERROR.replace("    at Module.load", line), "main.js")["line"] == 3
+        assert parse_node_error(NODE_TYPE_ERROR.replace("    at Module.load", line), "main.js")["line"] == 3
 
 
 def test_the_parser_is_chosen_by_language():
-    assert runner.ERROR_PARSERS == {"python": runner.parse_python_error, "javascript": runner.parse_node_error}
+    assert ERROR_PARSERS == {"python": parse_python_error, "javascript": parse_node_error}
 
 
 @pytest.mark.skipif(not shutil.which("node"), reason="no node on this machine")
@@ -537,4 +536,4 @@ def test_node_out_of_heap_is_out_of_memory(run_runner, tmp_path):
     run = runner_in(tmp_path / "fake")(fake + "process.exit(1);", memoryBytes=128 * MIB, **JAVASCRIPT)
     assert (run.frame["reason"], run.frame["oomKilled"]) == ("NonZeroExit", False), run.frame
     # V8 failing to get memory for a new isolate (e.g. a flood of worker threads) is out of memory too.
-    assert runner.V8_HEAP_EXHAUSTED.search("\n#\n# Fatal process out of memory: Failed to reserve virtual memory\n#\n")
+    assert V8_HEAP_EXHAUSTED.search("\n#\n# Fatal process out of memory: Failed to reserve virtual memory\n#\n")

@@ -10,7 +10,8 @@ from coderun_operator.builders import build_input_configmap, warm_input
 from coderun_operator.builders.objects import REDACTION_MARGIN_BYTES
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun_operator.results import frame
-from coderun.sandbox import runner
+from coderun.sandbox.runner import protocol
+from coderun.sandbox.runner.inputs import load_run_spec, materialise_inputs, read_stdin_input
 
 
 def test_the_builders_input_is_what_the_runner_parses_and_materialises(run_body, tmp_path):
@@ -28,8 +29,8 @@ def test_the_builders_input_is_what_the_runner_parses_and_materialises(run_body,
     for key, value in (configmap.get("binaryData") or {}).items():
         (input_dir / key).write_bytes(base64.b64decode(value))
 
-    parsed = runner.load_run_spec(str(input_dir))
-    runner.materialise_inputs(parsed, str(input_dir), str(work_dir))
+    parsed = load_run_spec(str(input_dir))
+    materialise_inputs(parsed, str(input_dir), str(work_dir))
 
     assert parsed["command"] == list(decision.runtime.command) and parsed["timeoutSeconds"] == 7
     assert parsed["outputBytes"] == 4096 + REDACTION_MARGIN_BYTES  # the margin the operator redacts within
@@ -41,9 +42,10 @@ def test_the_builders_input_is_what_the_runner_parses_and_materialises(run_body,
 
 
 def test_the_operator_speaks_the_runners_words():
-    assert frame.PREFIX == runner.FRAME_PREFIX
-    runner_reasons = {value for name, value in vars(runner).items()
+    assert frame.PREFIX == protocol.FRAME_PREFIX
+    runner_reasons = {value for name, value in vars(protocol).items()
                       if name.isupper() and isinstance(value, str) and value[:1].isupper() and value.isalpha()}
+    assert runner_reasons == set(protocol.REASONS)  # every reason the protocol spells is one a frame can carry
     # InputIncomplete: a warm pod whose input broke off; the operator starts that run cold (warm.go_cold).
     assert runner_reasons - {r.value for r in Reason} <= {"InvalidInput", "RunnerError", "InputIncomplete"}
 
@@ -57,7 +59,7 @@ def test_a_warm_pods_input_is_the_input_configmap_with_a_nonce(run_body, tmp_pat
     nonce = "ab" * 32
     stream = io.BytesIO(warm_input(configmap, nonce))
 
-    assert runner.read_stdin_input(stream, str(tmp_path / "input")) == nonce
+    assert read_stdin_input(stream, str(tmp_path / "input")) == nonce
     for key, value in configmap["data"].items():
         assert (tmp_path / "input" / key).read_text() == value
     assert (tmp_path / "input" / "file-0").read_bytes() == b"\x00\xff"

@@ -2,8 +2,8 @@
 # runner (the entrypoint, the same contract as the python image), and nothing else.
 # The versions Debian gave are written to sandbox-images/node/packages.lock.
 IMAGE_REF=coderun.local/sandbox-node:v1
-RECIPE_INPUTS=(src/coderun/sandbox/runner.py)
-MKIMAGE_ARGS=(--entrypoint '["python3","/opt/coderun/runner.py"]' --user 65532:65532 --workdir /tmp
+mapfile -t RECIPE_INPUTS < <(runner_files)
+MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tmp
     --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)
 NODE_PACKAGES=(nodejs)
 
@@ -16,10 +16,10 @@ make_base_rootfs() {
     debian_finish "$rootfs" sandbox-images/node/packages.lock
 }
 
-# The runner on top of the cached packages (the only RECIPE_INPUT), checked by a real run.
+# The runner on top of the cached packages (its files are the RECIPE_INPUTS), checked by a real run.
 make_rootfs() {
     local rootfs=$1
-    install -D -m 0644 "$REPO/src/coderun/sandbox/runner.py" "$rootfs/opt/coderun/runner.py"
+    install_runner "$rootfs"
     verify_node_rootfs "$rootfs"
     rm -rf "${rootfs:?}"/dev/*  # the runtime provides these
 }
@@ -36,7 +36,7 @@ JSON
     printf 'console.log([1, 2, 3].reduce((a, b) => a + b));\nthrow new TypeError("boom");\n' >"$check/in/code"
     chmod -R a+rX "$check" && chown 65532:65532 "$check"
     local frame
-    frame=$(chroot --userspec=65532:65532 "$rootfs" python3 /opt/coderun/runner.py --input /tmp/verify/in \
+    frame=$(chroot --userspec=65532:65532 "$rootfs" python3 -I /opt/coderun --input /tmp/verify/in \
         --work /tmp/verify/work --outputs /tmp/verify/outputs --termination-log /tmp/verify/termination-log | tail -n 1)
     python3 - "$frame" <<'PY'
 import json, sys

@@ -15,9 +15,11 @@ from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_
 
 INPUT_MOUNT = "/coderun/input"
 TMP_MOUNT = "/tmp"
-RUNNER_COMMAND = ("python3", "/opt/coderun/runner.py", "--input", INPUT_MOUNT)
+# The runner package in every sandbox image (e2e/images/debian.sh, install_runner), run in isolated mode.
+RUNNER = ("python3", "-I", "/opt/coderun")
+RUNNER_COMMAND = (*RUNNER, "--input", INPUT_MOUNT)
 # A warm pool pod's runner waits for its input on stdin (sent over pods/attach when a run claims the pod).
-POOL_RUNNER_COMMAND = ("python3", "/opt/coderun/runner.py", "--input-stdin")
+POOL_RUNNER_COMMAND = (*RUNNER, "--input-stdin")
 SANDBOX_UID = 65532
 CONTAINER_NAME = "run"
 # Pod deadline beyond the program's timeout: startup (image, sandbox, interpreter) and result upload.

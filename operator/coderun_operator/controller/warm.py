@@ -27,7 +27,7 @@ from typing import Any, Mapping
 from kubernetes.utils import parse_quantity
 
 from coderun.api.reasons import Phase, Reason, StartMode
-from coderun.sandbox.runner import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
+from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
 from .. import metrics
 from ..builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE,
                         build_input_configmap, build_pool_pod, claim_patch, code_hash, warm_input)

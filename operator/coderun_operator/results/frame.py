@@ -17,8 +17,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from coderun.sandbox.runner import (FRAME_PREFIX, MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS,
-                                    REDACTION_MARGIN_CHARS, cap)
+from coderun.sandbox.runner.protocol import (FRAME_PREFIX, MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS,
+                                             MAX_NAME_CHARS, REDACTION_MARGIN_CHARS, cap)
 
 PREFIX = FRAME_PREFIX  # the runner spells the protocol; the operator reads it
 INT64_MAX = 2**63 - 1

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
-from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
+from coderun.sandbox.runner.protocol import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
 from .frame import RunnerFrame
 from .redact import Redactor

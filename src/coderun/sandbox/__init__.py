@@ -1,2 +1,2 @@
-"""What runs inside the sandbox: `runner.py`, a single stdlib-only file copied as-is into every sandbox image.
-The operator imports its protocol constants from it, so both sides of the frame are spelt in one place."""
+"""What runs inside the sandbox: the runner package, stdlib only, shipped as source and byte-code in every sandbox
+image. The operator imports its `protocol` module, so both sides of the frame are spelt in one place."""

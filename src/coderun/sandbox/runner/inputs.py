@@ -1,0 +1,223 @@
+"""The run's input: run.json checked once and typed with its defaults, the files laid out under the work dir (never
+outside it, never through a symlink), and a warm pod's input read from stdin into the layout of a ConfigMap mount."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+
+from .capture import READ_CHUNK
+
+DEFAULT_OUTPUT_BYTES = 65536
+DEFAULT_FLOOD_BYTES = 1048576
+DEFAULT_ARTIFACT_CAPS = {"maxFiles": 16, "maxFileBytes": 262144, "maxTotalBytes": 524288}
+DEFAULT_MAX_INODES = 16384
+DEFAULT_MAX_PROCESSES = 128
+# Accepted ranges of the sandbox limits in run.json (an RLIMIT must fit the kernel's type; PID_MAX_LIMIT).
+MAX_DISK_BYTES = 2**62
+MAX_INODES = 2**31 - 1
+MAX_PROCESSES = 4194304
+# Kubernetes ConfigMap key rules: a key never names another file or a dir.
+CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
+
+
+class InvalidInput(Exception):
+    """The input ConfigMap is malformed or asks for something unsafe."""
+
+
+def validate_relative_path(path: object, what: str) -> str:
+    """Return a normalised relative path, or raise InvalidInput.
+
+    Defence in depth: the API rejects these too, but the runner must never
+    write outside its work dir whatever the ConfigMap says.
+    """
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise InvalidInput(f"{what}: path must be a non-empty string")
+    if path.startswith("/"):
+        raise InvalidInput(f"{what}: absolute path {path!r} is not allowed")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise InvalidInput(f"{what}: path {path!r} must not contain '..'")
+    if not parts:
+        raise InvalidInput(f"{what}: path {path!r} names no file")
+    return "/".join(parts)
+
+
+def resolve_inside(root: str, relative: str) -> str:
+    """Join and check that the result (symlinks resolved) stays under root."""
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(real_root, relative))
+    if os.path.commonpath([real_root, target]) != real_root or target == real_root:
+        raise InvalidInput(f"path {relative!r} resolves outside the work dir")
+    return target
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidInput(message)
+
+
+def _non_negative_int(value: object, field: str) -> int:
+    _require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+             f"run.json: {field} must be a non-negative integer")
+    return value  # type: ignore[return-value]
+
+
+def _limit(value: object, field: str, maximum: int) -> int:
+    """A sandbox limit: 0 would stop every program at once, and an RLIMIT must fit the kernel's type."""
+    _require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= maximum,
+             f"run.json: {field} must be an integer from 1 to {maximum}")
+    return value  # type: ignore[return-value]
+
+
+def parse_run_spec(raw: dict) -> dict:
+    """Validate run.json and fill defaults; raise InvalidInput on anything odd."""
+    _require(isinstance(raw, dict), "run.json must be a JSON object")
+    _require(raw.get("version") == 1, "run.json: version must be 1")
+    command = raw.get("command")
+    _require(isinstance(command, list) and bool(command)
+             and all(isinstance(a, str) and "\0" not in a for a in command),
+             "run.json: command must be a non-empty list of strings")
+    timeout = raw.get("timeoutSeconds")
+    _require(isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+             and 0 < timeout < 86400, "run.json: timeoutSeconds must be a positive number")
+    caps = dict(DEFAULT_ARTIFACT_CAPS)
+    artifacts = raw.get("artifacts") or {}
+    _require(isinstance(artifacts, dict), "run.json: artifacts must be an object")
+    for name in caps:
+        if name in artifacts:
+            caps[name] = _non_negative_int(artifacts[name], f"artifacts.{name}")
+    env = raw.get("env") or {}
+    _require(isinstance(env, dict) and all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+        and "\0" not in k + v for k, v in env.items()),
+        "run.json: env must map names (no '=') to strings")
+    stdin_key = raw.get("stdinKey")
+    _require(stdin_key is None or (isinstance(stdin_key, str) and CONFIGMAP_KEY.match(stdin_key)),
+             "run.json: stdinKey must be null or a ConfigMap key")
+    code_file = validate_relative_path(raw.get("codeFile"), "codeFile")
+    files = raw.get("files") or []
+    _require(isinstance(files, list), "run.json: files must be a list")
+    seen = {code_file}
+    checked_files = []
+    for index, entry in enumerate(files):
+        _require(isinstance(entry, dict), f"run.json: files[{index}] must be an object")
+        path = validate_relative_path(entry.get("path"), f"files[{index}]")
+        key = entry.get("key")
+        _require(isinstance(key, str) and bool(CONFIGMAP_KEY.match(key)),
+                 f"files[{index}]: key must be a ConfigMap key")
+        _require(path not in seen, f"files[{index}]: path {path!r} is used twice")
+        seen.add(path)
+        checked_files.append({"path": path, "key": key})
+    flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
+    disk, memory = raw.get("diskBytes"), raw.get("memoryBytes")
+    return {
+        "diskBytes": None if disk is None else _limit(disk, "diskBytes", MAX_DISK_BYTES),
+        "memoryBytes": None if memory is None else _limit(memory, "memoryBytes", MAX_DISK_BYTES),
+        "maxInodes": _limit(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes", MAX_INODES),
+        "maxProcesses": _limit(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses", MAX_PROCESSES),
+        "language": raw.get("language"),
+        "command": command,
+        "codeFile": code_file,
+        "timeoutSeconds": float(timeout),
+        "outputBytes": _non_negative_int(raw.get("outputBytes", DEFAULT_OUTPUT_BYTES), "outputBytes"),
+        "floodBytes": _non_negative_int(flood, "floodBytes"),
+        "artifacts": caps,
+        "files": checked_files,
+        "stdinKey": stdin_key,
+        "env": env,
+    }
+
+
+def read_input_key(input_dir: str, key: str) -> bytes:
+    """Read one ConfigMap key (a symlink into ..data, which is followed)."""
+    try:
+        with open(os.path.join(input_dir, key), "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise InvalidInput(f"input key {key!r} is missing") from None
+
+
+def load_run_spec(input_dir: str) -> dict:
+    try:
+        raw = json.loads(read_input_key(input_dir, "run.json"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"run.json is not valid JSON: {exc}") from None
+    return parse_run_spec(raw)
+
+
+# The warm pool's input (`--input-stdin`): one ASCII decimal length, a newline, then that many bytes of JSON
+# {"nonce": str, "data": {key: text}, "binaryData": {key: base64}}: the input ConfigMap's keys, plus the nonce
+# the runner puts in its frame so the operator can trust a frame read from the attach stream.
+MAX_STDIN_INPUT_BYTES = 16 * 1024 * 1024
+NONCE = re.compile(r"^[0-9a-f]{32,128}$")
+
+
+class InputIncomplete(Exception):
+    """The input stream ended (or broke) before the whole document arrived."""
+
+
+def read_exactly(stream, count: int) -> bytes:
+    chunks, missing = [], count
+    while missing:
+        chunk = stream.read(min(missing, READ_CHUNK))
+        if not chunk:
+            raise InputIncomplete(f"the input stream ended after {count - missing} of {count} bytes")
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_stdin_input(stream, input_dir: str) -> str:
+    """Read the warm pool's input document from `stream` into `input_dir`, laid out as the ConfigMap mount is
+    (one file per key), and return the nonce. InputIncomplete on a short stream, InvalidInput on a bad one."""
+    header = stream.readline(24)
+    if not header.endswith(b"\n"):
+        raise InputIncomplete("the input stream ended before its length line")
+    _require(header[:-1].isdigit(), "the input's length line is not a decimal number")
+    length = int(header)
+    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
+    try:
+        document = json.loads(read_exactly(stream, length))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"the input is not valid JSON: {str(exc)[:200]}") from None
+    _require(isinstance(document, dict), "the input must be a JSON object")
+    nonce, data, binary = document.get("nonce"), document.get("data") or {}, document.get("binaryData") or {}
+    _require(isinstance(nonce, str) and bool(NONCE.match(nonce)), "the input's nonce must be 32-128 hex digits")
+    _require(isinstance(data, dict) and isinstance(binary, dict), "data and binaryData must be objects")
+    os.makedirs(input_dir, mode=0o700, exist_ok=True)
+    for key, value in [*data.items(), *binary.items()]:
+        _require(isinstance(key, str) and bool(CONFIGMAP_KEY.match(key)) and isinstance(value, str),
+                 f"input key {str(key)[:64]!r} must be a ConfigMap key with a string value")
+        content = value.encode("utf-8", "surrogatepass") if key in data else _base64(value, key)
+        write_new_file(input_dir, key, content)
+    return nonce
+
+
+def _base64(value: str, key: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError:
+        raise InvalidInput(f"input key {key!r} is not valid base64") from None
+
+
+def write_new_file(work_dir: str, relative: str, content: bytes) -> None:
+    """Create one input file under work_dir; never through a symlink."""
+    target = resolve_inside(work_dir, relative)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        resolve_inside(work_dir, relative)  # parents exist now: re-check them
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # e.g. "a" and "a/b" both given
+        raise InvalidInput(f"cannot create {relative!r}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(content)
+
+
+def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:
+    os.makedirs(work_dir, exist_ok=True)
+    write_new_file(work_dir, spec["codeFile"], read_input_key(input_dir, "code"))
+    for entry in spec["files"]:
+        write_new_file(work_dir, entry["path"], read_input_key(input_dir, entry["key"]))

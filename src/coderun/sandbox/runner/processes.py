@@ -1,0 +1,88 @@
+"""The sandbox's process table: list it, reap what is handed to us as PID 1, and kill everything but the runner."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def kill_process_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def proc_stats(own_pid: int):
+    """(pid, the fields of /proc/<pid>/stat after the command name) for every process but us."""
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == own_pid:
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                yield int(name), handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+
+
+def live_process_ids(own_pid: int) -> list[int]:
+    """Every process in /proc except us and zombies (they are already dead)."""
+    return [pid for pid, fields in proc_stats(own_pid) if fields[0] not in (b"Z", b"X")]
+
+
+def reap_zombies() -> None:
+    """As PID 1 we inherit orphans; reap them so /proc empties."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_all_other_processes(max_seconds: float = 2.0) -> None:
+    """Only when PID 1 of the sandbox: no escaped daemon may outlive the frame.
+
+    kill(-1) reaches every process of the PID namespace but its init in one pass that a fork cannot slip
+    through (a fork racing the signal fails); the listing loop then reaps and confirms, and is the fallback.
+    """
+    own_pid = os.getpid()
+    give_up = time.monotonic() + max_seconds
+    while time.monotonic() < give_up:
+        if own_pid == 1:  # never outside a PID namespace of our own: kill(-1) there would hit the whole host
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:  # ESRCH: nothing left
+                pass
+        alive = live_process_ids(own_pid)
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+        reap_zombies()
+
+
+def program_processes(own_pid: int, session: int | None, child: int | None = None) -> list[int]:
+    """Processes, zombies included (they hold a PID and count against RLIMIT_NPROC until reaped, so a fork
+    bomb of short-lived processes is seen too): all but us as PID 1 of the sandbox, else the program's session.
+
+    As PID 1 the runner is the init that orphans are handed to: their zombies are reaped here (all but the
+    program's own process, `child`, whose exit status the run loop collects). They still count this once, so
+    a bomb of short-lived processes meets the cap within one check, while orphans that come and go over a long
+    run never add up to it."""
+    pids = []
+    for pid, fields in proc_stats(own_pid):
+        if session is None and fields[0] == b"Z" and int(fields[1]) == own_pid and pid != child:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if session is None or int(fields[3]) == session:
+            pids.append(pid)
+    return pids

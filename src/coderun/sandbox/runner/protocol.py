@@ -1,0 +1,42 @@
+"""The runner's side of the wire, and the only module of the runner the operator imports: the frame's prefix and
+version, the reasons a frame can carry, the kinds of limit, the caps on what the program controls in a frame, and
+the line a warm pod's runner prints once it has its input."""
+
+FRAME_PREFIX = "CODERUN-RESULT-V1 "
+FRAME_VERSION = 1
+
+COMPLETED = "Completed"
+NON_ZERO_EXIT = "NonZeroExit"
+TIMEOUT = "Timeout"
+OUTPUT_LIMIT_EXCEEDED = "OutputLimitExceeded"
+SIGNALED = "Signaled"
+DISK_LIMIT_EXCEEDED = "DiskLimitExceeded"
+PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
+SANDBOX_VIOLATION = "SandboxViolation"
+INVALID_INPUT = "InvalidInput"
+RUNNER_ERROR = "RunnerError"
+# A warm pod's input stream ended before the whole input arrived: the program never ran, so the operator may
+# run it elsewhere without running it twice.
+INPUT_INCOMPLETE = "InputIncomplete"
+# Every reason a frame can carry; only the last three come with a `message` (the operator words the others).
+REASONS = (COMPLETED, NON_ZERO_EXIT, TIMEOUT, OUTPUT_LIMIT_EXCEEDED, SIGNALED, DISK_LIMIT_EXCEEDED,
+           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR, INPUT_INCOMPLETE)
+# limit.kind in a frame that ended on one of the sandbox's own limits.
+LIMIT_KINDS = ("disk", "inodes", "processes", "termination-log")
+# Caps on what the program controls in the frame (the operator's model cuts them too).
+MAX_ERROR_TYPE_CHARS = 256
+MAX_ERROR_MESSAGE_CHARS = 4096
+MAX_NAME_CHARS = 1024
+# The frame carries this much beyond those caps: the operator redacts secrets first and cuts to the caps after,
+# so a secret that straddles a cut is matched whole and never shown in part.
+REDACTION_MARGIN_CHARS = 1024
+# error.line is an int32 in the status.
+MAX_LINE_NUMBER = 2**31 - 1
+# A warm pod's runner prints this, and a digest of the input's nonce, once the whole input has arrived: the
+# operator's proof that the program may be running.
+ACCEPTED_PREFIX = "CODERUN-ACCEPTED "
+
+
+def cap(text: str, limit: int) -> str:
+    """The head of text, marked with an ellipsis when cut: the program decides how long its strings are."""
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
