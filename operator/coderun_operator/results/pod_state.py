@@ -7,9 +7,9 @@ from typing import Any, Iterable, Mapping
 from kubernetes.utils import parse_quantity
 
 from coderun.api.reasons import Phase, Reason
+from ..builders.names import CONTAINER_NAME
 from .status import Outcome
 
-CONTAINER = "run"
 # Waiting reasons that never heal by waiting longer: fail the run at once.
 _PERMANENT_WAITING = {"InvalidImageName": Reason.IMAGE_UNAVAILABLE, "ErrImageNeverPull": Reason.IMAGE_UNAVAILABLE,
                       "CreateContainerConfigError": Reason.START_FAILED}
@@ -22,7 +22,7 @@ IMAGE_GRACE_SECONDS = 30
 
 def container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or ():
-        if status.get("name") == CONTAINER:
+        if status.get("name") == CONTAINER_NAME:
             return status
     return None
 
