@@ -7,7 +7,7 @@ from coderun.api.models import CodeRunSpec
 from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.lifecycle import expiry_time, ttl_seconds
 from coderun_operator.results.frame import RunnerFrame
-from coderun_operator.results.redact import Redactor
+from coderun_operator.policy.redact import Redactor
 from coderun_operator.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
                                     terminal_status)
 

@@ -14,7 +14,7 @@ from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Re
 from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
 from .frame import RunnerFrame
-from .redact import Redactor
+from ..policy.redact import Redactor
 from .validate import validate_output
 
 
@@ -79,17 +79,29 @@ def _generation(run: Mapping[str, Any]) -> int | None:
     return run["metadata"].get("generation")
 
 
-def accepted_status(run: Mapping[str, Any], decision: Decision, pod_name: str, image: str, hash_: str,
-                    now: datetime) -> dict[str, Any]:
-    conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
-                               Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
-                               _generation(run), now)
-    return {
+def _accepted(run: Mapping[str, Any], decision: Decision, now: datetime) -> list[dict]:
+    """The Accepted condition of an admitted run."""
+    return set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True, Reason.ACCEPTED,
+                         f"policy {decision.policy.name!r} allows this run", _generation(run), now)
+
+
+def _kept_metrics(run: Mapping[str, Any]) -> dict[str, Any]:
+    return {**((run.get("status") or {}).get("metrics") or {})}
+
+
+def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, cache_key: str | None,
+                   start_mode: str, now: datetime, message: str | None = None) -> dict[str, Any]:
+    """Admitted and given a sandbox pod (created cold, or a warm one claimed): Pending, naming the pod."""
+    status = {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
-        "message": f"sandbox pod {pod_name} created; waiting for it to start",
-        "podName": pod_name, "image": image, "codeHash": hash_, **decision_fields(decision),
-        "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": conditions,
+        "message": message or f"sandbox pod {pod_name} created; waiting for it to start",
+        "podName": pod_name, "image": decision.runtime.image, "codeHash": hash_, **decision_fields(decision),
+        "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
+        "startMode": start_mode, "metrics": {**_kept_metrics(run), "queueMillis": millis_between(created_at(run), now)},
     }
+    if cache_key:
+        status["cacheKey"] = cache_key
+    return status
 
 
 def decision_fields(decision: Decision) -> dict[str, Any]:
@@ -111,12 +123,9 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
 def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
                    now: datetime) -> dict[str, Any]:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
-    conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
-                               Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
-                               _generation(run), now)
-    metrics = {**((run.get("status") or {}).get("metrics") or {})}
     return {"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
-            "observedGeneration": _generation(run), "conditions": conditions, "metrics": metrics or None}
+            "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
+            "metrics": _kept_metrics(run) or None}
 
 
 def running_status(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
