@@ -96,6 +96,14 @@ def test_terminal_status_sets_conditions_and_total_time(run_body):
     assert status["observedGeneration"] == 1
 
 
+def test_terminal_status_leaves_the_outcome_and_the_run_as_they_were(run_body):
+    body = run_body()
+    outcome = Outcome("Succeeded", "Completed", "ok", {"exitCode": 0, "metrics": {"wallMillis": 5}})
+    before = (repr(body), repr(outcome))
+    assert terminal_status(body, outcome, NOW) == terminal_status(body, outcome, NOW)
+    assert (repr(body), repr(outcome)) == before
+
+
 def test_rejected_run_is_not_accepted(run_body):
     status = terminal_status(run_body(), Outcome("Rejected", "PolicyDenied", "no"), NOW)
     by_type = {c["type"]: c for c in status["conditions"]}

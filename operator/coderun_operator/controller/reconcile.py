@@ -40,8 +40,8 @@ from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, 
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.pod_state import (container_status, eviction, image_with_digest, is_running, never_fits,
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
-from ..results.status import (Outcome, outcome_from_frame, outcome_without_frame, parse_time, refusal_fields,
-                              rfc3339, running_status, started_status, waiting_status, decision_fields)
+from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
+                              parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
 from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts
 from .identity import IdentityGuard, creator_may_use
 from .store import Store, is_terminal, owner_uid, resource_version
@@ -234,7 +234,7 @@ class Controller:
         if not verdict.go:
             self._wait(run, decision, Reason.AWAITING_APPROVAL, verdict.message)
             return False
-        if self.writer.write(run, {"approval": verdict.record(rfc3339(self.now()))}) is None:
+        if self.writer.write(run, approved_status(verdict.record(rfc3339(self.now())))) is None:
             return False  # the run is gone
         self.writer.event(run, "Normal", Reason.APPROVED, f"approved by {shown_identity(verdict.approver)}")
         return True

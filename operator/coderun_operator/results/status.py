@@ -128,6 +128,17 @@ def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, mess
             "metrics": _kept_metrics(run) or None}
 
 
+def approved_status(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An approval acted on, kept in the status before the run goes on."""
+    return {"approval": dict(record)}
+
+
+def cold_again_status(why: str) -> dict[str, Any]:
+    """A warm pod given up before its program ran: Pending again, with no pod, to be started cold."""
+    return {"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None, "startMode": None, "startTime": None,
+            "message": f"{why}; starting cold"}
+
+
 def running_status(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.RUNNING, True,
                                Reason.STARTED, "the program is running in its sandbox", _generation(run), now)
@@ -156,9 +167,10 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
         conditions = set_condition(conditions, ConditionType.OUTPUT_VALID, validation["valid"],
                                    Reason.OUTPUT_VALID if validation["valid"] else Reason.OUTPUT_INVALID,
                                    "; ".join(validation["errors"])[:1024] or "output matches spec.expect", gen, now)
-    metrics = dict(outcome.fields.pop("metrics", None) or {})
+    fields = {k: v for k, v in outcome.fields.items() if k != "metrics"}
+    metrics = dict(outcome.fields.get("metrics") or {})
     metrics["totalMillis"] = millis_between(created_at(run), now)
-    return {**outcome.fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
+    return {**fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
             "metrics": {k: v for k, v in metrics.items() if v is not None},
             "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions}
 

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from coderun.api.models import CodeRunSpec
-from coderun.api.reasons import Phase, Reason, StartMode
+from coderun.api.reasons import StartMode
 from ... import metrics
 from ...builders import LABEL_POOL, build_input_configmap, claim_patch, code_hash, warm_input
 from ...builders.names import CONTAINER_NAME
 from ...policy import Decision, Policy
-from ...results.status import parse_time, started_status
+from ...results.status import cold_again_status, parse_time, started_status
 from ..store import Store
 from ..writer import StatusWriter
 from . import session
@@ -144,9 +144,7 @@ class Claims:
         if pod is not None and pod["metadata"]["name"] == pod_name:
             self.store.forget_pod(pod)
         log.info("run %s/%s: %s; starting it cold", meta["namespace"], meta["name"], why)
-        return self.writer.write(run, {"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None,
-                                       "startMode": None, "startTime": None,
-                                       "message": f"{why}; starting cold"}) is not None
+        return self.writer.write(run, cold_again_status(why)) is not None
 
     def recover(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
         """A Warm run with its pod still running and no session here (this replica started after the claim): if
