@@ -3,7 +3,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from coderun.api.models import CodeRunSpec
+from coderun.api.models import CodeRunSpec, ResourceLimits
 from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.lifecycle import expiry_time, ttl_seconds
 from coderun_operator.results.frame import RunnerFrame
@@ -12,7 +12,7 @@ from coderun_operator.results.status import (Outcome, outcome_from_frame, outcom
                                     terminal_status)
 
 NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)
-LIMITS = {"timeoutSeconds": 5, "memory": "256Mi", "outputBytes": 65536}
+LIMITS = ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="500m", disk="64Mi", output_bytes=65536)
 
 
 def frame(**fields):
@@ -115,7 +115,7 @@ def test_a_secret_cut_by_the_output_cap_is_redacted_whole_then_cut():
     text = "x" * 65529 + " " + secret + " tail"  # the runner keeps a margin beyond outputBytes; the cap cuts the secret
     result = outcome(frame(stdout=text, stdoutTruncated=False))
     assert "ghp_" not in result.fields["stdout"] and "a1B2" not in result.fields["stdout"]
-    assert len(result.fields["stdout"].encode()) <= LIMITS["outputBytes"] and result.fields["stdoutTruncated"]
+    assert len(result.fields["stdout"].encode()) <= LIMITS.output_bytes and result.fields["stdoutTruncated"]
     assert result.fields["redactions"] == 1
 
 

@@ -26,13 +26,13 @@ from .. import k8s as real_k8s
 from .. import metrics
 from coderun.api.coderunpolicy import spec_digest
 from coderun.api.identity import APPROVED_BY
-from coderun.api.models import CodeRunSpec
+from coderun.api.models import CodeRunSpec, ResourceLimits
 from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import code_hash
 from ..builders.names import CONTAINER_NAME
 from ..policy import DEFAULT_POLICY, Decision, Denial, InvalidPolicyMark
 from ..policy.approval import approval_verdict, shown_identity
-from ..policy.decide import decide
+from ..policy.decide import no_requester, parse_spec, verdict
 from ..policy.load import InvalidPolicy, policy_from_object
 from ..policy.patterns import redactor
 from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
@@ -190,6 +190,27 @@ class Controller:
         else:
             self._follow(run, self.store.pod(uid), pod_event_deleted)
 
+    def _decide(self, run: Mapping[str, Any], may_use: Callable[[str], Denial | None] = no_requester
+                ) -> tuple[CodeRunSpec | None, Decision | Denial]:
+        """policy.decide.decide() with the store's memory: the spec parsed once per run, a recorded decision read
+        once; a decision not recorded yet is asked of the live policies every time."""
+        uid, recorded = run["metadata"]["uid"], (run.get("status") or {}).get("decision")
+        spec, decision = self.store.typed(uid)
+        if spec is None:
+            spec = parse_spec(run.get("spec") or {})
+        if isinstance(spec, Denial):
+            self.store.keep_typed(uid, spec, None)
+            return None, spec
+        if decision is None or not recorded:
+            decision = verdict(spec, recorded, self.store.policies(run["metadata"]["namespace"]), may_use)
+        self.store.keep_typed(uid, spec, decision if recorded else None)
+        return spec, decision
+
+    def _limits(self, run: Mapping[str, Any]) -> ResourceLimits | None:
+        """The run's effective limits, as its recorded decision holds them."""
+        _, decision = self._decide(run)
+        return decision.limits if isinstance(decision, Decision) else None
+
     def _go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> None:
         """Give the warm pod up; the run, written back to Pending without a pod, is reconciled again: cold."""
         if self.claims.go_cold(run, pod_name, why):
@@ -199,8 +220,7 @@ class Controller:
     def _admit(self, run: Mapping[str, Any]) -> None:
         meta = run["metadata"]
         self.ensure_policies_listed()
-        spec, decision = decide(run, self.store.policies(meta["namespace"]),
-                                creator_may_use(self.api, self.identity, run))
+        spec, decision = self._decide(run, creator_may_use(self.api, self.identity, run))
         if isinstance(decision, Denial):
             self.writer.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message,
                                             refusal_fields(decision)))
@@ -342,7 +362,7 @@ class Controller:
         if terminated(pod):
             self._collect(run, pod)
             return
-        failure = pod_level_failure(pod, status.get("effectiveLimits"))
+        failure = pod_level_failure(pod, self._limits(run))
         if failure:
             self.writer.finish(run, failure)
             self.api.delete_pod(ns, pod["metadata"]["name"])
@@ -356,7 +376,7 @@ class Controller:
                     self._reconcile(self.store.run(meta["uid"]) or current, False)
             return
         started = parse_time(status.get("startTime")) or self.now()
-        _, decision = decide(run, self.store.policies(ns))
+        _, decision = self._decide(run)
         deadline = (decision.policy if isinstance(decision, Decision) else DEFAULT_POLICY).start_deadline_seconds
         verdict = never_fits(pod, [n.get("status", {}).get("allocatable") or {} for n in self.api.nodes()]) \
             if unschedulable(pod) else None
@@ -404,9 +424,9 @@ class Controller:
                 self._go_cold(run, pod_name, "the warm pod ran an input that was not this run's (someone attached "
                               "to it first); this run's program did not run there")
                 return
-        spec, decision = decide(run, self.store.policies(ns))
+        spec, decision = self._decide(run)
         policy = decision.policy if isinstance(decision, Decision) else None
-        effective = status.get("effectiveLimits")
+        effective = decision.limits if isinstance(decision, Decision) else None
         if isinstance(frame, FrameError):
             outcome = eviction(pod, effective) or outcome_without_frame(str(frame), frame.truncated,
                                                                           container_status(pod), effective)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from coderun.api.models import CodeRunSpec, Validation
+from coderun.api.models import CodeRunSpec, ResourceLimits, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
 from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
@@ -200,11 +200,12 @@ PROGRAM_REASONS = {Reason.COMPLETED, Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reaso
                     Reason.PROCESS_LIMIT_EXCEEDED, Reason.SANDBOX_VIOLATION}
 
 
-def failure_message(reason: str, limits: Mapping[str, Any] | None) -> str:
-    limits = limits or {}
+def failure_message(reason: str, limits: ResourceLimits | None) -> str:
     template = _FAILURE_HINTS.get(reason, "")
-    return template.format(timeout=limits.get("timeoutSeconds", "?"), memory=limits.get("memory", "?"),
-                           output=limits.get("outputBytes", "?"), disk=limits.get("disk", "?"))
+    if limits is None:
+        return template.format(timeout="?", memory="?", output="?", disk="?")
+    return template.format(timeout=limits.timeout_seconds, memory=limits.memory, output=limits.output_bytes,
+                           disk=limits.disk)
 
 
 def head_bytes(text: str, limit: int) -> tuple[str, bool]:
@@ -215,7 +216,7 @@ def head_bytes(text: str, limit: int) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", "ignore"), True
 
 
-def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: Mapping[str, Any] | None) -> str:
+def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: ResourceLimits | None) -> str:
     if reason == Reason.COMPLETED:
         return "the program exited with code 0"
     if reason == Reason.NON_ZERO_EXIT:
@@ -241,7 +242,7 @@ def _signal_name(number: int | None) -> str:
 
 
 def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor,
-                       container_oom: bool, effective_limits: Mapping[str, Any] | None,
+                       container_oom: bool, limits: ResourceLimits | None,
                        pod_created: datetime | None, artifacts: list[dict], skipped: list[dict]) -> Outcome:
     """Map the runner's report to phase, reason and a message that says what to change.
 
@@ -249,7 +250,7 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
     validation errors (they quote the output). Output is redacted before it is cut to spec.limits.outputBytes
     (the runner keeps a margin beyond it), so a secret straddling the cut is never shown in part.
     """
-    limit = int((effective_limits or {}).get("outputBytes") or len(frame.stdout.encode()) + len(frame.stderr.encode()))
+    limit = (limits.output_bytes if limits else 0) or len(frame.stdout.encode()) + len(frame.stderr.encode())
     stdout, n_out = redactor.redact(frame.stdout)
     stderr, n_err = redactor.redact(frame.stderr)
     stdout, cut_out = head_bytes(stdout, limit)
@@ -273,7 +274,7 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
         detail = cap(redactor.redact(frame.message or frame.reason)[0], MAX_ERROR_MESSAGE_CHARS)
         message = (detail if reason == Reason.INVALID_SPEC else f"the sandbox runner failed: {detail}")
     else:
-        message = _message(reason, frame, error, effective_limits)
+        message = _message(reason, frame, error, limits)
     started = datetime.fromtimestamp(frame.startedAtMillis / 1000, timezone.utc) if frame.startedAtMillis else None
     fields = {
         "exitCode": frame.exitCode, "signal": frame.signal,
@@ -316,16 +317,16 @@ def redacted_validation(validation: Validation, redactor: Redactor) -> dict[str,
 
 
 def outcome_without_frame(problem: str, truncated: bool, container: Mapping[str, Any] | None,
-                          effective_limits: Mapping[str, Any] | None) -> Outcome:
+                          limits: ResourceLimits | None) -> Outcome:
     """No trustworthy frame: the kubelet's word decides between OOM, output flood and a platform error.
     An exit code of 137 alone is not an OOM: anything that SIGKILLs the sandbox ends it that way."""
     terminated = ((container or {}).get("state") or {}).get("terminated") or {}
     if terminated.get("reason") == "OOMKilled":
-        return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, effective_limits),
+        return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, limits),
                        {"signal": 9})
     if truncated:
         return Outcome(Phase.FAILED, Reason.OUTPUT_LIMIT_EXCEEDED,
-                       failure_message(Reason.OUTPUT_LIMIT_EXCEEDED, effective_limits))
+                       failure_message(Reason.OUTPUT_LIMIT_EXCEEDED, limits))
     code = terminated.get("exitCode")
     ended = f" (the sandbox ended with exit code {code}, {terminated.get('reason') or 'no reason'})" if code else ""
     return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"no result from the sandbox: {problem}{ended}")
