@@ -89,11 +89,11 @@ def test_terminal_status_sets_conditions_and_total_time(run_body):
     body = run_body(annotations={"coderun.io/created-at": "2026-11-22T10:00:01.250Z"})
     body["status"] = {"conditions": set_condition(None, "Running", True, "Started", "", 1, NOW)}
     status = terminal_status(body, Outcome("Failed", "Timeout", "too slow", {"exitCode": None}), NOW)
-    by_type = {c["type"]: c for c in status["conditions"]}
-    assert by_type["Failed"]["status"] == "True" and by_type["Running"]["status"] == "False"
+    by_type = {c.type: c for c in status.conditions}
+    assert by_type["Failed"].status == "True" and by_type["Running"].status == "False"
     assert "Complete" not in by_type
-    assert status["metrics"]["totalMillis"] == 3750 and status["completionTime"] == "2026-11-22T10:00:05.000Z"
-    assert status["observedGeneration"] == 1
+    assert status.metrics.total_millis == 3750 and status.completion_time == "2026-11-22T10:00:05.000Z"
+    assert status.observed_generation == 1
 
 
 def test_terminal_status_leaves_the_outcome_and_the_run_as_they_were(run_body):
@@ -106,8 +106,8 @@ def test_terminal_status_leaves_the_outcome_and_the_run_as_they_were(run_body):
 
 def test_rejected_run_is_not_accepted(run_body):
     status = terminal_status(run_body(), Outcome("Rejected", "PolicyDenied", "no"), NOW)
-    by_type = {c["type"]: c for c in status["conditions"]}
-    assert by_type["Accepted"]["status"] == "False" and by_type["Failed"]["reason"] == "PolicyDenied"
+    by_type = {c.type: c for c in status.conditions}
+    assert by_type["Accepted"].status == "False" and by_type["Failed"].reason == "PolicyDenied"
 
 
 def test_a_secret_cut_by_the_output_cap_is_redacted_whole_then_cut():

@@ -3,6 +3,7 @@
 smaller versions of it are tried (results/budget.py)."""
 from __future__ import annotations
 
+import copy
 import logging
 from datetime import datetime
 from typing import Any, Callable, Mapping
@@ -19,12 +20,16 @@ from .store import Store
 log = logging.getLogger("coderun")
 
 
-def to_wire(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The status through the model that generates the CRD: a misspelt or undeclared field fails here, loudly,
-    instead of being pruned by the API server. Fields set to None stay, as null, to clear stale values.
-    Messages (which quote error messages, identities and names) leave with control characters escaped: kubectl
-    prints them to terminals."""
-    wire = CodeRunStatus.model_validate(dict(status)).model_dump(by_alias=True, exclude_unset=True, mode="json")
+def to_wire(status: CodeRunStatus) -> dict[str, Any]:
+    """The status as the API server takes it: camelCase, only the fields that were set (a field set to None
+    stays, as null, to clear a stale value)."""
+    return status.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+def printable(candidate: Mapping[str, Any]) -> dict[str, Any]:
+    """Messages (which quote error messages, identities and names) leave with control characters escaped:
+    kubectl prints them to terminals."""
+    wire = copy.deepcopy(dict(candidate))
     if wire.get("message"):
         wire["message"] = one_line(wire["message"])
     for condition in wire.get("conditions") or ():
@@ -39,13 +44,14 @@ class StatusWriter:
         self.api, self.store, self.now = api, store, clock
         self._on_finished = on_finished
 
-    def write(self, run: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any] | None:
-        """Patch /status; when the API server refuses it, ever smaller versions. The status written, or None
-        when the run is gone. The store takes the API server's answer, so no stale event undoes it."""
+    def write(self, run: Mapping[str, Any], status: CodeRunStatus) -> dict[str, Any] | None:
+        """Patch /status; when the API server refuses it, ever smaller versions. The status written (its wire
+        form), or None when the run is gone. The store takes the API server's answer, so no stale event undoes
+        it."""
         meta, refusals = run["metadata"], []
-        for candidate in smaller_statuses(status, status_budget(run), refusals):
+        for candidate in smaller_statuses(to_wire(status), status_budget(run), refusals):
             try:
-                written = self.api.patch_run_status(meta["namespace"], meta["name"], to_wire(candidate))
+                written = self.api.patch_run_status(meta["namespace"], meta["name"], printable(candidate))
             except self.api.Refused as e:
                 refusals.append(str(e))
                 log.warning("run %s/%s: status refused (%s); writing a smaller one", meta["namespace"],

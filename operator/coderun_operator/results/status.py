@@ -1,6 +1,9 @@
-"""Status computation, pure: (run, what happened, now) -> the status dict to write once.
+"""Status computation, pure: (run, what happened, now) -> the `CodeRunStatus` to write once, one function per
+phase (waiting, started, approved, cold again, running, terminal).
 
-Every writer of status goes through here, so phases, reasons, conditions and messages stay consistent.
+Every status is built here, so phases, reasons, conditions and messages stay consistent, and validated here by
+the model that generates the CRD (a misspelt or undeclared field fails at once, instead of being pruned by the
+API server); only the writer (controller/writer.py) turns it into the wire form.
 """
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from coderun.api.models import CodeRunSpec, ResourceLimits, Validation
+from coderun.api.models import CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
 from coderun.sandbox.runner import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
@@ -90,7 +93,7 @@ def _kept_metrics(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, cache_key: str | None,
-                   start_mode: str, now: datetime, message: str | None = None) -> dict[str, Any]:
+                   start_mode: str, now: datetime, message: str | None = None) -> CodeRunStatus:
     """Admitted and given a sandbox pod (created cold, or a warm one claimed): Pending, naming the pod."""
     status = {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
@@ -101,7 +104,7 @@ def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, ha
     }
     if cache_key:
         status["cacheKey"] = cache_key
-    return status
+    return CodeRunStatus.model_validate(status)
 
 
 def decision_fields(decision: Decision) -> dict[str, Any]:
@@ -121,32 +124,32 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
 
 
 def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
-                   now: datetime) -> dict[str, Any]:
+                   now: datetime) -> CodeRunStatus:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
-    return {"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
             "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
-            "metrics": _kept_metrics(run) or None}
+            "metrics": _kept_metrics(run) or None})
 
 
-def approved_status(record: Mapping[str, Any]) -> dict[str, Any]:
+def approved_status(record: Mapping[str, Any]) -> CodeRunStatus:
     """An approval acted on, kept in the status before the run goes on."""
-    return {"approval": dict(record)}
+    return CodeRunStatus.model_validate({"approval": dict(record)})
 
 
-def cold_again_status(why: str) -> dict[str, Any]:
+def cold_again_status(why: str) -> CodeRunStatus:
     """A warm pod given up before its program ran: Pending again, with no pod, to be started cold."""
-    return {"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None, "startMode": None, "startTime": None,
-            "message": f"{why}; starting cold"}
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None,
+                                         "startMode": None, "startTime": None, "message": f"{why}; starting cold"})
 
 
-def running_status(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+def running_status(run: Mapping[str, Any], now: datetime) -> CodeRunStatus:
     conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.RUNNING, True,
                                Reason.STARTED, "the program is running in its sandbox", _generation(run), now)
-    return {"phase": Phase.RUNNING, "reason": Reason.STARTED, "message": "the program is running",
-            "conditions": conditions}
+    return CodeRunStatus.model_validate({"phase": Phase.RUNNING, "reason": Reason.STARTED,
+                                         "message": "the program is running", "conditions": conditions})
 
 
-def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> dict[str, Any]:
+def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> CodeRunStatus:
     """The final status: outcome fields, timings, and the conditions a finished run carries."""
     gen, status = _generation(run), run.get("status") or {}
     conditions = status.get("conditions")
@@ -170,9 +173,10 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
     fields = {k: v for k, v in outcome.fields.items() if k != "metrics"}
     metrics = dict(outcome.fields.get("metrics") or {})
     metrics["totalMillis"] = millis_between(created_at(run), now)
-    return {**fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
-            "metrics": {k: v for k, v in metrics.items() if v is not None},
-            "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions}
+    return CodeRunStatus.model_validate({
+        **fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
+        "metrics": {k: v for k, v in metrics.items() if v is not None},
+        "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions})
 
 
 _FAILURE_HINTS = {
