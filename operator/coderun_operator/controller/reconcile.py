@@ -38,7 +38,7 @@ from ..policy.patterns import redactor
 from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
                              pick_reusable, reused_outcome)
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
-from ..results.pod_state import (container_status, eviction, image_with_digest, is_running, never_fits,
+from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
@@ -362,7 +362,7 @@ class Controller:
         if terminated(pod):
             self._collect(run, pod)
             return
-        failure = pod_level_failure(pod, self._limits(run))
+        failure = pod_level_failure(pod, self._limits(run)) if has_failed(pod) else None  # limits: only then
         if failure:
             self.writer.finish(run, failure)
             self.api.delete_pod(ns, pod["metadata"]["name"])

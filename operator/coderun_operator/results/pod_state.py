@@ -61,11 +61,15 @@ def eviction(pod: Mapping[str, Any], limits: ResourceLimits | None) -> Outcome |
     return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the node evicted the sandbox: {detail}")
 
 
+def has_failed(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Failed"
+
+
 def pod_level_failure(pod: Mapping[str, Any], limits: ResourceLimits | None) -> Outcome | None:
     """Pod failed without the container reporting (deadline backstop, eviction)."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Failed":
+    if not has_failed(pod):
         return None
+    status = pod["status"]
     evicted = eviction(pod, limits)
     if evicted or terminated(pod):
         return evicted
