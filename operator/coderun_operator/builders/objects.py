@@ -10,8 +10,9 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
 from ..policy import Decision
-from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE,
-                    LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name, run_labels)
+from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
+                    LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
+                    run_labels)
 
 INPUT_MOUNT = "/coderun/input"
 TMP_MOUNT = "/tmp"
