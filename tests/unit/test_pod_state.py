@@ -38,7 +38,8 @@ def test_pending_is_patient_until_the_deadline():
 
 
 def test_pod_level_failures():
-    assert pod_level_failure(pod(phase="Failed", reason="DeadlineExceeded"), DEFAULT_POLICY.defaults).reason == "Timeout"
+    limits = DEFAULT_POLICY.defaults
+    assert pod_level_failure(pod(phase="Failed", reason="DeadlineExceeded"), limits).reason == "Timeout"
     assert pod_level_failure(pod(phase="Failed", reason="Evicted"), None).reason == "InternalError"
     assert pod_level_failure(pod(phase="Running"), None) is None
 

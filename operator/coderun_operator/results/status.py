@@ -126,9 +126,10 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
 def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
                    now: datetime) -> CodeRunStatus:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
-    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
-            "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
-            "metrics": _kept_metrics(run) or None})
+    return CodeRunStatus.model_validate({
+        "phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
+        "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
+        "metrics": _kept_metrics(run) or None})
 
 
 def approved_status(record: Mapping[str, Any]) -> CodeRunStatus:
