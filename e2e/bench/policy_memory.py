@@ -19,9 +19,8 @@ import time
 
 from coderun.api.models import CodeRunSpec
 from coderun_operator.controller import Controller
-from coderun_operator.controller.collection import redactor
 from coderun_operator.policy import evaluate
-from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM
+from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM, redactor
 
 
 def rss_mib() -> float:

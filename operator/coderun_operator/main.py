@@ -3,30 +3,44 @@
 With CODERUN_LEADER_ELECTION=true (the Helm chart sets it, with POD_NAME and POD_NAMESPACE from the downward
 API), replicas elect one leader through a Lease before kopf starts; the others wait as standbys that serve
 their probes and metrics. Without it (the host-process mode for development) kopf starts at once.
+
+kopf is embedded with `kopf.run(...)` (kopf's docs/embedding.rst): importing `handlers` registers them.
 """
+import argparse
 import logging
 import os
 import signal
 import sys
 import time
 
-from kopf import cli
+import kopf
 
-from . import health, leader, metrics
+from . import handlers, health, leader, metrics
+
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="coderun-operator", description=__doc__.split("\n", 1)[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every event")
+    parser.add_argument("-d", "--debug", action="store_true", help="log kopf's internals too")
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    return parser.parse_args(argv)
+
+
+def _run_kopf(args: argparse.Namespace, liveness: str) -> None:
+    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet)
+    kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
 
 
 def main() -> None:
+    args = _arguments(sys.argv[1:])
     liveness = os.environ.get("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
-    sys.argv = ["kopf", "run", "--module", "coderun_operator.handlers", "--all-namespaces", "--standalone",
-                "--liveness", liveness, *sys.argv[1:]]
     if os.environ.get("CODERUN_LEADER_ELECTION", "").lower() != "true":
         metrics.LEADER.set(1)  # the only replica
-        cli.main()
+        _run_kopf(args, liveness)
         return
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s")
     namespace, pod = os.environ["POD_NAMESPACE"], os.environ["POD_NAME"]
-    from .handlers import controller  # the standby's metrics too: a scrape of either replica answers
-    metrics.serve(controller.store.active_count)
+    metrics.serve(handlers.controller.store.active_count)  # the standby's too: a scrape of either replica answers
     probes = health.Health(liveness.replace("0.0.0.0", "127.0.0.1"))
     health.serve(int(os.environ.get("CODERUN_HEALTH_PORT", "8081")), probes)
     leader.mark_own_pod(namespace, pod, leading=False)  # a restarted leader's container starts as a standby
@@ -42,7 +56,7 @@ def main() -> None:
     leader.mark_own_pod(namespace, pod, leading=True)
     logging.getLogger().handlers.clear()  # kopf installs its own; two would print every line twice
     try:
-        cli.main()
+        _run_kopf(args, liveness)
     finally:
         stopping = time.monotonic()
         logging.getLogger("coderun.leader").info("kopf has stopped; releasing the Lease")

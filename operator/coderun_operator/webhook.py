@@ -12,9 +12,9 @@ from typing import Any, Mapping
 
 from coderun.api.coderunpolicy import ADMISSION_ENFORCE
 from .controller import Controller
-from .controller.admission import decide
 from .controller.identity import user_may_use
 from .policy import Denial, Policy, select_policy
+from .policy.decide import decide
 from .policy.load import InvalidPolicy, policy_from_object
 
 

@@ -29,6 +29,8 @@ from typing import Any, Mapping
 import aiohttp.web
 import kopf
 
+from .builders.names import LABEL_MANAGED_BY, MANAGER
+
 log = logging.getLogger("coderun")
 
 # An AdmissionReview of the largest CodeRun the schema admits is well under this (code and stdin 128 KiB each,
@@ -64,7 +66,7 @@ class Bundle:
     def secret(self) -> dict[str, Any]:
         data = {"ca.crt": self.ca, "tls.crt": self.cert, "tls.key": self.key}
         return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                "metadata": {"labels": {"app.kubernetes.io/managed-by": "coderun"}},
+                "metadata": {"labels": {LABEL_MANAGED_BY: MANAGER}},
                 "data": {k: base64.b64encode(v).decode() for k, v in data.items()}}
 
 

@@ -10,7 +10,7 @@ from coderun.api.models import CodeRunSpec, EgressRule
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun_operator.results.cache import (cache_key, image_digest, is_reusable, is_same_source, pick_reusable,
                                                 reused_outcome)
-from coderun_operator.results.redact import Redactor
+from coderun_operator.policy.redact import Redactor
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=timezone.utc)
 

@@ -143,7 +143,7 @@ def test_code_too_deep_to_parse_is_refused_not_a_crash():
 
 def test_a_warm_pool_is_per_language_and_may_reserve_less_cpu_than_its_limit():
     from coderun_operator.builders import build_pool_pod
-    from coderun_operator.controller.warm import wanted_pools
+    from coderun_operator.controller.warm.trust import wanted_pools
     loaded = policy(warmPool={"size": 3, "cpuRequest": "100m"})
     pools = wanted_pools("team-a", loaded)
     assert sorted(language for language, _ in pools.values()) == ["javascript", "python"]  # every runtime

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from coderun_operator.controller import Controller
+from coderun_operator.controller import Controller, reconcile
 from fake_k8s import FakeK8s, Refused, Transient
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
@@ -187,6 +187,22 @@ def test_hostile_frame_values_still_end_the_run(env):
     assert (status["phase"], status["reason"]) == ("Failed", "NonZeroExit")
     assert status["error"]["line"] is None and len(status["error"]["type"]) == 256
     assert len(status["error"]["message"]) == 4096 and status["stdout"] == "\u2028x\u0085y\n"
+
+
+def test_the_spec_is_parsed_once_per_run_and_forgotten_when_it_ends(env, monkeypatch):
+    """The spec is immutable: admission, pod events, the tick and collection share one parse."""
+    api, clock, ctl = env
+    parsed, parse = [], reconcile.parse_spec
+    monkeypatch.setattr(reconcile, "parse_spec", lambda spec: parsed.append(spec) or parse(spec))
+    submit(env, make_run())
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Pending"}
+    for _ in range(3):
+        ctl.on_pod(copy.deepcopy(pod), deleted=False)
+        clock.now += timedelta(seconds=1)
+        ctl.tick()
+    assert terminate(env)["status"]["reason"] == "Completed"
+    assert len(parsed) == 1 and ctl.store.typed("uid-1") == (None, None)
 
 
 def test_a_deleted_pod_fails_the_run(env):

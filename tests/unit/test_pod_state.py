@@ -1,5 +1,6 @@
 import pytest
 
+from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.pod_state import (image_with_digest, never_fits, pending_verdict, pod_level_failure,
                                        terminated)
 
@@ -37,7 +38,8 @@ def test_pending_is_patient_until_the_deadline():
 
 
 def test_pod_level_failures():
-    assert pod_level_failure(pod(phase="Failed", reason="DeadlineExceeded"), {"timeoutSeconds": 5}).reason == "Timeout"
+    limits = DEFAULT_POLICY.defaults
+    assert pod_level_failure(pod(phase="Failed", reason="DeadlineExceeded"), limits).reason == "Timeout"
     assert pod_level_failure(pod(phase="Failed", reason="Evicted"), None).reason == "InternalError"
     assert pod_level_failure(pod(phase="Running"), None) is None
 

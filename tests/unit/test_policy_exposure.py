@@ -7,12 +7,12 @@ import pytest
 
 from coderun.api.models import CodeRunSpec
 from coderun_operator.controller import Controller
-from coderun_operator.controller.collection import redactor
+from coderun_operator.policy.patterns import redactor
 from coderun_operator.policy import InvalidPolicyMark, decision_from_record, evaluate
 from coderun_operator.policy.egress import cluster_egress_refusal, protected_networks
 from coderun_operator.policy.load import InvalidPolicy, policy_from_object
 from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM
-from coderun_operator.results.redact import InvalidPattern, compile_pattern
+from coderun_operator.policy.redact import InvalidPattern, compile_pattern
 
 LOCAL_CLUSTER = protected_networks({"CODERUN_POD_CIDRS": "10.88.0.0/16", "CODERUN_SERVICE_CIDRS": "10.96.0.0/16",
                                     "CODERUN_NODE_CIDRS": "192.168.1.10/32"})

@@ -1,6 +1,6 @@
 import pytest
 
-from coderun_operator.results.redact import Redactor
+from coderun_operator.policy.redact import Redactor
 
 SECRETS = [
     ("aws-access-key", "AKIAIOSFODNN7EXAMPLE"),

@@ -3,16 +3,16 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from coderun.api.models import CodeRunSpec
+from coderun.api.models import CodeRunSpec, ResourceLimits
 from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.lifecycle import expiry_time, ttl_seconds
 from coderun_operator.results.frame import RunnerFrame
-from coderun_operator.results.redact import Redactor
+from coderun_operator.policy.redact import Redactor
 from coderun_operator.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
                                     terminal_status)
 
 NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)
-LIMITS = {"timeoutSeconds": 5, "memory": "256Mi", "outputBytes": 65536}
+LIMITS = ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="500m", disk="64Mi", output_bytes=65536)
 
 
 def frame(**fields):
@@ -89,17 +89,25 @@ def test_terminal_status_sets_conditions_and_total_time(run_body):
     body = run_body(annotations={"coderun.io/created-at": "2026-11-22T10:00:01.250Z"})
     body["status"] = {"conditions": set_condition(None, "Running", True, "Started", "", 1, NOW)}
     status = terminal_status(body, Outcome("Failed", "Timeout", "too slow", {"exitCode": None}), NOW)
-    by_type = {c["type"]: c for c in status["conditions"]}
-    assert by_type["Failed"]["status"] == "True" and by_type["Running"]["status"] == "False"
+    by_type = {c.type: c for c in status.conditions}
+    assert by_type["Failed"].status == "True" and by_type["Running"].status == "False"
     assert "Complete" not in by_type
-    assert status["metrics"]["totalMillis"] == 3750 and status["completionTime"] == "2026-11-22T10:00:05.000Z"
-    assert status["observedGeneration"] == 1
+    assert status.metrics.total_millis == 3750 and status.completion_time == "2026-11-22T10:00:05.000Z"
+    assert status.observed_generation == 1
+
+
+def test_terminal_status_leaves_the_outcome_and_the_run_as_they_were(run_body):
+    body = run_body()
+    outcome = Outcome("Succeeded", "Completed", "ok", {"exitCode": 0, "metrics": {"wallMillis": 5}})
+    before = (repr(body), repr(outcome))
+    assert terminal_status(body, outcome, NOW) == terminal_status(body, outcome, NOW)
+    assert (repr(body), repr(outcome)) == before
 
 
 def test_rejected_run_is_not_accepted(run_body):
     status = terminal_status(run_body(), Outcome("Rejected", "PolicyDenied", "no"), NOW)
-    by_type = {c["type"]: c for c in status["conditions"]}
-    assert by_type["Accepted"]["status"] == "False" and by_type["Failed"]["reason"] == "PolicyDenied"
+    by_type = {c.type: c for c in status.conditions}
+    assert by_type["Accepted"].status == "False" and by_type["Failed"].reason == "PolicyDenied"
 
 
 def test_a_secret_cut_by_the_output_cap_is_redacted_whole_then_cut():
@@ -107,7 +115,7 @@ def test_a_secret_cut_by_the_output_cap_is_redacted_whole_then_cut():
     text = "x" * 65529 + " " + secret + " tail"  # the runner keeps a margin beyond outputBytes; the cap cuts the secret
     result = outcome(frame(stdout=text, stdoutTruncated=False))
     assert "ghp_" not in result.fields["stdout"] and "a1B2" not in result.fields["stdout"]
-    assert len(result.fields["stdout"].encode()) <= LIMITS["outputBytes"] and result.fields["stdoutTruncated"]
+    assert len(result.fields["stdout"].encode()) <= LIMITS.output_bytes and result.fields["stdoutTruncated"]
     assert result.fields["redactions"] == 1
 
 

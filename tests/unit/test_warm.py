@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from coderun_operator.builders import build_pod
-from coderun_operator.controller import Controller, warm
+from coderun_operator.controller import Controller
+from coderun_operator.controller.warm import session, trust
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s, Transient
@@ -36,7 +37,7 @@ def pool_pods(api):
 def start_pool(env, ready=True):
     """Refill, then the kubelet reports every pool pod's runner running."""
     api, _, ctl = env
-    warm.refill(ctl)
+    ctl.pool.refill()
     for pod in pool_pods(api).values():
         if ready:
             pod["status"] = {"phase": "Running", "startTime": "2026-11-22T09:59:00Z", "containerStatuses": [{
@@ -248,7 +249,7 @@ def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_a
     the program may be running (wait for it) or never got its input (start cold: it cannot run twice)."""
     api, clock, ctl = env
     start_pool(env)
-    monkeypatch.setattr(warm, "_session", lambda *args: None)  # the operator died right after the claim
+    monkeypatch.setattr(session, "run", lambda *args: None)  # the operator died right after the claim
     run = submit_and_wait(env, make_run())
     monkeypatch.undo()
     claimed = run["status"]["podName"]
@@ -278,7 +279,7 @@ def test_refill_replaces_a_pool_pod_the_pool_would_not_build_now(env):
                                                     if m["name"] != "input"]
     api.objects[("Pod", NS, names[0])] = api._stamp(copy.deepcopy(old))
     ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, names[0])]), deleted=False)
-    warm.refill(ctl)
+    ctl.pool.refill()
     assert ("Pod", NS, names[0]) not in api.objects and ("Pod", NS, names[1]) in api.objects
     assert api.calls.count("create_pod") == 3
 
@@ -290,13 +291,13 @@ def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env,
     dead["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "DeadlineExceeded"}}
     api.objects[("Pod", NS, names[0])] = api._stamp(copy.deepcopy(dead))
     ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, names[0])]), deleted=False)
-    warm.refill(ctl)
+    ctl.pool.refill()
     assert ("Pod", NS, names[0]) not in api.objects and api.calls.count("create_pod") == 3
-    monkeypatch.setattr(warm, "_started", -1e9)  # long after start-up: the watch has delivered every policy
+    monkeypatch.setattr(ctl.pool, "started", -1e9)  # long after start-up: the watch has delivered every policy
     ctl.on_policy(copy.deepcopy(POLICY), deleted=True)
     for pod in list(pool_pods(api).values()):
         ctl.on_pod(copy.deepcopy(pod), deleted=False)
-    warm.refill(ctl)
+    ctl.pool.refill()
     assert pool_pods(api) == {}
 
 
@@ -321,12 +322,12 @@ def test_only_a_pod_built_as_the_pool_builds_it_is_genuine(change, genuine):
     from coderun_operator.builders import build_pool_pod
     from coderun_operator.policy.load import policy_from_object
     policy = policy_from_object(POLICY)
-    (key, (language, decision)), = warm.wanted_pools(NS, policy).items()
+    (key, (language, decision)), = trust.wanted_pools(NS, policy).items()
     pod = build_pool_pod(NS, decision, {"coderun.io/pool": "default", "coderun.io/pool-language": language,
-                                        "key": key}, warm.POOL_IDLE_SECONDS)
+                                        "key": key}, trust.POOL_IDLE_SECONDS)
     pod["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] = str(96 * 1024 * 1024)
     change(pod["spec"])
-    assert warm.is_genuine(pod, decision) is genuine
+    assert trust.is_genuine(pod, decision) is genuine
 
 
 def test_a_claim_the_status_could_not_record_sends_nothing_and_is_given_up(env):

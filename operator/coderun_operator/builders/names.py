@@ -8,6 +8,10 @@ LABEL_RUN = "coderun.io/run"
 LABEL_RUN_UID = "coderun.io/run-uid"
 LABEL_SANDBOX = "coderun.io/sandbox"
 MANAGER = "coderun"
+# The sandbox pod's one container (the runner and the program under it).
+CONTAINER_NAME = "run"
+# On a sandbox pod: the policy it was built for.
+ANNOTATION_POLICY = "coderun.io/policy"
 # Warm pool pods: the policy (name, fitted to a label) and language they serve, and the exact pool key
 # (policy digest, runtime, limits) in an annotation, so a changed policy's old pods are told apart.
 LABEL_POOL = "coderun.io/pool"

@@ -10,8 +10,9 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
 from ..policy import Decision
-from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_MANAGED_BY, LABEL_POOL, LABEL_POOL_LANGUAGE,
-                    LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name, run_labels)
+from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
+                    LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
+                    run_labels)
 
 INPUT_MOUNT = "/coderun/input"
 TMP_MOUNT = "/tmp"
@@ -21,7 +22,6 @@ RUNNER_COMMAND = (*RUNNER, "--input", INPUT_MOUNT)
 # A warm pool pod's runner waits for its input on stdin (sent over pods/attach when a run claims the pod).
 POOL_RUNNER_COMMAND = (*RUNNER, "--input-stdin")
 SANDBOX_UID = 65532
-CONTAINER_NAME = "run"
 # Pod deadline beyond the program's timeout: startup (image, sandbox, interpreter) and result upload.
 POD_DEADLINE_MARGIN_SECONDS = 60
 # Container logs count against ephemeral storage; leave room for them beside the user's /tmp.
@@ -129,7 +129,7 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": "coderun-sandbox-default-deny", "namespace": namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "coderun"}},
+                     "labels": {LABEL_MANAGED_BY: MANAGER}},
         "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: "true"}},
                  "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": []},
     }
@@ -138,7 +138,7 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
 def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
     """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch off."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
-    metadata["annotations"] = {"coderun.io/policy": decision.policy.name}
+    metadata["annotations"] = {ANNOTATION_POLICY: decision.policy.name}
     return _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
                         decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS,
                         {"name": "input", "configMap": {"name": input_configmap}})
@@ -199,7 +199,7 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
     metadata = {"generateName": pool_name_prefix(pool[LABEL_POOL]), "namespace": namespace,
                 "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_POOL: pool[LABEL_POOL],
                            LABEL_POOL_LANGUAGE: pool[LABEL_POOL_LANGUAGE]},
-                "annotations": {"coderun.io/policy": decision.policy.name, ANNOTATION_POOL_KEY: pool["key"]}}
+                "annotations": {ANNOTATION_POLICY: decision.policy.name, ANNOTATION_POOL_KEY: pool["key"]}}
     if decision.policy.uid:
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]

@@ -74,6 +74,9 @@ class Store:
         # namespaces whose runs were listed once since start: every run there is known, not only those the
         # watch has delivered so far
         self.listed_namespaces: set[str] = set()
+        # run uid -> (its spec parsed, or the InvalidSpec denial; the decision its status records, once it does):
+        # the spec is immutable and a recorded decision final, so each is parsed once per run, not per reconcile
+        self._typed: dict[str, tuple[Any, Any]] = {}
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,13 +86,18 @@ class Store:
             held = self._runs.get(uid)
             if held is not None and (resource_version(held) or 0) > (resource_version(run) or 0):
                 return held
-            self._runs[uid] = finished_projection(run) if is_terminal(run) else dict(run)
+            if is_terminal(run):
+                self._runs[uid] = finished_projection(run)
+                self._typed.pop(uid, None)
+            else:
+                self._runs[uid] = dict(run)
             return self._runs[uid]
 
     def forget_run(self, uid: str) -> None:
         with self._lock:
             self._runs.pop(uid, None)
             self._pods.pop(uid, None)
+            self._typed.pop(uid, None)
             self._scheduled.discard(uid)
             if len(self._expiries) > 2 * len(self._scheduled) + 64:
                 # Mostly runs deleted before their time (by their owners): drop their entries, so the heap
@@ -100,6 +108,16 @@ class Store:
     def run(self, uid: str) -> dict[str, Any] | None:
         with self._lock:
             return self._runs.get(uid)
+
+    def typed(self, uid: str) -> tuple[Any, Any]:
+        """(spec, recorded decision) as kept by `keep_typed`; (None, None) when nothing is kept."""
+        with self._lock:
+            return self._typed.get(uid, (None, None))
+
+    def keep_typed(self, uid: str, spec: Any, decision: Any) -> None:
+        with self._lock:
+            if uid in self._runs and not is_terminal(self._runs[uid]):
+                self._typed[uid] = (spec, decision)
 
     def unfinished(self) -> list[str]:
         with self._lock:

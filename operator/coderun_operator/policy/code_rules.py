@@ -11,7 +11,7 @@ from typing import Iterator
 from coderun.api.coderunpolicy import CodeRules
 from coderun.api.reasons import Reason
 from coderun.api.policy import Denial
-from ..results.redact import compile_pattern
+from .redact import compile_pattern
 
 IMPORT_FUNCTIONS = {"__import__", "importlib.import_module"}
 

@@ -7,11 +7,11 @@ patterns process-wide (only the fixed built-in redaction patterns).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import re2
 
-from ..results.redact import InvalidPattern, Redactor, compile_pattern
+from .redact import InvalidPattern, Redactor, compile_pattern
 
 # All of one policy's patterns together, in RE2 instructions (each pattern: at most PATTERN_MAX_PROGRAM).
 # Ordinary patterns compile to tens of instructions, so 320 of them fit many times over.
@@ -47,3 +47,12 @@ def compile_policy_patterns(redaction: Sequence[str], denied: Sequence[str]) -> 
                 f"instructions (this one: {regex.programsize}); use fewer or simpler patterns")
         compiled.append(regex)
     return CompiledPatterns(Redactor(compiled[:len(redaction)]), tuple(compiled[len(redaction):]), total)
+
+
+def redactor(policy, live_policies: Mapping[str, Any]) -> Redactor:
+    """The redactor the loaded policy compiled, when the run's recorded policy is still the live one (same
+    digest); else one for this result only (the policy changed or went: its patterns are not kept for it)."""
+    live = live_policies.get(policy.name) if policy else None
+    if policy and getattr(live, "digest", None) == policy.digest and live.compiled_patterns:
+        return live.compiled_patterns.redactor
+    return Redactor(policy.redaction_patterns if policy else ())

@@ -24,7 +24,7 @@ from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Phase
 from ..builders import code_hash
 from ..policy import Decision
-from .redact import Redactor
+from ..policy.redact import Redactor
 from .status import (PROGRAM_REASONS, Outcome, decision_fields, head_bytes, parse_time, redacted_error,
                      redacted_names, redacted_validation)
 from .validate import validate_output

@@ -6,10 +6,11 @@ from typing import Any, Iterable, Mapping
 
 from kubernetes.utils import parse_quantity
 
+from coderun.api.models import ResourceLimits
 from coderun.api.reasons import Phase, Reason
+from ..builders.names import CONTAINER_NAME
 from .status import Outcome
 
-CONTAINER = "run"
 # Waiting reasons that never heal by waiting longer: fail the run at once.
 _PERMANENT_WAITING = {"InvalidImageName": Reason.IMAGE_UNAVAILABLE, "ErrImageNeverPull": Reason.IMAGE_UNAVAILABLE,
                       "CreateContainerConfigError": Reason.START_FAILED}
@@ -22,7 +23,7 @@ IMAGE_GRACE_SECONDS = 30
 
 def container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or ():
-        if status.get("name") == CONTAINER:
+        if status.get("name") == CONTAINER_NAME:
             return status
     return None
 
@@ -46,30 +47,34 @@ def image_with_digest(pod: Mapping[str, Any], fallback: str) -> str:
     return f"{image.split('@')[0]}@{digest}" if digest else image
 
 
-def eviction(pod: Mapping[str, Any], effective_limits: Mapping[str, Any] | None) -> Outcome | None:
+def eviction(pod: Mapping[str, Any], limits: ResourceLimits | None) -> Outcome | None:
     """The kubelet evicted the sandbox: over its disk (emptyDir or ephemeral storage) or for the node's sake."""
     status = pod.get("status") or {}
     if status.get("reason") != "Evicted":
         return None
     detail = str(status.get("message") or "")[:512]
     if any(word in detail for word in ("EmptyDir", "ephemeral", "emptyDir", "ephemeral-storage")):
-        disk = (effective_limits or {}).get("disk", "?")
+        disk = limits.disk if limits else "?"
         return Outcome(Phase.FAILED, Reason.DISK_LIMIT_EXCEEDED,
                        f"the program wrote more than its disk limit of {disk} and the kubelet evicted the sandbox "
                        f"({detail}); write less or raise spec.limits.disk")
     return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the node evicted the sandbox: {detail}")
 
 
-def pod_level_failure(pod: Mapping[str, Any], effective_limits: Mapping[str, Any] | None) -> Outcome | None:
+def has_failed(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Failed"
+
+
+def pod_level_failure(pod: Mapping[str, Any], limits: ResourceLimits | None) -> Outcome | None:
     """Pod failed without the container reporting (deadline backstop, eviction)."""
-    status = pod.get("status") or {}
-    if status.get("phase") != "Failed":
+    if not has_failed(pod):
         return None
-    evicted = eviction(pod, effective_limits)
+    status = pod["status"]
+    evicted = eviction(pod, limits)
     if evicted or terminated(pod):
         return evicted
     if status.get("reason") == "DeadlineExceeded":
-        limit = (effective_limits or {}).get("timeoutSeconds", "?")
+        limit = limits.timeout_seconds if limits else "?"
         return Outcome(Phase.FAILED, Reason.TIMEOUT,
                        f"the sandbox did not finish within its deadline (timeout {limit}s plus start-up); "
                        "raise spec.limits.timeoutSeconds or make the program faster")

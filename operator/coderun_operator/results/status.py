@@ -1,6 +1,9 @@
-"""Status computation, pure: (run, what happened, now) -> the status dict to write once.
+"""Status computation, pure: (run, what happened, now) -> the `CodeRunStatus` to write once, one function per
+phase (waiting, started, approved, cold again, running, terminal).
 
-Every writer of status goes through here, so phases, reasons, conditions and messages stay consistent.
+Every status is built here, so phases, reasons, conditions and messages stay consistent, and validated here by
+the model that generates the CRD (a misspelt or undeclared field fails at once, instead of being pruned by the
+API server); only the writer (controller/writer.py) turns it into the wire form.
 """
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from coderun.api.models import CodeRunSpec, Validation
+from coderun.api.models import CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
 from coderun.sandbox.runner.protocol import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
 from .frame import RunnerFrame
-from .redact import Redactor
+from ..policy.redact import Redactor
 from .validate import validate_output
 
 
@@ -79,17 +82,29 @@ def _generation(run: Mapping[str, Any]) -> int | None:
     return run["metadata"].get("generation")
 
 
-def accepted_status(run: Mapping[str, Any], decision: Decision, pod_name: str, image: str, hash_: str,
-                    now: datetime) -> dict[str, Any]:
-    conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
-                               Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
-                               _generation(run), now)
-    return {
+def _accepted(run: Mapping[str, Any], decision: Decision, now: datetime) -> list[dict]:
+    """The Accepted condition of an admitted run."""
+    return set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True, Reason.ACCEPTED,
+                         f"policy {decision.policy.name!r} allows this run", _generation(run), now)
+
+
+def _kept_metrics(run: Mapping[str, Any]) -> dict[str, Any]:
+    return {**((run.get("status") or {}).get("metrics") or {})}
+
+
+def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, cache_key: str | None,
+                   start_mode: str, now: datetime, message: str | None = None) -> CodeRunStatus:
+    """Admitted and given a sandbox pod (created cold, or a warm one claimed): Pending, naming the pod."""
+    status = {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
-        "message": f"sandbox pod {pod_name} created; waiting for it to start",
-        "podName": pod_name, "image": image, "codeHash": hash_, **decision_fields(decision),
-        "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": conditions,
+        "message": message or f"sandbox pod {pod_name} created; waiting for it to start",
+        "podName": pod_name, "image": decision.runtime.image, "codeHash": hash_, **decision_fields(decision),
+        "startTime": rfc3339(now), "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
+        "startMode": start_mode, "metrics": {**_kept_metrics(run), "queueMillis": millis_between(created_at(run), now)},
     }
+    if cache_key:
+        status["cacheKey"] = cache_key
+    return CodeRunStatus.model_validate(status)
 
 
 def decision_fields(decision: Decision) -> dict[str, Any]:
@@ -109,24 +124,33 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
 
 
 def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
-                   now: datetime) -> dict[str, Any]:
+                   now: datetime) -> CodeRunStatus:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
-    conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True,
-                               Reason.ACCEPTED, f"policy {decision.policy.name!r} allows this run",
-                               _generation(run), now)
-    metrics = {**((run.get("status") or {}).get("metrics") or {})}
-    return {"phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
-            "observedGeneration": _generation(run), "conditions": conditions, "metrics": metrics or None}
+    return CodeRunStatus.model_validate({
+        "phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
+        "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
+        "metrics": _kept_metrics(run) or None})
 
 
-def running_status(run: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+def approved_status(record: Mapping[str, Any]) -> CodeRunStatus:
+    """An approval acted on, kept in the status before the run goes on."""
+    return CodeRunStatus.model_validate({"approval": dict(record)})
+
+
+def cold_again_status(why: str) -> CodeRunStatus:
+    """A warm pod given up before its program ran: Pending again, with no pod, to be started cold."""
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None,
+                                         "startMode": None, "startTime": None, "message": f"{why}; starting cold"})
+
+
+def running_status(run: Mapping[str, Any], now: datetime) -> CodeRunStatus:
     conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.RUNNING, True,
                                Reason.STARTED, "the program is running in its sandbox", _generation(run), now)
-    return {"phase": Phase.RUNNING, "reason": Reason.STARTED, "message": "the program is running",
-            "conditions": conditions}
+    return CodeRunStatus.model_validate({"phase": Phase.RUNNING, "reason": Reason.STARTED,
+                                         "message": "the program is running", "conditions": conditions})
 
 
-def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> dict[str, Any]:
+def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> CodeRunStatus:
     """The final status: outcome fields, timings, and the conditions a finished run carries."""
     gen, status = _generation(run), run.get("status") or {}
     conditions = status.get("conditions")
@@ -147,11 +171,13 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
         conditions = set_condition(conditions, ConditionType.OUTPUT_VALID, validation["valid"],
                                    Reason.OUTPUT_VALID if validation["valid"] else Reason.OUTPUT_INVALID,
                                    "; ".join(validation["errors"])[:1024] or "output matches spec.expect", gen, now)
-    metrics = dict(outcome.fields.pop("metrics", None) or {})
+    fields = {k: v for k, v in outcome.fields.items() if k != "metrics"}
+    metrics = dict(outcome.fields.get("metrics") or {})
     metrics["totalMillis"] = millis_between(created_at(run), now)
-    return {**outcome.fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
-            "metrics": {k: v for k, v in metrics.items() if v is not None},
-            "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions}
+    return CodeRunStatus.model_validate({
+        **fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
+        "metrics": {k: v for k, v in metrics.items() if v is not None},
+        "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions})
 
 
 _FAILURE_HINTS = {
@@ -179,11 +205,12 @@ PROGRAM_REASONS = {Reason.COMPLETED, Reason.NON_ZERO_EXIT, Reason.TIMEOUT, Reaso
                     Reason.PROCESS_LIMIT_EXCEEDED, Reason.SANDBOX_VIOLATION}
 
 
-def failure_message(reason: str, limits: Mapping[str, Any] | None) -> str:
-    limits = limits or {}
+def failure_message(reason: str, limits: ResourceLimits | None) -> str:
     template = _FAILURE_HINTS.get(reason, "")
-    return template.format(timeout=limits.get("timeoutSeconds", "?"), memory=limits.get("memory", "?"),
-                           output=limits.get("outputBytes", "?"), disk=limits.get("disk", "?"))
+    if limits is None:
+        return template.format(timeout="?", memory="?", output="?", disk="?")
+    return template.format(timeout=limits.timeout_seconds, memory=limits.memory, output=limits.output_bytes,
+                           disk=limits.disk)
 
 
 def head_bytes(text: str, limit: int) -> tuple[str, bool]:
@@ -194,7 +221,7 @@ def head_bytes(text: str, limit: int) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", "ignore"), True
 
 
-def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: Mapping[str, Any] | None) -> str:
+def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: ResourceLimits | None) -> str:
     if reason == Reason.COMPLETED:
         return "the program exited with code 0"
     if reason == Reason.NON_ZERO_EXIT:
@@ -220,7 +247,7 @@ def _signal_name(number: int | None) -> str:
 
 
 def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor,
-                       container_oom: bool, effective_limits: Mapping[str, Any] | None,
+                       container_oom: bool, limits: ResourceLimits | None,
                        pod_created: datetime | None, artifacts: list[dict], skipped: list[dict]) -> Outcome:
     """Map the runner's report to phase, reason and a message that says what to change.
 
@@ -228,7 +255,7 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
     validation errors (they quote the output). Output is redacted before it is cut to spec.limits.outputBytes
     (the runner keeps a margin beyond it), so a secret straddling the cut is never shown in part.
     """
-    limit = int((effective_limits or {}).get("outputBytes") or len(frame.stdout.encode()) + len(frame.stderr.encode()))
+    limit = (limits.output_bytes if limits else 0) or len(frame.stdout.encode()) + len(frame.stderr.encode())
     stdout, n_out = redactor.redact(frame.stdout)
     stderr, n_err = redactor.redact(frame.stderr)
     stdout, cut_out = head_bytes(stdout, limit)
@@ -252,7 +279,7 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
         detail = cap(redactor.redact(frame.message or frame.reason)[0], MAX_ERROR_MESSAGE_CHARS)
         message = (detail if reason == Reason.INVALID_SPEC else f"the sandbox runner failed: {detail}")
     else:
-        message = _message(reason, frame, error, effective_limits)
+        message = _message(reason, frame, error, limits)
     started = datetime.fromtimestamp(frame.startedAtMillis / 1000, timezone.utc) if frame.startedAtMillis else None
     fields = {
         "exitCode": frame.exitCode, "signal": frame.signal,
@@ -295,16 +322,16 @@ def redacted_validation(validation: Validation, redactor: Redactor) -> dict[str,
 
 
 def outcome_without_frame(problem: str, truncated: bool, container: Mapping[str, Any] | None,
-                          effective_limits: Mapping[str, Any] | None) -> Outcome:
+                          limits: ResourceLimits | None) -> Outcome:
     """No trustworthy frame: the kubelet's word decides between OOM, output flood and a platform error.
     An exit code of 137 alone is not an OOM: anything that SIGKILLs the sandbox ends it that way."""
     terminated = ((container or {}).get("state") or {}).get("terminated") or {}
     if terminated.get("reason") == "OOMKilled":
-        return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, effective_limits),
+        return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, limits),
                        {"signal": 9})
     if truncated:
         return Outcome(Phase.FAILED, Reason.OUTPUT_LIMIT_EXCEEDED,
-                       failure_message(Reason.OUTPUT_LIMIT_EXCEEDED, effective_limits))
+                       failure_message(Reason.OUTPUT_LIMIT_EXCEEDED, limits))
     code = terminated.get("exitCode")
     ended = f" (the sandbox ended with exit code {code}, {terminated.get('reason') or 'no reason'})" if code else ""
     return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"no result from the sandbox: {problem}{ended}")

@@ -1,0 +1,96 @@
+"""A run's children in the API: the namespace's deny-all for sandboxes, the cold start's ConfigMap,
+NetworkPolicy and pod, and the ConfigMap that holds the artifacts. Created idempotently under deterministic
+names; a same-named object that is not this run's (builders/ownership.py) is never adopted."""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from typing import Any, Mapping
+
+from coderun.api.models import CodeRunSpec
+from ..builders import (build_artifacts_configmap, build_input_configmap, build_namespace_network_policy,
+                        build_network_policy, build_pod)
+from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
+from ..policy import Decision
+
+
+def ensure_namespace_default_deny(api, namespace: str) -> str | None:
+    """The namespace-wide deny-all for sandboxes, created or repaired on every admission (it may have been
+    deleted or edited since); a same-named policy that is not coderun's is a conflict, never trusted."""
+    wanted = build_namespace_network_policy(namespace)
+    existing = api.create_or_get(wanted)
+    if existing is None:
+        return None
+    if not is_managed(existing):
+        return not_ours(existing, "")
+    if not same_rules(existing.get("spec") or {}, wanted["spec"]):
+        api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
+    return None
+
+
+def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision) -> tuple[str, str | None]:
+    """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, and why the
+    sandbox cannot be created when a child's name is taken. A refusal (a quota, a namespace being deleted)
+    raises `api.Refused`."""
+    uid = run["metadata"]["uid"]
+    configmap = build_input_configmap(run, spec, decision)
+    pod = build_pod(run, decision, configmap["metadata"]["name"])
+    conflict = ensure_namespace_default_deny(api, run["metadata"]["namespace"])
+    for child in (configmap, build_network_policy(run, decision.policy.egress), pod):
+        conflict = conflict or not_ours(api.create_or_get(child), uid, child)
+        if conflict:
+            break
+    return pod["metadata"]["name"], conflict
+
+
+class ArtifactsConflict(Exception):
+    """The artifacts ConfigMap's name is taken by an object that is not this run's."""
+
+    def __init__(self, name: str):
+        super().__init__(f"the program ran, but a ConfigMap named {name} already exists and does not belong to "
+                         "this run, so its artifacts were not stored; delete that ConfigMap or use another name")
+
+
+def store_artifacts(api, run: Mapping[str, Any], artifacts) -> tuple[list[dict], list[dict]]:
+    """Artifacts whose bytes match their reported size and sha256 go to one ConfigMap owned by the run; the
+    others are listed as skipped ("corrupt"), never silently dropped."""
+    contents, listed, skipped = {}, [], []
+    for i, artifact in enumerate(artifacts):
+        try:
+            content = base64.b64decode(artifact.contentBase64, validate=True)
+        except (binascii.Error, ValueError):
+            content = None
+        if content is None or len(content) != artifact.size or hashlib.sha256(content).hexdigest() != artifact.sha256:
+            skipped.append({"name": artifact.name, "why": "corrupt"})
+            continue
+        key = f"artifact-{i}"
+        contents[key] = content
+        listed.append({"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256, "key": key})
+    return _save_artifacts(api, run, contents, listed), skipped
+
+
+def copy_artifacts(api, run: Mapping[str, Any], source: Mapping[str, Any]) -> list[dict] | None:
+    """This run's own copy of the earlier run's artifacts, so deleting either run keeps the other whole. None
+    when they cannot be copied as the earlier run recorded them: gone, or a ConfigMap under their name that is
+    not the earlier run's or does not hold the bytes its status vouches for (sha256 of each)."""
+    listed = source["status"].get("artifacts") or []
+    if not listed:
+        return []
+    configmap = api.read_configmap(source["metadata"]["namespace"], listed[0]["configMap"])
+    contents = genuine_artifacts(configmap, source["metadata"]["uid"], listed)
+    if contents is None:
+        return None
+    return _save_artifacts(api, run, contents, listed)
+
+
+def _save_artifacts(api, run: Mapping[str, Any], contents: dict[str, bytes],
+                    listed: list[dict]) -> list[dict[str, Any]]:
+    """One ConfigMap owned by the run holds the bytes; the status lists where each artifact is. A same-named
+    ConfigMap that is not this run's is never used: the artifacts are then reported as skipped instead."""
+    if not listed:
+        return []
+    configmap = build_artifacts_configmap(run, contents)
+    if not_ours(api.create_or_get(configmap), run["metadata"]["uid"]):
+        raise ArtifactsConflict(configmap["metadata"]["name"])
+    return [{**a, "configMap": configmap["metadata"]["name"]} for a in listed]

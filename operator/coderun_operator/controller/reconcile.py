@@ -1,0 +1,552 @@
+"""The controller: one reconcile per run, driven by watch events and a timer, over the in-memory store.
+
+A run goes admit -> start -> collect -> finish, each step read off what the store holds (level-triggered):
+a run without a pod is admitted (policy, approval, the cache, a slot) and started (a warm pod if its pool has
+one, else its children are created, pod last); a run with a pod is followed until its container ended and its
+result is collected; every status goes through the one writer (writer.py), every terminal one through
+`finish`. Going cold from a warm pod is a status write (no pod) followed by another reconcile.
+
+Order matters for "nothing is lost": children are created before the status names them, artifacts are stored
+before the status lists them, and the pod is deleted only after the result is written, so a crash at any
+point is repaired by the next reconcile. API failures are handled in one place (`_guarded`):
+
+- `k8s.Transient`: logged in one line; the next event or tick reconciles again;
+- anything else: a bug or an object we cannot handle. After `MAX_FAILURES` attempts the run ends Failed /
+  InternalError with the exception named, so no run is left without a terminal status.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Mapping
+
+from .. import k8s as real_k8s
+from .. import metrics
+from coderun.api.coderunpolicy import spec_digest
+from coderun.api.identity import APPROVED_BY
+from coderun.api.models import CodeRunSpec, ResourceLimits
+from coderun.api.reasons import Phase, Reason, StartMode
+from ..builders import code_hash
+from ..builders.names import CONTAINER_NAME
+from ..policy import DEFAULT_POLICY, Decision, Denial, InvalidPolicyMark
+from ..policy.approval import approval_verdict, shown_identity
+from ..policy.decide import no_requester, parse_spec, verdict
+from ..policy.load import InvalidPolicy, policy_from_object
+from ..policy.patterns import redactor
+from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
+                             pick_reusable, reused_outcome)
+from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
+from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
+                                 pending_verdict, pod_level_failure, terminated, unschedulable)
+from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
+                              parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
+from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts
+from .identity import IdentityGuard, creator_may_use
+from .store import Store, is_terminal, owner_uid, resource_version
+from .warm import Claims, Refill
+from .warm.trust import incomplete_input, ran_this_claim
+from .writer import StatusWriter
+
+log = logging.getLogger("coderun")
+
+MAX_FAILURES = 3
+EXPIRY_RETRY_SECONDS = 30
+# Every this many ticks (a minute at the default 5 s) the tick looks at every unfinished run, the level pass
+# behind missed watch events; the other ticks only at runs with work due (see `_due`).
+FULL_PASS_TICKS = 12
+# Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
+LOG_LIMIT_BYTES = 8 * 1024 * 1024
+
+
+class Controller:
+    def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+        self.api = api
+        self.now = clock
+        self.store = Store()
+        self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+        self._failures: dict[str, int] = {}
+        self._retrying: set[str] = set()  # runs whose last step met a transient API failure
+        self._ticks = 0
+        # image (as the policy names it) -> sha256 digest the kubelet last reported for it on a sandbox pod
+        self.seen_digests: dict[str, str] = {}
+        self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        # namespaces where a run finished: their queued runs are looked at once no run lock is held
+        self._freed: set[str] = set()
+        self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
+        self.pool = Refill(api, self.store)
+        self.claims = Claims(api, self.store, self.writer, clock, self.pool.wake, self._streamed)
+        self.identity = IdentityGuard(api, clock)
+        self._policies_listing = threading.Lock()
+
+    # ------------------------------------------------------------------ entry points (handlers call these)
+    def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
+        uid = run["metadata"]["uid"]
+        if deleted:
+            self.store.forget_run(uid)
+            with self._locks_guard:
+                self._locks.pop(uid, None)
+            self._failures.pop(uid, None)
+            self._retrying.discard(uid)
+            self.claims.forget(uid)
+            if not is_terminal(run):  # a run deleted with its sandbox frees a slot
+                self._freed.add(run["metadata"]["namespace"])
+                self._start_queued()
+            return
+        self.store.put_run(run)
+        self.reconcile(uid)
+
+    def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        self._note_digest(pod)
+        uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
+        if uid is None:
+            self.pool.on_pool_pod(pod, deleted)
+            return
+        run = self.store.run(uid)
+        # Only the deletion of the pod the run follows ends it (not a warm pod it gave up for a cold start).
+        current = run is not None and (run.get("status") or {}).get("podName") == pod["metadata"]["name"]
+        self.reconcile(uid, pod_event_deleted=deleted and current)
+
+    def on_policy(self, policy: Mapping[str, Any], deleted: bool) -> None:
+        """Keep the namespace's policies current; runs already admitted keep the decision they recorded."""
+        meta = policy["metadata"]
+        if deleted:
+            self.store.forget_policy(meta["namespace"], meta["name"], resource_version(policy))
+            return
+        held = self.store.policies(meta["namespace"]).get(meta["name"])
+        if getattr(held, "uid", None) == meta.get("uid") and \
+                getattr(held, "digest", None) == spec_digest(policy.get("spec") or {}):
+            return  # the same policy (uid and spec digest): keep what it compiled
+        try:
+            loaded = policy_from_object(policy)
+        except InvalidPolicy as e:
+            log.warning("policy %s/%s cannot be applied: %s", meta["namespace"], meta["name"], e)
+            loaded = InvalidPolicyMark(str(e))
+        self.store.put_policy(meta["namespace"], meta["name"], loaded, resource_version(policy))
+
+    def ensure_policies_listed(self) -> None:
+        """List every CodeRunPolicy once before the first admission or webhook answer after a start (or a leader
+        change): the watch may not have delivered them yet. A failure raises Transient: the run waits and is
+        reconciled again by the tick."""
+        if self.store.policies_listed:
+            return
+        with self._policies_listing:
+            if not self.store.policies_listed:
+                for policy in self.api.list_policies():
+                    self.on_policy(policy, deleted=False)
+                self.store.policies_listed = True
+
+    def tick(self) -> None:
+        """Every few seconds: runs with work due (a clock to watch, a retry), due expiries; and now and then
+        every unfinished run. Queued and approval-waiting runs move on events (a finish, an annotation), so
+        a long queue costs no writes and no reconciles per tick."""
+        self._ticks += 1
+        full_pass = self._ticks % FULL_PASS_TICKS == 0
+        for uid in self.store.unfinished():
+            run = self.store.run(uid)
+            if run is not None and (full_pass or self._due(uid, run)):
+                self.reconcile(uid)
+        for uid in self.store.due_expiries(self.now()):
+            run = self.store.run(uid)
+            if run is not None:
+                self._guarded(uid, run, lambda: self._expire(run))
+
+    def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
+        """What a warm pod's session hands back (from its thread): no input sent (None), or the stream's frame."""
+        if text is None:
+            self._with_run(uid, lambda run: self._go_cold(run, pod_name, "the warm pod could not be attached"))
+        else:
+            self._with_run(uid, lambda run: self._collect_streamed(run, pod_name, text, nonce))
+
+    # ------------------------------------------------------------------ reconcile
+    def reconcile(self, uid: str, pod_event_deleted: bool = False) -> None:
+        self._with_run(uid, lambda run: self._reconcile(run, pod_event_deleted), unfinished_only=False)
+
+    def _with_run(self, uid: str, step: Callable[[dict[str, Any]], None], unfinished_only: bool = True) -> None:
+        """Run `step` on the run as the store holds it now, under its lock, unless it is gone (or finished, for
+        threads other than the event handlers, e.g. a warm pod's session); then start what a finish freed."""
+        with self._lock(uid):
+            run = self.store.run(uid)
+            if run is not None and not (unfinished_only and is_terminal(run)):
+                self._guarded(uid, run, lambda: step(run))
+        self._start_queued()
+
+    def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
+        uid = run["metadata"]["uid"]
+        if is_terminal(run):
+            pod = self.store.pod(uid)
+            if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+                self.api.delete_pod(run["metadata"]["namespace"], pod["metadata"]["name"])
+            self.writer.schedule_expiry(run)
+            return
+        if not (run.get("status") or {}).get("podName"):
+            self._admit(run)
+            if not (run.get("status") or {}).get("phase"):
+                # Until looked at, it counted as ahead of every queued run of its namespace; now it does only if
+                # it took a slot, so queued runs may start (e.g. it waits for approval instead).
+                self._freed.add(run["metadata"]["namespace"])
+        else:
+            self._follow(run, self.store.pod(uid), pod_event_deleted)
+
+    def _decide(self, run: Mapping[str, Any], may_use: Callable[[str], Denial | None] = no_requester
+                ) -> tuple[CodeRunSpec | None, Decision | Denial]:
+        """policy.decide.decide() with the store's memory: the spec parsed once per run, a recorded decision read
+        once; a decision not recorded yet is asked of the live policies every time."""
+        uid, recorded = run["metadata"]["uid"], (run.get("status") or {}).get("decision")
+        spec, decision = self.store.typed(uid)
+        if spec is None:
+            spec = parse_spec(run.get("spec") or {})
+        if isinstance(spec, Denial):
+            self.store.keep_typed(uid, spec, None)
+            return None, spec
+        if decision is None or not recorded:
+            decision = verdict(spec, recorded, self.store.policies(run["metadata"]["namespace"]), may_use)
+        self.store.keep_typed(uid, spec, decision if recorded else None)
+        return spec, decision
+
+    def _limits(self, run: Mapping[str, Any]) -> ResourceLimits | None:
+        """The run's effective limits, as its recorded decision holds them."""
+        _, decision = self._decide(run)
+        return decision.limits if isinstance(decision, Decision) else None
+
+    def _go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> None:
+        """Give the warm pod up; the run, written back to Pending without a pod, is reconciled again: cold."""
+        if self.claims.go_cold(run, pod_name, why):
+            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
+
+    # ------------------------------------------------------------------ admit
+    def _admit(self, run: Mapping[str, Any]) -> None:
+        meta = run["metadata"]
+        self.ensure_policies_listed()
+        spec, decision = self._decide(run, creator_may_use(self.api, self.identity, run))
+        if isinstance(decision, Denial):
+            self.writer.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message,
+                                            refusal_fields(decision)))
+            return
+        if decision.policy.approval_required() and not self._approved(run, decision):
+            return
+        digest = image_digest(decision.runtime.image, self._node_images())
+        key = cache_key(spec, decision, digest)
+        if spec.cache and spec.cache.enabled and key and self._answer_from_cache(run, spec, decision, digest, key):
+            return
+        if decision.policy.max_concurrent_runs is None:
+            self._start(run, spec, decision, key)
+            return
+        with self._namespace_lock(meta["namespace"]):  # the count and the start are one step: the cap holds exactly
+            if self._slot_free(run, decision):
+                self._start(run, spec, decision, key)
+
+    def _approved(self, run: Mapping[str, Any], decision: Decision) -> bool:
+        """The supervisor pattern: approved-by lets the run go on, rejected-by ends it, each as the API server
+        recorded who set it; until then, and while that record cannot be trusted, it waits with the decision
+        recorded and a message that says why. An approval acted on is kept in status.approval."""
+        if ((run.get("status") or {}).get("approval") or {}).get("approvedBy"):
+            return True
+        verdict = approval_verdict(run["metadata"].get("annotations") or {}, decision.policy.name,
+                                   decision.policy.allow_self_approval, self.identity.problem())
+        if verdict.rejected:
+            self.writer.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER, verdict.message,
+                                            {"policyRule": "approval",
+                                             "approval": verdict.record(rfc3339(self.now()))}))
+            return False
+        if not verdict.go:
+            self._wait(run, decision, Reason.AWAITING_APPROVAL, verdict.message)
+            return False
+        if self.writer.write(run, approved_status(verdict.record(rfc3339(self.now())))) is None:
+            return False  # the run is gone
+        self.writer.event(run, "Normal", Reason.APPROVED, f"approved by {shown_identity(verdict.approver)}")
+        return True
+
+    def _slot_free(self, run: Mapping[str, Any], decision: Decision) -> bool:
+        """Runs of the same policy with a sandbox, plus those queued before this one, against maxConcurrentRuns:
+        waiting runs start in creation order."""
+        meta, policy = run["metadata"], decision.policy
+        if meta["namespace"] not in self.store.listed_namespaces:
+            # Once per namespace after a start: the watch may not have delivered every run yet (a restart, a
+            # burst), and a run the count misses would break the cap or the order.
+            for listed in self.api.list_runs(meta["namespace"]):
+                self.store.put_run(listed)
+            self.store.listed_namespaces.add(meta["namespace"])
+        ahead = 0
+        for other in self.store.unfinished_in(meta["namespace"]):
+            status = other.get("status") or {}
+            if other["metadata"]["uid"] == meta["uid"]:
+                continue
+            if not status and _created_before(other, run):
+                ahead += 1  # created earlier, not looked at yet (events of a burst arrive in any order): it goes first
+                continue
+            if status.get("policy") != policy.name:
+                continue
+            if status.get("podName") or (status.get("reason") == Reason.QUEUED and _created_before(other, run)):
+                ahead += 1
+        if ahead < policy.max_concurrent_runs:
+            return True
+        self._wait(run, decision, Reason.QUEUED,
+                   f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
+                   "this one starts when a slot frees, in creation order")  # no position: a write per finish
+        return False
+
+    def _wait(self, run: Mapping[str, Any], decision: Decision, reason: str, message: str) -> None:
+        """Pending with the decision recorded; written only when something changed (the tick comes back often)."""
+        status = run.get("status") or {}
+        if status.get("reason") == reason and status.get("message") == message and status.get("decision"):
+            return
+        self.writer.write(run, waiting_status(run, decision, reason, message, self.now()))
+        if status.get("reason") != reason:
+            self.writer.event(run, "Normal", reason, message)
+
+    def _answer_from_cache(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, digest: str,
+                           key: str) -> bool:
+        """A finished run with the same inputs and decision within the TTL answers this one: no pod at all. The
+        store keeps finished runs slim, so the one picked is read whole from the API server (one GET)."""
+        meta, now = run["metadata"], self.now()
+        candidates = (r for r in self.store.finished_in(meta["namespace"], key)
+                      if r["metadata"]["uid"] != meta["uid"])
+        picked = pick_reusable(candidates, key, spec.cache.ttl_seconds, now)
+        if picked is None:
+            return False
+        source = self.api.get_run(meta["namespace"], picked["metadata"]["name"])
+        if not is_same_source(source, picked, key):
+            return False  # gone or replaced since: run for real
+        try:
+            artifacts = copy_artifacts(self.api, run, source)
+        except ArtifactsConflict:
+            return False  # run for real; collection then reports the conflict with the program's own result
+        if artifacts is None:
+            return False  # the earlier run's artifacts are gone or not genuine: run again rather than answer wrong
+        outcome = reused_outcome(source, spec, decision, digest, artifacts,
+                                 redactor(decision.policy, self.store.policies(meta["namespace"])), now)
+        outcome.fields["cacheKey"] = key
+        if self.writer.finish(run, outcome) is not None:
+            metrics.CACHE_HITS.labels(metrics.language_label(spec.language)).inc()
+        return True
+
+    # ------------------------------------------------------------------ start
+    def _start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None) -> None:
+        if self.claims.try_start(run, spec, decision, key):
+            return
+        try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
+            pod_name, conflict = create_sandbox(self.api, run, spec, decision)
+        except self.api.Refused as refused:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota "
+                                            "or admission policy must allow the sandbox", decision_fields(decision)))
+            return
+        if conflict:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
+            return
+        status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.COLD, self.now())
+        if self.writer.write(run, status) is not None:
+            self.writer.event(run, "Normal", Reason.POD_CREATED, f"sandbox pod {pod_name} created")
+
+    # ------------------------------------------------------------------ follow the pod, collect
+    def _follow(self, run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
+        """Running, a verdict on a pod that cannot start, and the result once the container terminated (read as
+        soon as the kubelet says so, about a second before the pod phase moves)."""
+        meta, status = run["metadata"], run.get("status") or {}
+        ns = meta["namespace"]
+        if pod is not None and pod["metadata"]["name"] != status["podName"]:
+            pod = None  # a warm pod given up for a cold start: not this run's pod any more
+        if pod is None and not pod_deleted:
+            pod = self.api.get_pod(ns, status["podName"])  # not in the store (yet): ask before calling it gone
+            if pod is not None and owner_uid(pod) != meta["uid"]:
+                pod = None  # a pod under its name that is not this run's: this run's pod is gone
+            if pod is not None:
+                self.store.put_pod(pod)
+        if pod is None:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.POD_DELETED,
+                                            f"the sandbox pod {status['podName']} was deleted before the program "
+                                            "finished; create the CodeRun again"))
+            return
+        if terminated(pod):
+            self._collect(run, pod)
+            return
+        failure = pod_level_failure(pod, self._limits(run)) if has_failed(pod) else None  # limits: only then
+        if failure:
+            self.writer.finish(run, failure)
+            self.api.delete_pod(ns, pod["metadata"]["name"])
+            return
+        if is_running(pod):
+            if status.get("phase") != Phase.RUNNING and not self.claims.answering_soon(run):
+                self.writer.write(run, running_status(run, self.now()))
+            if status.get("startMode") == StartMode.WARM:
+                current = self.store.run(meta["uid"]) or run
+                if self.claims.recover(current, pod):
+                    self._reconcile(self.store.run(meta["uid"]) or current, False)
+            return
+        started = parse_time(status.get("startTime")) or self.now()
+        _, decision = self._decide(run)
+        deadline = (decision.policy if isinstance(decision, Decision) else DEFAULT_POLICY).start_deadline_seconds
+        verdict = never_fits(pod, [n.get("status", {}).get("allocatable") or {} for n in self.api.nodes()]) \
+            if unschedulable(pod) else None
+        verdict = verdict or pending_verdict(pod, (self.now() - started).total_seconds(), deadline)
+        if verdict:
+            self.writer.finish(run, verdict)
+            self.api.delete_pod(ns, pod["metadata"]["name"])
+
+    def _collect(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
+        """The container ended: read the log once and trust only the frame the termination message vouches for."""
+        state = terminated(pod) or {}
+        text, complete = self.api.read_log(run["metadata"]["namespace"], pod["metadata"]["name"], CONTAINER_NAME,
+                                           LOG_LIMIT_BYTES)
+        try:
+            frame = parse_frame(text, state.get("message"), complete)
+        except FrameError as e:
+            frame = e
+        self._finish_from_frame(run, pod, frame, oom_killed=state.get("reason") == "OOMKilled")
+
+    def _collect_streamed(self, run: Mapping[str, Any], pod_name: str, text: str, nonce: str) -> None:
+        """A warm pod's frame, straight off the attach stream, vouched by the claim's nonce. Anything less is left
+        to `_collect` when the container ends (the log and the termination message hold the same frame)."""
+        if is_terminal(run) or (run.get("status") or {}).get("podName") != pod_name:
+            return
+        try:
+            frame = parse_streamed_frame(text, nonce)
+        except FrameError as e:
+            log.warning("run %s: %s; waiting for the pod's log", run["metadata"]["name"], e)
+            return
+        pod = self.store.pod(run["metadata"]["uid"])
+        if pod is None or pod["metadata"]["name"] != pod_name:
+            pod = {"metadata": {"name": pod_name}}
+        self._finish_from_frame(run, pod, frame, oom_killed=False)
+
+    def _finish_from_frame(self, run: Mapping[str, Any], pod: Mapping[str, Any], frame: RunnerFrame | FrameError,
+                           oom_killed: bool) -> None:
+        """Store artifacts, write the status, delete the pod, in that order (a crash in between is repaired)."""
+        meta, status = run["metadata"], run.get("status") or {}
+        ns, pod_name = meta["namespace"], pod["metadata"]["name"]
+        if isinstance(frame, RunnerFrame) and status.get("startMode") == StartMode.WARM:
+            if incomplete_input(frame):
+                self._go_cold(run, pod_name, "the warm pod's input was cut short; the program did not run")
+                return
+            if not ran_this_claim(frame, pod):
+                self._go_cold(run, pod_name, "the warm pod ran an input that was not this run's (someone attached "
+                              "to it first); this run's program did not run there")
+                return
+        spec, decision = self._decide(run)
+        policy = decision.policy if isinstance(decision, Decision) else None
+        effective = decision.limits if isinstance(decision, Decision) else None
+        if isinstance(frame, FrameError):
+            outcome = eviction(pod, effective) or outcome_without_frame(str(frame), frame.truncated,
+                                                                          container_status(pod), effective)
+        else:
+            try:
+                artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
+            except ArtifactsConflict as e:
+                artifacts, skipped, conflict = [], [], e
+            outcome = outcome_from_frame(spec, frame, redactor(policy, self.store.policies(ns)), oom_killed,
+                                         effective, parse_time(status.get("startTime")), artifacts,
+                                         [s.model_dump() for s in frame.artifactsSkipped] + skipped)
+            if conflict:
+                outcome.phase, outcome.reason, outcome.message = Phase.FAILED, Reason.NAME_CONFLICT, str(conflict)
+        image = image_with_digest(pod, status.get("image") or "")
+        outcome.fields["image"] = image
+        outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
+        key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec else None
+        outcome.fields["cacheKey"] = key
+        written = self.writer.finish(run, outcome)
+        if key and written and is_reusable(written):
+            labelled = self.api.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
+            if labelled is not None:
+                self.store.put_run(labelled)
+        self.api.delete_pod(ns, pod_name)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _start_queued(self) -> None:
+        """A run finished: queued runs of its namespace may start now, oldest first (not under any run lock,
+        so two finishing runs never wait on each other)."""
+        while self._freed:
+            try:
+                namespace = self._freed.pop()
+            except KeyError:
+                return
+            waiting = [r for r in self.store.unfinished_in(namespace)
+                       if (r.get("status") or {}).get("reason") == Reason.QUEUED]
+            full: set[str] = set()  # policies whose oldest waiting run found no slot: the younger ones wait too
+            for run in sorted(waiting, key=_creation_order):
+                policy = run["status"].get("policy")
+                if policy in full:
+                    continue
+                with self._lock(run["metadata"]["uid"]):
+                    current = self.store.run(run["metadata"]["uid"])
+                    if current is not None and not is_terminal(current):
+                        self._guarded(run["metadata"]["uid"], current, lambda: self._reconcile(current, False))
+                    after = self.store.run(run["metadata"]["uid"])
+                    if after is not None and (after.get("status") or {}).get("reason") == Reason.QUEUED:
+                        full.add(policy)
+
+    def _due(self, uid: str, run: Mapping[str, Any]) -> bool:
+        """Work the clock brings: a retry, an admission not done yet, a pod that must start within its deadline,
+        a warm pod's input or Running status (warm/claim.py times both), an approval given but not yet believed
+        (its admission policy is checked again once the check's cache expires; no event says it was repaired)."""
+        status = run.get("status") or {}
+        return (uid in self._failures or uid in self._retrying or not status.get("phase")
+                or (status.get("phase") == Phase.PENDING and bool(status.get("podName")))
+                or status.get("startMode") == StartMode.WARM
+                or (status.get("reason") == Reason.AWAITING_APPROVAL
+                    and APPROVED_BY in (run["metadata"].get("annotations") or {})))
+
+    def _note_digest(self, pod: Mapping[str, Any]) -> None:
+        for container in (pod.get("status") or {}).get("containerStatuses") or ():
+            image, image_id = container.get("image") or "", container.get("imageID") or ""
+            if "sha256:" in image_id and "@" not in image:
+                self.seen_digests[image] = image_id[image_id.rindex("sha256:"):]
+
+    def _node_images(self) -> list[Mapping[str, Any]]:
+        """What the nodes say they hold (repo digests on a registry-backed cluster), then the digest of the image
+        last seen on a sandbox pod, for images imported without a repo digest."""
+        images = [image for node in self.api.nodes() for image in (node.get("status") or {}).get("images") or ()]
+        return images + [{"names": [tag, f"{tag.rsplit(':', 1)[0]}@{digest}"]}
+                         for tag, digest in self.seen_digests.items()]
+
+    def _lock(self, uid: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[uid]
+
+    def _namespace_lock(self, namespace: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._namespace_locks[namespace]
+
+    def _guarded(self, uid: str, run: Mapping[str, Any], step: Callable[[], None]) -> None:
+        meta = run["metadata"]
+        try:
+            step()
+            self._failures.pop(uid, None)
+            self._retrying.discard(uid)
+        except real_k8s.Transient as e:
+            self._retrying.add(uid)
+            log.warning("run %s/%s: %s; will retry", meta.get("namespace"), meta.get("name"), e)
+        except Exception as e:  # noqa: BLE001 - never let one run stop the others, never loop silently
+            failures = self._failures[uid] = self._failures.get(uid, 0) + 1
+            log.error("run %s/%s: %s: %s (attempt %d of %d)", meta.get("namespace"), meta.get("name"),
+                      type(e).__name__, str(e)[:500], failures, MAX_FAILURES)
+            log.debug("details", exc_info=True)
+            if failures >= MAX_FAILURES and not is_terminal(self.store.run(uid) or run):
+                self._give_up(run, e)
+
+    def _give_up(self, run: Mapping[str, Any], error: Exception) -> None:
+        try:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.INTERNAL_ERROR,
+                                            f"the operator could not process this run ({type(error).__name__}: "
+                                            f"{str(error)[:300]}); this is a coderun bug, please report it"))
+        except Exception as e:  # noqa: BLE001
+            log.error("run %s: could not record the failure: %s: %s", run["metadata"].get("name"),
+                      type(e).__name__, str(e)[:300])
+
+    def _expire(self, run: Mapping[str, Any]) -> None:
+        meta = run["metadata"]
+        try:
+            self.api.delete_run(meta["namespace"], meta["name"], meta["uid"])
+        except real_k8s.Transient:
+            self.store.expire_at(self.now() + timedelta(seconds=EXPIRY_RETRY_SECONDS), meta["uid"])
+            raise
+        log.info("run %s/%s deleted after its ttlSecondsAfterFinished", meta["namespace"], meta["name"])
+
+
+def _creation_order(run: Mapping[str, Any]) -> tuple[str, str]:
+    return run["metadata"].get("creationTimestamp") or "", run["metadata"]["name"]
+
+
+def _created_before(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return _creation_order(a) < _creation_order(b)

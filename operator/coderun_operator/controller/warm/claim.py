@@ -1,0 +1,172 @@
+"""Claiming a warm pod for a run, and the fallbacks to a cold start. The state (live sessions, runs that must
+start cold, warm runs whose runner took its input from an earlier operator) lives in `Claims`.
+
+Going cold is a status write (Pending, no pod) and nothing more here: the controller's reconcile, level-
+triggered, then finds a run without a pod and admits it again; `cold_only` makes that start cold.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+from datetime import datetime, timedelta
+from typing import Any, Callable, Mapping
+
+from coderun.api.models import CodeRunSpec
+from coderun.api.reasons import StartMode
+from ... import metrics
+from ...builders import LABEL_POOL, build_input_configmap, claim_patch, code_hash, warm_input
+from ...builders.names import CONTAINER_NAME
+from ...policy import Decision, Policy
+from ...results.status import cold_again_status, parse_time, started_status
+from ..store import Store
+from ..writer import StatusWriter
+from . import session
+from .trust import (accepted_line, deadline_seconds, is_genuine, is_ready, key_of, nonce_digest, run_pool_key,
+                    wanted_pools)
+
+log = logging.getLogger("coderun")
+
+# A claimed pod whose runner has not said it accepted its input this long after the claim, with no session
+# in this process to send it (the operator restarted), never got it: the run starts cold.
+UNSENT_INPUT_SECONDS = 15
+MAX_SESSIONS = 256
+RUNNING_STATUS_AFTER_SECONDS = 1
+
+# What a session hands back for a run: (run uid, pod name, the stream's text or None if no input was sent, nonce).
+HandBack = Callable[[str, str, "str | None", str], None]
+
+
+class Claims:
+    def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
+                 wake_pool: Callable[[], None], hand_back: HandBack):
+        self.api, self.store, self.writer, self.now = api, store, writer, clock
+        self._wake_pool, self._hand_back = wake_pool, hand_back
+        self.sessions: dict[str, threading.Thread] = {}  # run uid -> the thread feeding its claimed pod
+        self.cold_only: set[str] = set()  # runs whose warm pod failed: they start cold
+        self.accepted_elsewhere: set[str] = set()  # warm runs whose runner announced its input to an earlier operator
+
+    def forget(self, uid: str) -> None:
+        self.cold_only.discard(uid)
+        self.accepted_elsewhere.discard(uid)
+
+    def try_start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None) -> bool:
+        """Start the run on a warm pod if its policy keeps a pool it fits and a pod is ready: True when it did
+        (or the run is gone), False to start it cold."""
+        meta = run["metadata"]
+        ns, uid = meta["namespace"], meta["uid"]
+        claimed = self.store.pod(uid)
+        if claimed is not None and LABEL_POOL in (claimed["metadata"].get("labels") or {}):
+            # Claimed by an operator that stopped before recording it: no input was sent (the status comes
+            # first), but its nonce died with that operator. Give the pod up and claim afresh.
+            self.api.delete_pod(ns, claimed["metadata"]["name"])
+            self.store.forget_pod(claimed)
+        if uid in self.cold_only or len(self.sessions) >= MAX_SESSIONS:
+            return False
+        policy = self.store.policies(ns).get(decision.policy.name)
+        language = metrics.language_label(decision.runtime.language)
+        if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
+            return False
+        wanted = wanted_pools(ns, policy)
+        if not any(lang == decision.runtime.language for lang, _ in wanted.values()):
+            return False
+        pool = run_pool_key(ns, decision)
+        if pool not in wanted:
+            metrics.POOL_MISSES.labels(language, "limits").inc()
+            return False
+        now, (_, pool_decision) = self.now(), wanted[pool]
+        for pod in sorted((p for p in self.store.pool_pods()
+                           if p["metadata"].get("namespace") == ns and key_of(p) == pool and is_ready(p)),
+                          key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+            deadline = deadline_seconds(pod, decision.limits.timeout_seconds, now)
+            if deadline is None or not is_genuine(pod, pool_decision):
+                continue
+            nonce = secrets.token_hex(32)
+            try:
+                patched = self.api.claim_pod(ns, pod["metadata"]["name"],
+                                             claim_patch(run, pod, deadline, nonce_digest(nonce)))
+            except self.api.Refused as e:  # e.g. RBAC without pods patch: the pool cannot serve; never a run's failure
+                log.warning("warm pool of %s/%s: %s; the run starts cold", ns, decision.policy.name, e)
+                break
+            if patched is None:
+                continue  # another replica or run took it first
+            self.store.put_pod(patched)
+            metrics.POOL_CLAIMS.labels(language).inc()
+            self._wake_pool()
+            return self._accept(run, spec, decision, key, patched, nonce)
+        metrics.POOL_MISSES.labels(language, "empty").inc()
+        self._wake_pool()
+        return False
+
+    def _accept(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
+                pod: Mapping[str, Any], nonce: str) -> bool:
+        """The claim in the status, then the input: the session attaches while the status is written (the
+        handshake is off the critical path) and sends only once the claim is recorded."""
+        meta, pod_name = run["metadata"], pod["metadata"]["name"]
+        status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.WARM, self.now(),
+                                f"warm sandbox pod {pod_name} claimed; sending the program")
+        recorded: queue.Queue[bool] = queue.Queue(maxsize=1)
+        document = warm_input(build_input_configmap(run, spec, decision), nonce)
+        thread = threading.Thread(target=self._serve, name=f"warm-{meta['name'][:40]}", daemon=True,
+                                  args=(meta["uid"], meta["namespace"], pod_name, document, nonce,
+                                        decision.limits.timeout_seconds, recorded))
+        self.sessions[meta["uid"]] = thread
+        thread.start()
+        written = None
+        try:
+            written = self.writer.write(run, status)
+        finally:  # a failed write sends nothing: the next reconcile finds the claimed pod and gives it up
+            recorded.put(written is not None)
+        if written is None:
+            self.api.delete_pod(meta["namespace"], pod_name)  # the run is gone
+        return True
+
+    def _serve(self, uid: str, ns: str, pod_name: str, document: bytes, nonce: str, timeout_seconds: int,
+               recorded: queue.Queue) -> None:
+        def hand_back(text: str | None) -> None:
+            self.sessions.pop(uid, None)
+            self._hand_back(uid, pod_name, text, nonce)
+        try:
+            session.run(self.api, ns, pod_name, document, timeout_seconds, recorded, hand_back)
+        finally:
+            self.sessions.pop(uid, None)
+
+    def go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> bool:
+        """Give a warm pod up before its program ran: delete it and write the run back to Pending without a pod.
+        True when that was written: the caller reconciles the run again, which starts it cold."""
+        meta, status = run["metadata"], run.get("status") or {}
+        if status.get("podName") != pod_name or status.get("startMode") != StartMode.WARM:
+            return False
+        self.cold_only.add(meta["uid"])
+        pod = self.store.pod(meta["uid"])
+        self.api.delete_pod(meta["namespace"], pod_name)
+        if pod is not None and pod["metadata"]["name"] == pod_name:
+            self.store.forget_pod(pod)
+        log.info("run %s/%s: %s; starting it cold", meta["namespace"], meta["name"], why)
+        return self.writer.write(run, cold_again_status(why)) is not None
+
+    def recover(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+        """A Warm run with its pod still running and no session here (this replica started after the claim): if
+        the runner announced the input, the program runs and its end brings the result; if not, and the claim is
+        old enough that no sender can still be connecting, the input never arrived and the run goes cold (True:
+        reconcile it again)."""
+        meta, status = run["metadata"], run.get("status") or {}
+        if meta["uid"] in self.sessions or meta["uid"] in self.accepted_elsewhere:
+            return False
+        claimed = parse_time(status.get("startTime"))
+        if claimed is None or self.now() - claimed < timedelta(seconds=UNSENT_INPUT_SECONDS):
+            return False
+        text, _ = self.api.read_log(meta["namespace"], pod["metadata"]["name"], CONTAINER_NAME, 4096)
+        if accepted_line(pod) in text:
+            self.accepted_elsewhere.add(meta["uid"])
+            return False
+        return self.go_cold(run, pod["metadata"]["name"], "the warm pod never received this run's input (the "
+                            "operator restarted after claiming it)")
+
+    def answering_soon(self, run: Mapping[str, Any]) -> bool:
+        """A warm run whose session is live and younger than a second: its result is likely on the way, so the
+        Running status (one more write beside the program) waits for the tick; a longer program gets it then."""
+        claimed = parse_time((run.get("status") or {}).get("startTime"))
+        return (run["metadata"]["uid"] in self.sessions and claimed is not None
+                and self.now() - claimed < timedelta(seconds=RUNNING_STATUS_AFTER_SECONDS))

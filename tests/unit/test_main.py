@@ -1,0 +1,30 @@
+"""`coderun-operator` embeds kopf with kopf.run (no rewritten sys.argv): this package's handlers, every namespace,
+standalone, the liveness endpoint, and kopf's logging flags."""
+import sys
+
+import kopf
+import pytest
+
+from coderun_operator import main
+
+
+@pytest.mark.parametrize("argv, verbose", [([], False), (["--verbose"], True)])
+def test_the_entry_point_runs_kopf_everywhere_standalone_with_a_liveness_endpoint(monkeypatch, argv, verbose):
+    ran, configured = [], []
+    monkeypatch.setattr(kopf, "run", lambda **options: ran.append(options))
+    monkeypatch.setattr(kopf, "configure", lambda **flags: configured.append(flags))
+    monkeypatch.setattr(sys, "argv", ["coderun-operator", *argv])
+    monkeypatch.delenv("CODERUN_LEADER_ELECTION", raising=False)
+    monkeypatch.setenv("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
+    main.main()
+    assert ran == [{"clusterwide": True, "standalone": True, "liveness_endpoint": "http://0.0.0.0:8080/healthz"}]
+    assert configured == [{"verbose": verbose, "debug": False, "quiet": False}]
+    handlers = {h.fn for h in kopf.get_default_registry()._watching.get_all_handlers()}
+    assert {main.handlers.run_changed, main.handlers.pod_changed, main.handlers.policy_changed} <= handlers
+
+
+def test_unknown_arguments_are_refused_with_usage(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["coderun-operator", "--no-such-flag"])
+    with pytest.raises(SystemExit) as exit_:
+        main.main()
+    assert exit_.value.code == 2 and "usage: coderun-operator" in capsys.readouterr().err
