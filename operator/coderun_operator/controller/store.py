@@ -1,7 +1,9 @@
 """What the operator knows of the cluster: runs and sandbox pods as the watches and its own writes left them.
 
 Fed by kopf's watch events and by the answers to our own writes, so decisions never wait for the API
-server and the idle cost does not grow with the number of finished runs: nothing is listed or polled.
+server and the idle cost does not grow with the number of finished runs: nothing is polled per run. What is
+read besides the watches: a namespace's runs once after a start (before its queue is counted), the policies
+once after a start, and the nodes (cached 30 s) when a pending pod or an image digest needs them.
 A watch event older than what we already hold (a lagging stream, our own write seen first) is ignored.
 
 A finished run is kept as a slim projection (identity, outcome, what the expiry and the cache look up), never
