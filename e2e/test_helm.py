@@ -55,7 +55,8 @@ def chart(cluster):
     _sh("bash", "e2e/install.sh", "uninstall", check=False)
     cluster.kubectl("delete", "namespace", AGENTS, "--wait=false", check=False)
     # The operator the other modules use: the host process, or (CODERUN_E2E_OPERATOR=chart) the chart again.
-    _sh("make", "up" if OPERATOR_MODE == "chart" else "up-host", check=False)
+    restored = _sh("make", "up" if OPERATOR_MODE == "chart" else "up-host", check=False)
+    assert restored.returncode == 0, restored.stdout[-3000:] + restored.stderr[-3000:]
 
 
 def operator_pods(cluster) -> list:
