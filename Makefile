@@ -81,14 +81,14 @@ test-e2e: up-host
 	$(PYTEST) e2e
 
 # The e2e tier against the operator as users install it (the image and the Helm chart, brought up once by
-# `make up`: CODERUN_E2E_UP tells the fixtures so). Modules that wait on the cluster run side by side, one file per
-# worker; these run alone, each in a pass of its own: the hostile table fills the node and times a canary and
-# /healthz throughout; the failover and warm-pool tests kill the leader; the chart's tests reinstall the chart.
+# `make up`: CODERUN_E2E_UP tells the fixtures so), in passes: the modules that need the cluster as it is; then,
+# each alone, the hostile table (it fills the node and times a canary and /healthz throughout), the tests that
+# kill the leader, the chart's tests (they reinstall the chart). Modules do not run side by side: a run asks a
+# whole core by default, so on the 2-core node two modules' runs wait on each other in the scheduler.
 CHART := CODERUN_E2E_OPERATOR=chart CODERUN_E2E_UP=1
 ALONE := e2e/test_hostile.py e2e/test_operator_restart.py e2e/test_warm.py e2e/test_helm.py
-SIDE_BY_SIDE := -n 3 --dist loadfile
 e2e-chart-passes:
-	$(CHART) $(PYTEST) e2e $(SIDE_BY_SIDE) $(addprefix --ignore=,$(ALONE))
+	$(CHART) $(PYTEST) e2e $(addprefix --ignore=,$(ALONE))
 	$(CHART) $(PYTEST) e2e/test_hostile.py
 	$(CHART) $(PYTEST) e2e/test_operator_restart.py e2e/test_warm.py
 	$(CHART) $(PYTEST) e2e/test_helm.py
@@ -97,7 +97,7 @@ e2e-chart-passes:
 # limits, floods, artifacts and hostile code must end the same on a claimed warm pod as on a cold one.
 WARM_SUITE := e2e/test_coderun.py e2e/test_containment.py e2e/test_network.py e2e/test_node.py e2e/test_sdk.py
 e2e-warm-passes:
-	$(CHART) CODERUN_E2E_WARM=1 $(PYTEST) $(WARM_SUITE) $(SIDE_BY_SIDE)
+	$(CHART) CODERUN_E2E_WARM=1 $(PYTEST) $(WARM_SUITE)
 	$(CHART) CODERUN_E2E_WARM=1 $(PYTEST) e2e/test_hostile.py
 
 test-e2e-chart: up

@@ -284,10 +284,7 @@ def _namespace_name(node_name: str) -> str:
 # CODERUN_E2E_WARM=1 (`make test-e2e-warm`): every test namespace gets a `default` CodeRunPolicy that is the
 # built-in policy plus a warm pool, and the fixture waits for the pool, so the suite's runs take warm pods.
 WARM_MODE = os.environ.get("CODERUN_E2E_WARM") == "1"
-# One pod a language: the warm pass runs three test files side by side, and each namespace's pool holds its
-# requests (cpuRequest plus the gvisor RuntimeClass's 50m) for as long as it lives; a run that finds the pool
-# empty starts cold, and the summary line counts both.
-WARM_POOL = {"size": 1, "cpuRequest": "50m"}
+WARM_POOL = {"size": 2, "cpuRequest": "50m"}
 START_MODES: defaultdict[str, int] = defaultdict(int)
 
 
@@ -344,16 +341,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     if cluster_only:
         config.hook.pytest_deselected(items=cluster_only)
         items[:] = [item for item in items if item not in cluster_only]
-
-
-def pytest_sessionfinish(session) -> None:
-    if WARM_MODE and hasattr(session.config, "workeroutput"):  # an xdist worker hands its tally to the controller
-        session.config.workeroutput["start_modes"] = dict(START_MODES)
-
-
-def pytest_testnodedown(node, error) -> None:
-    for mode, count in getattr(node, "workeroutput", {}).get("start_modes", {}).items():
-        START_MODES[mode] += count
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -23,11 +23,19 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-v", "--verbose", action="store_true", help="log every event")
     parser.add_argument("-d", "--debug", action="store_true", help="log kopf's internals too")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    # kopf's own logging flags, as `kopf run` took them (a deployment may set them).
+    parser.add_argument("--log-format", choices=[f.name.lower() for f in kopf.LogFormat], default="full",
+                        help="plain, full or json")
+    parser.add_argument("--log-prefix", action=argparse.BooleanOptionalAction, default=None,
+                        help="prefix kopf's lines about an object with its namespace/name (default: on, but json)")
+    parser.add_argument("--log-refkey", default=None, help="the key of the object's reference in json lines")
     return parser.parse_args(argv)
 
 
 def _run_kopf(args: argparse.Namespace, liveness: str) -> None:
-    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet)
+    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet,
+                   log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=args.log_prefix,
+                   log_refkey=args.log_refkey)
     kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
 
 

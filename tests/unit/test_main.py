@@ -18,7 +18,9 @@ def test_the_entry_point_runs_kopf_everywhere_standalone_with_a_liveness_endpoin
     monkeypatch.setenv("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
     main.main()
     assert ran == [{"clusterwide": True, "standalone": True, "liveness_endpoint": "http://0.0.0.0:8080/healthz"}]
-    assert configured == [{"verbose": verbose, "debug": False, "quiet": False}]
+    # log_prefix None: kopf prefixes its lines about an object with namespace/name, as `kopf run` did.
+    assert configured == [{"verbose": verbose, "debug": False, "quiet": False, "log_format": kopf.LogFormat.FULL,
+                           "log_prefix": None, "log_refkey": None}]
     handlers = {h.fn for h in kopf.get_default_registry()._watching.get_all_handlers()}
     assert {main.handlers.run_changed, main.handlers.pod_changed, main.handlers.policy_changed} <= handlers
 
@@ -28,3 +30,15 @@ def test_unknown_arguments_are_refused_with_usage(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         main.main()
     assert exit_.value.code == 2 and "usage: coderun-operator" in capsys.readouterr().err
+
+
+def test_kopfs_logging_flags_pass_through(monkeypatch):
+    configured = []
+    monkeypatch.setattr(kopf, "run", lambda **options: None)
+    monkeypatch.setattr(kopf, "configure", lambda **flags: configured.append(flags))
+    monkeypatch.setattr(sys, "argv", ["coderun-operator", "--log-format", "json", "--no-log-prefix",
+                                      "--log-refkey", "k8s"])
+    monkeypatch.delenv("CODERUN_LEADER_ELECTION", raising=False)
+    main.main()
+    assert configured[0]["log_format"] == kopf.LogFormat.JSON
+    assert (configured[0]["log_prefix"], configured[0]["log_refkey"]) == (False, "k8s")

@@ -4,6 +4,5 @@
 writer); `children` (the run's objects in the API); `identity` (who created a run); `warm/` (the warm pool).
 """
 from .reconcile import Controller
-from .writer import to_wire
 
-__all__ = ["Controller", "to_wire"]
+__all__ = ["Controller"]

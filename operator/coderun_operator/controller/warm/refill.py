@@ -39,6 +39,7 @@ class Refill:
 
     def keep(self, interval_seconds: float, stop: threading.Event) -> None:
         """Refill when a claim or a deletion wakes it, else every interval."""
+        self.started = time.monotonic()  # the grace counts from when this replica leads, not from its import
         while not stop.is_set():
             self._wakeup.wait(interval_seconds)
             self._wakeup.clear()
