@@ -27,7 +27,7 @@ def test_success_has_a_complete_typed_status(operator, namespace):
     assert status["stdoutTruncated"] is False and status["stdoutBytes"] == 3
     assert condition(status, "Complete")["status"] == "True"
     assert condition(status, "Accepted")["status"] == "True"
-    assert status["image"].startswith("coderun.local/sandbox-python:v1@sha256:")
+    assert status["image"].startswith("coderun.local/sandbox-python:v2@sha256:")
     assert status["codeHash"].startswith("sha256:") and status["runtimeClass"] == "gvisor"
     metrics = status["metrics"]
     for field in ("wallMillis", "cpuMillis", "maxRSSBytes", "queueMillis", "startupMillis", "totalMillis"):

@@ -57,8 +57,8 @@ def test_the_session_runs_code_and_reports_failures_compactly(operator, namespac
     assert text.splitlines()[:3] == ["exit code 1 (NonZeroExit)", "error: KeyError at line 2: 'b'",
                                      "failing line 2: print(data['b'])"]
     assert denied.is_error and "policy rule runtimes" in denied.content[0].text
-    assert runtimes.content[0].text.startswith("javascript: image coderun.local/sandbox-node:v1")
-    assert "python: image coderun.local/sandbox-python:v1" in runtimes.content[0].text
+    assert runtimes.content[0].text.startswith("javascript: image coderun.local/sandbox-node:v2")
+    assert "python: image coderun.local/sandbox-python:v2" in runtimes.content[0].text
 
 
 def _free_port() -> int:

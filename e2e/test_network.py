@@ -25,7 +25,7 @@ import pytest
 
 from conftest import wait_for
 
-PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
+PYTHON_IMAGE = "coderun.local/sandbox-python:v2"
 NETPOL_TABLE = "coderun-netpol"
 L2_TABLE = "coderun-l2"
 POD_BRIDGE = "cni-coderun0"

@@ -28,7 +28,7 @@ def waiting_pod(name: str) -> dict:
                 "readOnlyRootFilesystem": True}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"coderun.io/bench": "attach"}},
             "spec": {"runtimeClassName": "gvisor", "restartPolicy": "Never", "automountServiceAccountToken": False,
-                     "containers": [{"name": "sandbox", "image": "coderun.local/sandbox-python:v1", "stdin": True,
+                     "containers": [{"name": "sandbox", "image": "coderun.local/sandbox-python:v2", "stdin": True,
                                      "stdinOnce": True, "command": ["python3", "-c", ANSWER],
                                      "securityContext": hardened,
                                      "resources": {"limits": {"cpu": "50m", "memory": "64Mi"}}}]}}

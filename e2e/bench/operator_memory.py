@@ -53,7 +53,7 @@ def finished_run(i: int) -> dict:
             "completionTime": "2026-11-22T11:59:00.000Z", "podName": f"{name}-sandbox", "policy": "default",
             "policyDigest": "sha256:" + "a" * 64,
             "decision": {"policy": "default", "policyDigest": "sha256:" + "a" * 64, "ttlSecondsAfterFinished": 3600,
-                         "runtime": {"language": "python", "image": "coderun.local/sandbox-python:v1",
+                         "runtime": {"language": "python", "image": "coderun.local/sandbox-python:v2",
                                      "command": ["python3", "-u", "main.py"], "codeFile": "main.py"},
                          "limits": {"timeoutSeconds": 5, "memory": "256Mi", "cpu": "1", "disk": "64Mi",
                                     "outputBytes": STREAM_BYTES}, "maxProcesses": 128, "maxInodes": 16384},

@@ -28,7 +28,7 @@ class FakeK8s:
         self.calls: list[str] = []
         self.call_args: list[tuple] = []  # beside calls, the arguments of each
         self.nodes_ = [{"status": {"allocatable": {"cpu": "2", "memory": "8Gi"},
-                                   "images": [{"names": ["coderun.local/sandbox-python:v1",
+                                   "images": [{"names": ["coderun.local/sandbox-python:v2",
                                                          "coderun.local/sandbox-python@sha256:" + "f" * 64]}]}}]
         # call name -> function(args) that may raise, to simulate the API server refusing or failing
         self.fail: dict[str, Callable[..., None]] = {}

@@ -131,7 +131,7 @@ def test_what_decided_the_run_is_never_copied_from_the_source():
     assert (fields["policy"], fields["policyDigest"]) == ("redacting", REDACTING.digest)
     assert fields["decision"]["policy"] == "redacting" and fields["decision"]["redactionPatterns"] == ["tok-[0-9]+"]
     assert fields["runtimeClass"] == "gvisor" and fields["effectiveLimits"]["timeoutSeconds"] == 5
-    assert fields["image"] == "coderun.local/sandbox-python:v1@" + DIGEST
+    assert fields["image"] == "coderun.local/sandbox-python:v2@" + DIGEST
     assert fields["codeHash"] != "sha256:other"
 
 

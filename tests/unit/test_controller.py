@@ -69,7 +69,7 @@ def terminate(env, run_name="demo", log=None, termination=None, reason="Complete
         log, termination = frame_log()
     api.logs[pod["metadata"]["name"]] = (log, True)
     pod["status"] = {"phase": "Running", "containerStatuses": [{
-        "name": "run", "image": "coderun.local/sandbox-python:v1",
+        "name": "run", "image": "coderun.local/sandbox-python:v2",
         "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
         "state": {"terminated": {"reason": reason, "exitCode": exit_code, "message": termination}}}]}
     ctl.on_pod(pod, deleted=False)

@@ -13,7 +13,7 @@ def test_defaults_fill_unset_limits():
     assert isinstance(decision, Decision)
     assert decision.limits.memory == "128Mi"
     assert (decision.limits.cpu, decision.limits.timeout_seconds, decision.limits.disk) == ("1", 5, "64Mi")
-    assert decision.runtime.image == "coderun.local/sandbox-python:v1"
+    assert decision.runtime.image == "coderun.local/sandbox-python:v2"
 
 
 @pytest.mark.parametrize("limits,rule,hint", [

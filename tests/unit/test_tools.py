@@ -99,8 +99,8 @@ def test_a_silent_success_says_so():
 
 def test_runtimes_text_names_the_language_and_limits():
     lines = render_runtimes(offered_runtimes()).splitlines()
-    assert lines[0].startswith("javascript: image coderun.local/sandbox-node:v1 (gvisor)")
-    assert lines[1].startswith("python: image coderun.local/sandbox-python:v1 (gvisor)")
+    assert lines[0].startswith("javascript: image coderun.local/sandbox-node:v2 (gvisor)")
+    assert lines[1].startswith("python: image coderun.local/sandbox-python:v2 (gvisor)")
     assert "timeoutSeconds=5" in lines[1] and "memory=256Mi" in lines[1] and "memory=2Gi" in lines[1]
     assert lines[2] == "policy builtin-default; no network; approval Never"
 

@@ -41,7 +41,7 @@ def start_pool(env, ready=True):
     for pod in pool_pods(api).values():
         if ready:
             pod["status"] = {"phase": "Running", "startTime": "2026-11-22T09:59:00Z", "containerStatuses": [{
-                "name": "run", "image": "coderun.local/sandbox-python:v1",
+                "name": "run", "image": "coderun.local/sandbox-python:v2",
                 "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
                 "state": {"running": {"startedAt": "2026-11-22T09:59:01Z"}}}]}
             api._stamp(pod)

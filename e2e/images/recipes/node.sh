@@ -1,7 +1,7 @@
-# coderun.local/sandbox-node:v1 — Debian bookworm minbase with Debian's Node.js, Python 3.11 for the coderun
+# coderun.local/sandbox-node:v2 — Debian bookworm minbase with Debian's Node.js, Python 3.11 for the coderun
 # runner (the entrypoint, the same contract as the python image), and nothing else.
 # The versions Debian gave are written to sandbox-images/node/packages.lock.
-IMAGE_REF=coderun.local/sandbox-node:v1
+IMAGE_REF=coderun.local/sandbox-node:v2
 mapfile -t RECIPE_INPUTS < <(runner_files)
 MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tmp
     --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)

@@ -1,7 +1,7 @@
-# coderun.local/sandbox-python:v1 — Debian bookworm minbase with Python 3.11,
+# coderun.local/sandbox-python:v2 — Debian bookworm minbase with Python 3.11,
 # numpy, pandas and matplotlib from Debian, and the coderun runner as entrypoint.
 # The versions Debian gave are written to sandbox-images/python/packages.lock.
-IMAGE_REF=coderun.local/sandbox-python:v1
+IMAGE_REF=coderun.local/sandbox-python:v2
 mapfile -t RECIPE_INPUTS < <(runner_files)
 MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tmp
     --env PATH=/usr/local/bin:/usr/bin:/bin --env LANG=C.UTF-8)

@@ -92,8 +92,8 @@ class Denial:
     policy_digest: str | None = None
 
 
-SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v1"
-SANDBOX_NODE_IMAGE = "coderun.local/sandbox-node:v1"
+SANDBOX_PYTHON_IMAGE = "coderun.local/sandbox-python:v2"
+SANDBOX_NODE_IMAGE = "coderun.local/sandbox-node:v2"
 
 # The built-in policy, for namespaces without a CodeRunPolicy: the baseline limits of the design, the caller may
 # ask for less or for more up to the maximums. It records its refusals in the run's status (a typed Rejected
