@@ -1193,6 +1193,12 @@ def _canaries(cluster, namespace: str, stop: threading.Event, out: list) -> None
                         round(time.monotonic() - started, 1)))
         except Exception as e:  # noqa: BLE001 - recorded and asserted by the canary test
             out.append((name, "error", repr(e)[:300], None, round(time.monotonic() - started, 1)))
+        # The node keeps room for one canary beside the window: the next starts once this one's pod is gone.
+        try:
+            wait_for(lambda: not cluster.core.list_namespaced_pod(
+                namespace, label_selector=f"coderun.io/run={name}").items, 60, f"{name}'s pod to be gone")
+        except AssertionError as e:
+            out.append((name, "error", str(e), None, round(time.monotonic() - started, 1)))
         stop.wait(CANARY_PAUSE)
 
 
