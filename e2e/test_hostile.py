@@ -1,9 +1,9 @@
 """The hostile suite: programs an attacker (or a confused model) would write, each run for real as a CodeRun,
 each checked for containment AND for an accurate terminal phase/reason.
 
-How it runs: a sliding window on requested CPU (limits are requests, and a 2-core node holds five 250m sandboxes
-beside the canary): a program is created as soon as the runs still holding the node (unfinished, or finished with
-their pod not yet gone) leave room for its request, so one slow program never holds up the quick ones. Meanwhile:
+How it runs: the table is cut into batches that fit the node beside one canary (limits are requests, and a
+2-core node holds five 250m sandboxes plus the canary); all runs of a batch are created, then the suite waits
+for all of them, then for their pods to be gone, then starts the next batch. Meanwhile:
 - a benign canary (print(6*7)) is created again and again and must succeed, each time, within CANARY_WITHIN;
 - a thread polls the operator's /healthz, which must answer every time within HEALTH_WITHIN;
 - TCP and UDP listeners on the node's own addresses record anything a sandbox manages to send to the node;
@@ -38,10 +38,9 @@ OVERHEAD_MILLICPU = 50          # the gvisor RuntimeClass's podFixed cpu, counte
 # Warm mode (CODERUN_E2E_WARM=1): the suite's pool, each waiting pod reserving its cpuRequest plus the overhead.
 WARM_POOL = {"size": 4, "cpuRequest": "50m", "languages": ["python"]}
 WARM_POOL_MILLICPU = WARM_POOL["size"] * (50 + OVERHEAD_MILLICPU) if WARM_MODE else 0
-# The window's requests: leaves room on a 2-core node for the canary (300m) and, in warm mode, the pool.
-WINDOW_MILLICPU = 1500 - WARM_POOL_MILLICPU
-STUCK_GRACE = 60                # seconds past a run's timeout before it counts as stuck
-POD_GONE_WITHIN = 60            # seconds from a run's end to its pod being gone, else it is left behind
+# Requests of one batch: leaves room on a 2-core node for the canary (300m) and, in warm mode, the pool.
+BATCH_MILLICPU = 1500 - WARM_POOL_MILLICPU
+BATCH_GRACE = 60                # seconds past a batch's longest timeout before its stragglers count as stuck
 CANARY_WITHIN = 20.0            # seconds from create to Succeeded, each canary
 CANARY_PAUSE = 2.0              # between two canaries
 MIN_CANARIES = 5
@@ -128,7 +127,7 @@ class Hostile:
     secret: bool = False         # the program shows SECRETS: never visible in the status, redactions > 0
     refusable: str = ""          # a 422 at create whose body names this is as good as the expected reason
     pad_code_to: int = 0         # pad the code with a comment up to this many characters
-    slow: bool = False           # runs to a deadline: started first, so the quick ones fill in around it
+    slow: bool = False           # runs to a deadline: batched with its kind so quick batches stay quick
     language: str = "python"     # javascript: JS_PRELUDE before the code, no Python header
 
 
@@ -1076,9 +1075,15 @@ def _millicpu(h: Hostile) -> int:
     return (int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)) + OVERHEAD_MILLICPU
 
 
-def in_start_order(programs: list[Hostile]) -> list[Hostile]:
-    """Those that run to a deadline first (longest jobs first keeps the window full), then the quick ones."""
-    return sorted(programs, key=lambda h: not h.slow)
+def batches(programs: list[Hostile]) -> list[list[Hostile]]:
+    """Quick programs first, those that run to a deadline last, packed to BATCH_MILLICPU of requests each."""
+    out: list[list[Hostile]] = [[]]
+    for h in sorted(programs, key=lambda x: x.slow):
+        if out[-1] and (sum(map(_millicpu, out[-1])) + _millicpu(h) > BATCH_MILLICPU
+                        or out[-1][-1].slow != h.slow):
+            out.append([])
+        out[-1].append(h)
+    return out
 
 
 def _spec(h: Hostile, header: str) -> dict:
@@ -1163,7 +1168,7 @@ class SuiteResult:
     trap_hits: list[tuple] = field(default_factory=list)
     log: str = ""
     seconds: float = 0.0
-    peak_millicpu: int = 0
+    batches: int = 0
 
 
 def _watch_health(healthz: str, stop: threading.Event, out: list) -> None:
@@ -1193,59 +1198,47 @@ def _canaries(cluster, namespace: str, stop: threading.Event, out: list) -> None
                         round(time.monotonic() - started, 1)))
         except Exception as e:  # noqa: BLE001 - recorded and asserted by the canary test
             out.append((name, "error", repr(e)[:300], None, round(time.monotonic() - started, 1)))
-        # The node keeps room for one canary beside the window: the next starts once this one's pod is gone.
-        try:
-            wait_for(lambda: not cluster.core.list_namespaced_pod(
-                namespace, label_selector=f"coderun.io/run={name}").items, 60, f"{name}'s pod to be gone")
-        except AssertionError as e:
-            out.append((name, "error", str(e), None, round(time.monotonic() - started, 1)))
         stop.wait(CANARY_PAUSE)
 
 
-def _run_window(cluster, result: SuiteResult, programs: list[Hostile], header: str) -> None:
-    """Runs every program, keeping the requests of the runs that hold the node within WINDOW_MILLICPU."""
+def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) -> None:
     ns = result.namespace
-    waiting = in_start_order(programs)
-    holding: dict[str, int] = {}        # run -> its request, from creation until its pod is gone
-    stuck_at: dict[str, float] = {}     # run -> when it counts as stuck if not terminal
-    ended_at: dict[str, float] = {}     # run -> when the suite saw it terminal
-    last = max({**SMALL, **h.limits}["timeoutSeconds"] for h in programs) + STUCK_GRACE + POD_GONE_WITHIN
-    deadline = time.monotonic() + last + sum({**SMALL, **h.limits}["timeoutSeconds"] for h in programs)
+    created: list[str] = []
+    for h in batch:
+        try:
+            cluster.create_run(ns, _spec(h, header), name=h.id, **h.meta)
+            created.append(h.id)
+        except ApiException as e:
+            result.refused[h.id] = e
+    deadline = max({**SMALL, **h.limits}["timeoutSeconds"] for h in batch) + BATCH_GRACE
 
-    while waiting or holding:
-        now = time.monotonic()
-        assert now < deadline, f"the hostile table did not drain: waiting {[h.id for h in waiting]}, {holding}"
-        for run in cluster.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]:
+    def all_terminal() -> bool:
+        items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+        for run in items:
             name, status = run["metadata"]["name"], run.get("status") or {}
-            if name in holding and name not in result.statuses and status.get("phase") in TERMINAL:
-                result.statuses[name], ended_at[name] = status, now
-        with_pods = {(p.metadata.labels or {}).get("coderun.io/run") for p in cluster.core.list_namespaced_pod(ns).items}
-        for name in list(holding):
-            if name in result.statuses:
-                if name not in with_pods:
-                    del holding[name]
-                elif now - ended_at[name] > POD_GONE_WITHIN:
-                    result.lingering[name] = [p.metadata.name for p in cluster.core.list_namespaced_pod(
-                        ns, label_selector=f"coderun.io/run={name}").items]
-                    del holding[name]
-            elif now > stuck_at[name]:
+            if name in created and name not in result.statuses and status.get("phase") in TERMINAL:
+                result.statuses[name] = status
+        return all(name in result.statuses for name in created)
+
+    try:
+        wait_for(all_terminal, deadline, "a batch of hostile runs to finish", interval=0.5)
+    except AssertionError:
+        for name in created:
+            if name not in result.statuses:
                 status = cluster.get_run(ns, name).get("status") or {}
-                result.stuck[name] = (f"not terminal {STUCK_GRACE}s past its timeout: phase={status.get('phase')} "
+                result.stuck[name] = (f"not terminal {deadline}s after creation: phase={status.get('phase')} "
                                       f"reason={status.get('reason')} message={status.get('message')}")
                 cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-                del holding[name]
-        while waiting and sum(holding.values()) + _millicpu(waiting[0]) <= WINDOW_MILLICPU:
-            h = waiting.pop(0)
-            try:
-                cluster.create_run(ns, _spec(h, header), name=h.id, **h.meta)
-            except ApiException as e:
-                result.refused[h.id] = e
-                continue
-            holding[h.id] = _millicpu(h)
-            stuck_at[h.id] = time.monotonic() + {**SMALL, **h.limits}["timeoutSeconds"] + STUCK_GRACE
-            result.peak_millicpu = max(result.peak_millicpu, sum(holding.values()))
-        if waiting or holding:
-            time.sleep(0.5)  # the poll's interval, as wait_for's: the loop's predicate is re-read from the API
+
+    def pods_of_batch() -> dict[str, list[str]]:
+        pods = cluster.core.list_namespaced_pod(ns).items
+        return {run: [p.metadata.name for p in pods if (p.metadata.labels or {}).get("coderun.io/run") == run]
+                for run in created if run in result.statuses}
+
+    try:  # the node's room is the next batch's (and the canary's): every finished run's pod must go
+        wait_for(lambda: not any(pods_of_batch().values()), 60, "the batch's sandbox pods to be deleted")
+    except AssertionError:
+        result.lingering.update({k: v for k, v in pods_of_batch().items() if v})
 
 
 @pytest.fixture(scope="module")
@@ -1271,7 +1264,10 @@ def hostile(operator) -> SuiteResult:
         t.start()
     started = time.monotonic()
     try:
-        _run_window(cluster, result, PROGRAMS, header)
+        plan = batches(PROGRAMS)
+        for batch in plan:
+            _run_batch(cluster, result, batch, header)
+        result.batches = len(plan)
         result.seconds = time.monotonic() - started
         # the canary runs beside the table, not after it: it needs only to have done its rounds meanwhile
         wait_for(lambda: len(result.canaries) >= MIN_CANARIES, 120, f"{MIN_CANARIES} canary runs")
@@ -1332,11 +1328,11 @@ def test_the_suite_has_the_breadth_it_claims():
     for h in PROGRAMS:
         limits = {**SMALL, **h.limits}
         assert re.fullmatch(r"[a-z0-9][a-z0-9-]*[a-z0-9]", h.id) and len(h.id) <= 63, h.id
-        # Quick programs end within 15 s; a slow one within 45 s: Node's fork bomb needs
+        # Quick programs end within 15 s; a slow one (batched with its kind) within 45 s: Node's fork bomb needs
         # that long beside the table to reach the process cap (~30 ms a spawn under gVisor).
         assert 5 <= limits["timeoutSeconds"] <= (45 if h.slow else 15) and limits["cpu"] in ("250m", "500m"), h.id
         assert limits["memory"] in ("128Mi", "256Mi") and limits["disk"] == "16Mi", h.id
-    assert all(_millicpu(h) <= WINDOW_MILLICPU for h in PROGRAMS)  # each fits the window alone
+    assert all(sum(map(_millicpu, b)) <= BATCH_MILLICPU for b in batches(PROGRAMS))
 
 
 def test_no_run_ended_in_a_platform_reason(hostile: SuiteResult):
