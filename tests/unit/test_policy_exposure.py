@@ -9,7 +9,8 @@ from coderun.api.models import CodeRunSpec
 from coderun_operator.controller import Controller
 from coderun_operator.policy.patterns import redactor
 from coderun_operator.policy import InvalidPolicyMark, decision_from_record, evaluate
-from coderun_operator.policy.egress import cluster_egress_refusal, protected_networks
+from coderun.egress.ranges import protected_networks
+from coderun_operator.policy.egress import cluster_egress_refusal
 from coderun_operator.policy.load import InvalidPolicy, policy_from_object
 from coderun_operator.policy.patterns import POLICY_MAX_PROGRAM
 from coderun_operator.policy.redact import InvalidPattern, compile_pattern
