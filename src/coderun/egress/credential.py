@@ -1,0 +1,145 @@
+"""A run's egress credential: who the run is, its egress rules and its deadline, signed by the operator with a
+key it shares with the proxy (a Secret), so the proxy checks a request without calling anyone.
+
+    v1.<key id>.<payload: base64url of compact JSON>.<HMAC-SHA256 of everything before it, base64url>
+
+The program gets it as the password of its proxy URL (http://<run uid>:<token>@proxy:3128, in HTTP_PROXY and
+HTTPS_PROXY); the user name must be the run's uid, so squid's credential cache keeps one entry per run. The rules
+travel inside the token: one run's token can only ever open its own allowlist, and the proxy needs no access
+to the API server. The token ends at the run's deadline (`exp`) or, if the run ends earlier, when the operator
+revokes it (a line `<uid> <exp>` in the revocation list the proxy reads; render_revocations writes it).
+Several keys may be valid at once (rotation): the proxy accepts any key id it holds.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Collection, Iterable, Mapping
+
+from .rules import Rule
+
+VERSION = "v1"
+KEY_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+MIN_KEY_BYTES = 32
+# A policy's 64 rules of 16 ports each, with long names, fit; anything longer is refused before it is decoded.
+MAX_TOKEN_CHARS = 24 * 1024
+UID_PATTERN = re.compile(r"^[a-z0-9-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a token says: the run, the policy that decided its egress, its rules, and when it stops working."""
+    namespace: str
+    name: str
+    uid: str
+    policy: str
+    rules: tuple[Rule, ...]
+    expires: int  # seconds since the epoch
+
+    @property
+    def run(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class CredentialRefused(Exception):
+    """The token does not open the proxy; `reason` is a CamelCase word, the message says why."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+BAD_CREDENTIAL, EXPIRED, REVOKED = "BadCredential", "CredentialExpired", "CredentialRevoked"
+
+
+def mint(key_id: str, key: bytes, grant: Grant) -> str:
+    """The operator's side: the token for one run."""
+    if not KEY_ID_PATTERN.match(key_id) or len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"a key id matches {KEY_ID_PATTERN.pattern} and a key has {MIN_KEY_BYTES} bytes or more")
+    payload = {"ns": grant.namespace, "name": grant.name, "uid": grant.uid, "policy": grant.policy,
+               "exp": grant.expires, "egress": [[r.host or r.cidr, list(r.ports)] for r in grant.rules]}
+    body = f"{VERSION}.{key_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
+    token = f"{body}.{_b64(_sign(key, body))}"
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ValueError(f"the token would be {len(token)} characters, above {MAX_TOKEN_CHARS}: too many rules")
+    return token
+
+
+def verify(token: str, keys: Mapping[str, bytes], now: float, revoked: Collection[str] = (),
+           user: str | None = None) -> Grant:
+    """The proxy's side: the grant a token carries, or CredentialRefused. The signature is checked before any of
+    the payload is parsed; `user`, when given (the proxy's auth helper), must be the run's uid."""
+    if len(token) > MAX_TOKEN_CHARS:
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is too long")
+    parts = token.split(".")
+    if len(parts) != 4 or parts[0] != VERSION:
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is not a coderun egress token")
+    key = keys.get(parts[1])
+    expected = _sign(key, ".".join(parts[:3])) if key is not None else b""
+    try:
+        signature = _unb64(parts[3])
+    except ValueError:
+        signature = b"-"
+    if key is None or not hmac.compare_digest(signature, expected):
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential's signature does not verify")
+    try:
+        grant = _grant(json.loads(_unb64(parts[2])))
+    except (ValueError, TypeError, KeyError) as e:  # signed, so only a broken operator gets here
+        raise CredentialRefused(BAD_CREDENTIAL, f"the proxy credential's payload is malformed ({type(e).__name__})")
+    if user is not None and user != grant.uid:
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy user name is not the credential's run")
+    if now >= grant.expires:
+        raise CredentialRefused(EXPIRED, f"the proxy credential of run {grant.run} expired at its deadline")
+    if grant.uid in revoked:
+        raise CredentialRefused(REVOKED, f"the proxy credential of run {grant.run} was revoked: the run has ended")
+    return grant
+
+
+def proxy_url(proxy: str, token: str, uid: str) -> str:
+    """HTTP_PROXY / HTTPS_PROXY for the run: `proxy` is host:port."""
+    return f"http://{uid}:{token}@{proxy}"
+
+
+def render_revocations(entries: Mapping[str, int], now: float) -> str:
+    """The revocation list the operator publishes: `<uid> <exp>` a line, for runs that ended before their token
+    expired; an entry past its expiry is dropped (the token is refused anyway), so the list stays small."""
+    return "".join(f"{uid} {exp}\n" for uid, exp in sorted(entries.items()) if exp > now and UID_PATTERN.match(uid))
+
+
+def parse_revocations(lines: Iterable[str], now: float) -> frozenset[str]:
+    """The uids of the revoked tokens still worth remembering; malformed lines are skipped, never fatal."""
+    revoked = set()
+    for line in lines:
+        uid, _, exp = line.strip().partition(" ")
+        if UID_PATTERN.match(uid) and exp.isdigit() and len(exp) < 12 and int(exp) > now:
+            revoked.add(uid)
+    return frozenset(revoked)
+
+
+def _grant(payload: dict) -> Grant:
+    rules = tuple(Rule(**{("cidr" if "/" in target else "host"): target}, ports=tuple(ports))
+                  for target, ports in payload["egress"])
+    fields = {k: payload[k] for k in ("ns", "name", "uid", "policy")}
+    if not all(isinstance(v, str) for v in fields.values()) or not isinstance(payload["exp"], int):
+        raise TypeError("fields")
+    return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"])
+
+
+def _sign(key: bytes, body: str) -> bytes:
+    return hmac.new(key, body.encode(), hashlib.sha256).digest()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as e:
+        raise ValueError("not base64url") from e

@@ -1,0 +1,100 @@
+"""Starting the proxy and telling when it is ready: the image's entrypoint and readiness probe, and what the local
+test tier calls to start squid the same way.
+
+    coderun-egress-proxy start   render squid.conf from the environment, make the TLS pair, exec squid
+    coderun-egress-proxy ready   exit 0 once both of squid's stages answer (the readiness probe)
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .squid_config import WARMUP_HOST, Settings, render
+
+# The pod's paths (the chart mounts these; see docs/egress.md).
+DEFAULTS = {
+    "CODERUN_EGRESS_LISTEN": "0.0.0.0:3128",
+    "CODERUN_EGRESS_TLS_STAGE_PORT": "3129",
+    "CODERUN_EGRESS_STATE": "/run/coderun-egress",             # emptyDir
+    "CODERUN_EGRESS_KEYS": "/etc/coderun-egress/keys",         # Secret
+    "CODERUN_EGRESS_REVOCATIONS": "/etc/coderun-egress/revocations/revoked",  # ConfigMap
+    "CODERUN_EGRESS_LAUNCHERS": "/usr/local/lib/coderun-egress/bin",
+    "CODERUN_EGRESS_ERRORS": "/usr/local/lib/coderun-egress/errors",
+}
+
+
+def settings_from(env: Mapping[str, str]) -> Settings:
+    value = {k: env.get(k) or default for k, default in DEFAULTS.items()}
+    return Settings(listen=value["CODERUN_EGRESS_LISTEN"], tls_stage_port=int(value["CODERUN_EGRESS_TLS_STAGE_PORT"]),
+                    state_dir=value["CODERUN_EGRESS_STATE"], launchers=value["CODERUN_EGRESS_LAUNCHERS"],
+                    keys_dir=value["CODERUN_EGRESS_KEYS"], revocations=value["CODERUN_EGRESS_REVOCATIONS"],
+                    error_dir=value["CODERUN_EGRESS_ERRORS"], env=dict(env))
+
+
+def prepare(s: Settings) -> str:
+    """squid.conf and the TLS pair in the state directory; returns the config's path."""
+    state = Path(s.state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    if not Path(s.tls_pair).exists():
+        make_tls_pair(s.tls_pair)
+    config = state / "squid.conf"
+    config.write_text(render(s))
+    return str(config)
+
+
+def make_tls_pair(path: str) -> None:
+    """A throwaway self-signed pair: squid wants one on a port that peeks at TLS, and never shows it (it splices or
+    closes; it never bumps)."""
+    key, cert = f"{path}.key", f"{path}.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "3650", "-subj", "/CN=coderun-egress-tls-stage"], check=True, capture_output=True)
+    Path(path).write_bytes(Path(cert).read_bytes() + Path(key).read_bytes())
+    os.chmod(path, 0o600)
+    for leftover in (key, cert):
+        os.unlink(leftover)
+
+
+def answers(listen: str, timeout: float = 2.0) -> int | None:
+    """The status of one warm-up request through the policy stage: 407 means the TLS stage answered (it asks for a
+    credential), 5xx that the policy stage could not reach it (yet)."""
+    host, _, port = listen.rpartition(":")
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "[::]") else host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as conn:
+            conn.sendall(f"GET http://{WARMUP_HOST}/ HTTP/1.1\r\nHost: {WARMUP_HOST}\r\n"
+                         "Connection: close\r\n\r\n".encode())
+            status_line = conn.makefile("rb").readline(256).split()
+    except OSError:
+        return None
+    return int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else None
+
+
+def wait_ready(listen: str, deadline_seconds: float = 20.0) -> bool:
+    """Wake the TLS stage up and wait until both stages answer (squid_config.WARMUP_HOST says why)."""
+    deadline = time.monotonic() + deadline_seconds
+    while time.monotonic() < deadline:
+        if answers(listen) == 407:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    settings = settings_from(os.environ)
+    if args == ["start"]:
+        config = prepare(settings)
+        os.execvp("squid", ["squid", "-N", "-f", config])
+    elif args == ["ready"]:
+        sys.exit(0 if wait_ready(settings.listen, deadline_seconds=5) else 1)
+    else:
+        sys.exit("usage: coderun-egress-proxy start|ready")
+
+
+if __name__ == "__main__":
+    main()

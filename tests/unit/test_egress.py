@@ -1,0 +1,332 @@
+"""Egress by name, the pure parts: the rules' matching, the credential, squid's helper protocol under hostile input,
+the access log's records, the rendered squid.conf. tests/egress runs them under a real squid."""
+import io
+import json
+import time
+
+import pytest
+
+from coderun.egress import access_log, credential, helpers, rules, squid_config, squid_helper
+from coderun.egress.credential import CredentialRefused, Grant, mint, parse_revocations, render_revocations, verify
+from coderun.egress.ranges import protected_networks
+from coderun.egress.rules import Rule
+
+KEY = b"k" * 32
+KEYS = {"k1": KEY}
+NOW = 1_800_000_000
+PROTECTED = protected_networks({"CODERUN_POD_CIDRS": "10.88.0.0/16", "CODERUN_SERVICE_CIDRS": "10.96.0.0/16"})
+RULES = (Rule(host="api.github.com", ports=(443,)), Rule(host="*.example.org"),
+         Rule(cidr="10.20.0.0/24", ports=(5432,)), Rule(cidr="10.96.5.0/24", ports=(443,)))
+
+
+def grant(**changes):
+    fields = dict(namespace="ns", name="run1", uid="u-1", policy="pol", rules=RULES, expires=NOW + 60)
+    return Grant(**{**fields, **changes})
+
+
+@pytest.mark.parametrize("rule, name, matches", [
+    ("api.github.com", "api.github.com", True),
+    ("api.github.com", "github.com", False),
+    ("api.github.com", "x.api.github.com", False),
+    ("*.example.org", "a.example.org", True),
+    ("*.example.org", "example.org", False),       # subdomains only
+    ("*.example.org", "a.b.example.org", False),   # one label of wildcard
+    ("*.example.org", "aexample.org", False),
+    ("*.example.org", ".example.org", False),
+])
+def test_a_host_rule_matches_exactly_or_one_label_deep(rule, name, matches):
+    assert rules.host_matches(rule, name) is matches
+
+
+@pytest.mark.parametrize("raw, canonical", [
+    ("API.GitHub.com", "api.github.com"), ("api.github.com.", "api.github.com"), ("10.0.0.1", None),
+    ("[::1]", None), ("::1", None), ("localhost", None), ("a..b", None), ("", None), ("a" * 300 + ".com", None),
+    ("evil.com\r\nX: y", None), ("ex ample.com", None),
+])
+def test_only_dns_names_are_names(raw, canonical):
+    assert rules.canonical_name(raw) == canonical
+
+
+def test_a_name_and_port_need_a_host_rule_and_the_refusal_names_host_policy_and_allowlist():
+    assert rules.decide_name(RULES, "pol", "API.github.com", 443).rule == "egress[0] api.github.com:443"
+    assert rules.decide_name(RULES, "pol", "a.example.org", 8080).rule == "egress[1] *.example.org:*"
+    refused = rules.decide_name(RULES, "pol", "api.github.com", 80)
+    assert not refused.allowed and refused.reason == rules.NOT_ALLOWED
+    assert refused.message == ("egress to api.github.com:80 is not allowed by CodeRunPolicy pol; it allows "
+                               "api.github.com:443, *.example.org:*")
+    literal = rules.decide_name(RULES, "pol", "10.20.0.5", 5432)
+    assert literal.reason == rules.NOT_A_NAME and "names only" in literal.message
+    many = [Rule(host=f"h{i}.example.com") for i in range(20)]
+    assert "and 12 more" in rules.decide_name(many, "pol", "x.com", 1).message
+
+
+def test_a_refusal_quotes_what_the_client_sent_printable_and_bounded():
+    message = rules.decide_name(RULES, "pol", "\x1b[31m" + "x" * 500, 80).message
+    assert "\x1b" not in message and len(message) < 200
+
+
+@pytest.mark.parametrize("addresses, port, allowed, says", [
+    (["140.82.112.5"], 443, True, None),
+    (["10.96.0.1"], 443, False, "it resolves to 10.96.0.1, inside 10.96.0.0/16 (the cluster's Service range)"),
+    (["140.82.112.5", "169.254.169.254"], 443, False, "169.254.169.254"),
+    (["::ffff:127.0.0.1"], 443, False, "it resolves to 127.0.0.1, inside 127.0.0.0/8 (loopback)"),
+    (["0.0.0.0"], 443, False, "0.0.0.0/8"),
+    (["10.96.5.7"], 443, True, None),          # a cidr rule covers it, on this port
+    (["10.96.5.7"], 80, False, "10.96.5.7"),   # ... not on that one
+    ([], 443, False, "does not resolve"),
+])
+def test_every_address_inside_a_protected_range_needs_a_cidr_rule(addresses, port, allowed, says):
+    by_name = rules.decide_name(RULES, "pol", "api.github.com", port)
+    by_name = by_name if by_name.allowed else rules.Verdict(True, rules.ALLOWED, "", "egress[0]")
+    verdict = rules.decide_addresses(RULES, "pol", "api.github.com", port, by_name, addresses, PROTECTED)
+    assert verdict.allowed is allowed and (says is None or says in verdict.message), verdict
+    assert verdict.via_cidr is (allowed and addresses == ["10.96.5.7"])
+
+
+@pytest.mark.parametrize("connect, sni, allowed", [
+    ("api.github.com", "api.github.com", True), ("api.github.com", "API.GITHUB.COM.", True),
+    ("api.github.com", "evil.com", False), ("api.github.com", "-", False), ("10.0.0.1", "10.0.0.1", False),
+])
+def test_the_tls_server_name_must_be_the_connect_host(connect, sni, allowed):
+    assert rules.decide_sni(connect, sni).allowed is allowed
+
+
+def test_a_rule_has_exactly_one_target_and_valid_ports():
+    for bad in (dict(), dict(host="a.com", cidr="10.0.0.0/8"), dict(host="10.0.0.1"), dict(cidr="nope"),
+                dict(host="a.com", ports=(0,)), dict(host="a.com", ports=(70000,))):
+        with pytest.raises(ValueError):
+            Rule(**bad)
+
+
+def test_a_token_carries_its_grant_and_opens_nothing_else():
+    token = mint("k1", KEY, grant())
+    assert verify(token, KEYS, NOW, user="u-1") == grant()
+    assert credential.proxy_url("proxy:3128", token, "u-1") == f"http://u-1:{token}@proxy:3128"
+
+
+@pytest.mark.parametrize("tamper, reason", [
+    (lambda t: t[:-2] + ("AA" if not t.endswith("AA") else "BB"), credential.BAD_CREDENTIAL),  # signature
+    (lambda t: t.replace("v1.k1.", "v1.k2."), credential.BAD_CREDENTIAL),                       # unknown key
+    (lambda t: t.replace("v1.", "v2.", 1), credential.BAD_CREDENTIAL),
+    (lambda t: "x" * (credential.MAX_TOKEN_CHARS + 1), credential.BAD_CREDENTIAL),
+    (lambda t: "v1.k1.%%%.%%%", credential.BAD_CREDENTIAL),
+    (lambda t: "v1.k1.é.é", credential.BAD_CREDENTIAL),
+    (lambda t: "", credential.BAD_CREDENTIAL),
+])
+def test_a_forged_or_broken_token_is_refused(tamper, reason):
+    with pytest.raises(CredentialRefused) as refused:
+        verify(tamper(mint("k1", KEY, grant())), KEYS, NOW)
+    assert refused.value.reason == reason
+
+
+def test_a_changed_payload_does_not_verify():
+    version, key_id, payload, signature = mint("k1", KEY, grant()).split(".")
+    other = mint("k1", KEY, grant(rules=(Rule(host="evil.com"),))).split(".")[2]
+    with pytest.raises(CredentialRefused):
+        verify(".".join([version, key_id, other, signature]), KEYS, NOW)
+
+
+def test_a_token_ends_at_its_deadline_when_revoked_and_with_another_user_name():
+    token = mint("k1", KEY, grant())
+    for now, revoked, user, reason in [(NOW + 60, (), "u-1", credential.EXPIRED),
+                                       (NOW, {"u-1"}, "u-1", credential.REVOKED),
+                                       (NOW, (), "u-2", credential.BAD_CREDENTIAL)]:
+        with pytest.raises(CredentialRefused) as refused:
+            verify(token, KEYS, now, revoked, user=user)
+        assert refused.value.reason == reason
+
+
+def test_keys_rotate_a_token_of_either_key_verifies():
+    old, new = mint("old", KEY, grant()), mint("new", b"n" * 32, grant())
+    keys = {"old": KEY, "new": b"n" * 32}
+    assert verify(old, keys, NOW) == verify(new, keys, NOW)
+
+
+def test_a_policy_of_64_long_rules_fits_in_a_token():
+    many = tuple(Rule(host=f"{'a' * 60}.{i}.{'b' * 60}.{'c' * 60}.example.com", ports=tuple(range(1, 17)))
+                 for i in range(64))
+    assert len(mint("k1", KEY, grant(rules=many))) <= credential.MAX_TOKEN_CHARS
+
+
+def test_the_revocation_list_round_trips_and_forgets_what_expired():
+    text = render_revocations({"u-1": NOW + 10, "u-2": NOW - 1, "BAD UID": NOW + 10}, NOW)
+    assert text == f"u-1 {NOW + 10}\n"
+    assert parse_revocations([*text.splitlines(), "garbage", "u-3 x", "u-4 " + "9" * 40, ""], NOW) == {"u-1"}
+
+
+def converse(answer, lines: bytes, **kwargs) -> list[str]:
+    out = io.BytesIO()
+    squid_helper.serve(answer, stdin=io.BytesIO(lines), stdout=out, **kwargs)
+    return out.getvalue().decode().splitlines()
+
+
+def test_the_helper_protocol_answers_each_channel_and_survives_garbage():
+    def answer(words):
+        if words == ["boom"]:
+            raise RuntimeError("a bug")
+        return squid_helper.reply(True, echo=" ".join(words))
+
+    replies = converse(answer, b"0 a%20b c\n1 boom\nnot-a-channel x\n2 \xff\xfe\n" + b"3 " + b"x" * 100 + b"\n4 ok\n",
+                       max_line=64)
+    assert replies == ['0 OK echo="a b c"', '1 ERR message="the egress proxy\'s helper failed on this request"',
+                       '2 OK echo="\ufffd\ufffd"', '3 ERR message="request too long for the egress proxy"',
+                       '4 OK echo="ok"']
+
+
+def test_reply_values_cannot_break_the_line_or_the_quoting():
+    assert squid_helper.reply(False, message='a"b\\c\r\nd', none=None) == 'ERR message="a\\"b\\\\c  d"'
+
+
+def test_answers_are_sent_in_any_order_with_workers():
+    release = __import__("threading").Event()
+
+    def answer(words):
+        if words == ["slow"]:
+            release.wait(5)
+        else:
+            release.set()
+        return squid_helper.reply(True)
+
+    assert converse(answer, b"0 slow\n1 fast\n", workers=2) == ["1 OK", "0 OK"]
+
+
+def acl(words, resolve=lambda name, port: ["140.82.112.5"], revoked=()):
+    return helpers.answer_acl(words, KEYS, revoked, NOW, resolve, PROTECTED)
+
+
+def test_the_acl_helper_says_which_rule_allowed_and_why_it_refused():
+    token = mint("k1", KEY, grant())
+    assert acl(["u-1", token, "api.github.com", "443", "-", "request"]) == (
+        'OK message="api.github.com:443 allowed by CodeRunPolicy pol" run="ns/run1" policy="pol" '
+        'rule="egress[0] api.github.com:443"')
+    refused = acl(["u-1", token, "evil.com", "443", "-", "request"])
+    assert refused.startswith('ERR message="egress to evil.com:443 is not allowed by CodeRunPolicy pol') \
+        and 'reason="NotAllowed"' in refused
+    internal = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p: ["10.96.0.1"])
+    assert 'reason="ProtectedAddress"' in internal
+    covered = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p: ["10.96.5.1"])
+    assert covered.startswith("OK") and 'via_cidr="yes"' in covered
+    assert 'reason="Unresolved"' in acl(["u-1", token, "api.github.com", "443", "-", "request"],
+                                        resolve=lambda n, p: (_ for _ in ()).throw(OSError("NXDOMAIN")))
+    assert 'reason="CredentialRevoked"' in acl(["u-1", token, "api.github.com", "443", "-", "request"],
+                                               revoked={"u-1"})
+    assert acl(["u-1", token, "api.github.com", "443", "evil.com", "sni"]).startswith("ERR")
+    assert acl(["u-1", token, "api.github.com", "443", "api.github.com", "sni"]).startswith("OK")
+    for garbage in ([], ["u-1"], ["u-1", token, "api.github.com", "99999", "-", "request"],
+                    ["u-1", token, "api.github.com", "443", "-", "other"]):
+        assert acl(garbage).startswith("ERR")
+
+
+def test_the_auth_helper_says_yes_or_no_and_nothing_that_could_stick_to_the_user():
+    token = mint("k1", KEY, grant())
+    assert helpers.answer_auth(["u-1", token], KEYS, (), NOW) == "OK"
+    assert helpers.answer_auth(["u-2", token], KEYS, (), NOW) == "ERR"
+    assert helpers.answer_auth(["u-1"], KEYS, (), NOW) == "ERR"
+
+
+def test_the_resolver_reads_the_hosts_file_squid_reads(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# comment\n127.0.0.1 allowed.test Other.Test\nnot-an-address x.test\n::1 six.test # v6\n")
+    resolve = helpers.resolver(str(hosts))
+    assert resolve("allowed.test", 80) == ["127.0.0.1"] and resolve("other.test", 80) == ["127.0.0.1"]
+    assert resolve("six.test", 80) == ["::1"]
+
+
+def squid_line(**values) -> str:
+    fields = {key: "-" for key, _ in squid_config.FIELDS}
+    fields.update({k: str(v) for k, v in values.items()})
+    return " ".join(fields[key] for key, _ in squid_config.FIELDS)
+
+
+def test_a_plain_http_request_is_one_record_without_its_query():
+    records = access_log.Records()
+    entry = records.feed(access_log.parse(squid_line(
+        time="1800000000.250", duration_ms=12, client="10.88.0.9", user="u-1", run="ns/run1", policy="pol",
+        method="GET", host="pypi.example.org", port=80, path="/simple/x%3Ftoken%3Dsecret", status=200,
+        squid_status="TCP_MISS", bytes_sent=300, bytes_received=4000, server="203.0.113.9",
+        rule="egress%5B1%5D%20*.example.org:*", stage="policy", xid=7, hierarchy="HIER_DIRECT")))
+    assert entry == {"time": "2027-01-15T08:00:00.250+00:00", "duration_ms": 12, "client": "10.88.0.9",
+                     "user": "u-1", "run": "ns/run1", "policy": "pol", "method": "GET", "host": "pypi.example.org",
+                     "port": 80, "path": "/simple/x", "status": 200, "squid_status": "TCP_MISS", "bytes_sent": 300,
+                     "bytes_received": 4000, "server": "203.0.113.9", "sni": None, "tls": None,
+                     "rule": "egress[1] *.example.org:*", "reason": "Allowed", "message": None, "error": None,
+                     "verdict": "allowed"}
+    json.dumps(entry)
+
+
+def test_an_https_request_is_one_record_from_both_stages():
+    records = access_log.Records()
+    decision = squid_line(method="CONNECT", host="api.github.com", port=443, squid_status="NONE_NONE", status=200,
+                          sni="evil.com", tls="terminate", reason="SNIMismatch", message="TLS%20server%20name",
+                          stage="tls", xid=8, pair=7)
+    tunnel_at_tls = squid_line(method="CONNECT", host="api.github.com", port=443, squid_status="TCP_TUNNEL",
+                               stage="tls", xid=9, pair=7, hierarchy="HIER_DIRECT")
+    outer = squid_line(method="CONNECT", host="api.github.com", port=443, squid_status="TCP_TUNNEL", status=200,
+                       bytes_sent=900, bytes_received=40, server="127.0.0.1", stage="policy", xid=7,
+                       hierarchy="FIRSTUP_PARENT", rule="egress%5B0%5D", run="ns/run1")
+    assert records.feed(access_log.parse(decision)) is None
+    assert records.feed(access_log.parse(tunnel_at_tls)) is None
+    entry = records.feed(access_log.parse(outer))
+    assert entry["verdict"] == "denied" and entry["reason"] == "SNIMismatch" and entry["sni"] == "evil.com"
+    assert entry["bytes_sent"] == 900 and entry["server"] is None and entry["path"] is None
+
+
+@pytest.mark.parametrize("values, verdict, reason", [
+    (dict(status=407, squid_status="TCP_DENIED"), "denied", credential.BAD_CREDENTIAL),
+    (dict(status=403, squid_status="TCP_DENIED", reason="NotAllowed"), "denied", "NotAllowed"),
+    (dict(status=403, squid_status="TCP_DENIED"), "denied", "Denied"),
+    (dict(status=503, squid_status="TCP_MISS", error="ERR_CONNECT_FAIL"), "allowed", "Allowed"),
+])
+def test_the_verdict_and_its_reason(values, verdict, reason):
+    entry = access_log.Records().feed(access_log.parse(squid_line(method="GET", host="a.example.org", port=80,
+                                                                  stage="policy", **values)))
+    assert (entry["verdict"], entry["reason"]) == (verdict, reason)
+
+
+def test_lines_that_are_no_run_request_are_not_records():
+    records = access_log.Records()
+    for line in ["", "garbage", squid_line(), squid_line(method="GET", host=squid_config.WARMUP_HOST),
+                 squid_line(method="GET", host="a.b", status="x" * 50)[:-1] + " extra"]:
+        assert records.feed(access_log.parse(line)) is None
+
+
+def test_the_log_daemon_writes_json_lines_and_survives_garbage(tmp_path):
+    log = tmp_path / "access.jsonl"
+    good = squid_line(method="GET", host="a.example.org", port=80, stage="policy", status=200)
+    feed = (f"L{good}\n".encode() + b"Lgarbage\n" + b"L" + b"\xff" * 10 + b"\n" + b"L" + b"x" * 70000 + b"\n"
+            + b"R\nF\nb1\nr3\n" + f"L{good}\n".encode())
+    access_log.serve(str(log), stdin=io.BytesIO(feed))
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(line)["host"] == "a.example.org" for line in lines)
+
+
+def test_squid_conf_keeps_every_protected_range_squid_would_otherwise_drop():
+    conf = squid_config.render(squid_config.Settings(
+        listen="0.0.0.0:3128", tls_stage_port=3129, state_dir="/run/x", launchers="/bin", keys_dir="/k",
+        revocations="/r", error_dir="/e", env={"CODERUN_POD_CIDRS": "10.88.0.0/16,10.88.1.0/24"}))
+    dst = next(line for line in conf.splitlines() if line.startswith("acl protected dst"))
+    # nested ranges collapsed: squid keeps the smaller of two nested ones and ignores the larger
+    assert "10.88.0.0/16" in dst and "10.88.1.0/24" not in dst and "fc00::/7" not in dst
+    assert "169.254.0.0/16" in dst and "127.0.0.0/8" in dst and "fe80::/10" in dst
+    assert "http_port 127.0.0.1:3129 name=tls ssl-bump" in conf and "http_port 0.0.0.0:3128 name=policy\n" in conf
+
+
+def test_the_log_fields_are_encoded_where_a_client_writes_them():
+    encoded = {key for key, code in squid_config.FIELDS if code.startswith("%#")}
+    assert {"user", "method", "host", "path", "sni", "message", "pair"} <= encoded
+
+
+def test_launchers_run_the_package_with_python_isolated(tmp_path):
+    squid_config.write_launchers(str(tmp_path), "/usr/bin/python3", "/opt/x")
+    auth = (tmp_path / squid_config.AUTH).read_text()
+    assert auth.startswith("#!/usr/bin/python3 -I\n") and "from coderun.egress.helpers import main" in auth
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [squid_config.AUTH, squid_config.ACL, squid_config.LOG, squid_config.PROXY])
+
+
+def test_the_helpers_stay_fast_enough_for_every_request():
+    token = mint("k1", KEY, grant())
+    started = time.perf_counter()
+    for _ in range(1000):
+        acl(["u-1", token, "api.github.com", "443", "-", "request"])
+    assert time.perf_counter() - started < 2.0  # ~0.1 ms each here; squid also caches answers for 5 s
