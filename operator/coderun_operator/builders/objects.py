@@ -113,7 +113,7 @@ def build_network_policy(run: Mapping[str, Any], egress: Sequence[EgressRule] = 
         "metadata": _child_metadata(run, "deny"),
         "spec": {"podSelector": {"matchLabels": {LABEL_RUN_UID: run["metadata"]["uid"]}},
                  "policyTypes": ["Ingress", "Egress"], "ingress": [],
-                 "egress": [_egress_rule(rule) for rule in egress]},
+                 "egress": [_egress_rule(rule) for rule in egress if rule.cidr is not None]},
     }
 
 

@@ -22,6 +22,10 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     refusal = cluster_egress_refusal([rule.cidr for rule in spec.egress or ()], spec.allow_cluster_egress)
     if refusal:
         raise InvalidPolicy(refusal)
+    by_name = next((i for i, rule in enumerate(spec.egress or ()) if rule.host is not None), None)
+    if by_name is not None:  # until the operator routes runs through the egress proxy (issue 19, docs/egress.md)
+        raise InvalidPolicy(f"spec.egress[{by_name}].host: egress by name needs the egress proxy, which this operator "
+                            "does not use yet; list the addresses as cidr rules for now")
     rules = spec.code_rules.denied_patterns if spec.code_rules and spec.code_rules.denied_patterns else ()
     try:
         compiled = compile_policy_patterns(spec.redaction_patterns or (), [r.pattern for r in rules])

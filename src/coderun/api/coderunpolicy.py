@@ -75,7 +75,7 @@ class WarmPool(ApiModel):
 class CodeRunPolicySpec(ApiModel):
     """Runtimes, limits, code rules, redaction, egress, concurrency and approval for the runs that select it."""
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
-        _cel("!has(self.egress) || self.egress.all(e, isCIDR(e.cidr))",
+        _cel("!has(self.egress) || self.egress.all(e, !has(e.cidr) || isCIDR(e.cidr))",
              "every egress cidr must be a CIDR such as 10.0.0.5/32 or 2001:db8::/64", ".egress"),
         _cel("!has(self.runtimes) || (has(self.allowUnsandboxedRuntime) && self.allowUnsandboxedRuntime) || "
              "!self.runtimes.exists(r, has(r.runtimeClassName) && r.runtimeClassName in "
@@ -101,7 +101,8 @@ class CodeRunPolicySpec(ApiModel):
         "RE2 patterns redacted from output, errors and artifact names, besides the built-in secret patterns."),
         json_schema_extra={"items": {"type": "string", "maxLength": 512}})
     egress: list[EgressRule] | None = Field(None, max_length=64, description=(
-        "Destinations runs may reach. None by default: a sandbox reaches no network at all."))
+        "Destinations runs may reach: host names through the egress proxy, address ranges directly. None by "
+        "default: a sandbox reaches no network at all."))
     allow_cluster_egress: bool = Field(False, description=(
         "Allow egress CIDRs that cover the cluster's own pod, Service or node ranges, loopback or link-local "
         "addresses (the cloud metadata address): runs could then reach the operator, the API server, the "

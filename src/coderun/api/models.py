@@ -9,9 +9,13 @@ from typing import Any
 
 import base64
 import binascii
+import ipaddress
+import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
+from ..egress.rules import HOST_PATTERN, MAX_NAME_LENGTH, Rule, valid_host_rule
 
 from .reasons import Phase
 
@@ -175,13 +179,72 @@ class Runtime(ApiModel):
 
 class EgressPort(ApiModel):
     port: int = Field(ge=1, le=65535, description="Destination port.")
-    protocol: str = Field("TCP", pattern=r"^(TCP|UDP)$", description="TCP or UDP.")
+    protocol: str = Field("TCP", pattern=r"^(TCP|UDP)$", description="TCP or UDP (UDP for cidr rules only).")
+
+
+# Why a host is refused, said once for the API server (CEL) and for Python (the SDK, the webhook, the tests).
+HOST_IS_AN_ADDRESS = "host is a DNS name, not an IP address: use cidr for addresses"
+HOST_WILDCARD = "a wildcard is allowed only as the whole first label, as in *.example.org (subdomains only)"
+HOST_MALFORMED = ("host must be a lowercase DNS name of two labels or more, without a trailing dot, such as "
+                  "api.github.com, or *. and such a name")
+HOST_OR_CIDR = "set exactly one of host (a name, reached through the egress proxy) and cidr (an address range)"
+HOST_PORTS_TCP = "a host rule's ports are TCP: the egress proxy carries HTTP and HTTPS"
 
 
 class EgressRule(ApiModel):
-    """One destination a run may reach: an address range and, optionally, ports (all ports when empty)."""
-    cidr: str = Field(max_length=64, description="An IPv4 or IPv6 CIDR, e.g. 10.0.0.5/32 or 2001:db8::/64.")
+    """One destination runs may reach: a host name (through the egress proxy) or an address range (directly)."""
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("has(self.host) != has(self.cidr)", HOST_OR_CIDR),
+        _cel("!has(self.host) || !has(self.ports) || self.ports.all(p, !has(p.protocol) || p.protocol == 'TCP')",
+             HOST_PORTS_TCP, ".ports"),
+    ]})
+    host: str | None = Field(None, max_length=MAX_NAME_LENGTH, description=(
+        "A DNS name (api.github.com), or *. and a name for its subdomains one label deep (*.example.org matches "
+        "a.example.org, not example.org nor a.b.example.org), reached through the egress proxy (HTTP and HTTPS, "
+        "every request logged). Names inside the cluster are written in full (mirror.pkgs.svc.cluster.local): the "
+        "proxy uses no search domains. A name resolving into the cluster's own ranges is refused unless a cidr "
+        "rule of the policy covers the address."),
+        json_schema_extra={"pattern": HOST_PATTERN, "x-kubernetes-validations": [
+            _cel(r"!self.contains(':') && !self.matches('^[0-9.]+$')", HOST_IS_AN_ADDRESS),
+            _cel(r"!self.contains('*') || self.matches('^[*][.][^*]+$')", HOST_WILDCARD)]})
+    cidr: str | None = Field(None, max_length=64, description=(
+        "An IPv4 or IPv6 CIDR, e.g. 10.0.0.5/32 or 2001:db8::/64, reached directly."))
     ports: list[EgressPort] | None = Field(None, max_length=16, description="Ports; empty means every port.")
+
+    @field_validator("host")
+    @classmethod
+    def _a_name(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if ":" in value or re.fullmatch(r"[0-9.]+", value):
+            raise ValueError(HOST_IS_AN_ADDRESS)
+        if "*" in value and not re.fullmatch(r"\*\.[^*]+", value):
+            raise ValueError(HOST_WILDCARD)
+        if not valid_host_rule(value):
+            raise ValueError(HOST_MALFORMED)
+        return value
+
+    @field_validator("cidr")
+    @classmethod
+    def _a_cidr(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError:
+                raise ValueError("cidr must be a CIDR such as 10.0.0.5/32 or 2001:db8::/64") from None
+        return value
+
+    @model_validator(mode="after")
+    def _host_or_cidr(self) -> "EgressRule":
+        if (self.host is None) == (self.cidr is None):
+            raise ValueError(HOST_OR_CIDR)
+        if self.host is not None and any(p.protocol != "TCP" for p in self.ports or ()):
+            raise ValueError(HOST_PORTS_TCP)
+        return self
+
+    def as_rule(self) -> Rule:
+        """The rule as the egress proxy applies it (it travels in the run's credential)."""
+        return Rule(host=self.host, cidr=self.cidr, ports=tuple(p.port for p in self.ports or ()))
 
 
 class DecisionRecord(ApiModel):

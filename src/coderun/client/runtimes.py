@@ -35,8 +35,8 @@ def effective_policy(policy_object: Mapping[str, Any] | None) -> Policy:
 def offered_runtimes(policy: Policy = DEFAULT_POLICY) -> list[RuntimeInfo]:
     return [RuntimeInfo(language=r.language, image=r.image, policy=policy.name, runtime_class=r.runtime_class_name,
                         default_limits=_wire(policy.defaults), maximum_limits=_wire(policy.maximums),
-                        egress=[rule.cidr + (":" + ",".join(str(p.port) for p in rule.ports) if rule.ports else "")
-                                for rule in policy.egress],
+                        egress=[(rule.host or rule.cidr) + (":" + ",".join(str(p.port) for p in rule.ports)
+                                                            if rule.ports else "") for rule in policy.egress],
                         approval=policy.approval, max_concurrent_runs=policy.max_concurrent_runs)
             for r in sorted(policy.runtimes.values(), key=lambda r: r.language)]
 
