@@ -7,7 +7,7 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit \
+.PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess
 
 help:
@@ -15,6 +15,7 @@ help:
 	@echo "make test   - unit, runner and e2e tests against the chart-installed operator, cold and warm (starts the cluster)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
+	@echo "make test-egress - the egress proxy (squid and coderun's helpers) on loopback, no cluster"
 	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess"
 
 venv: $(VENV)/.installed
@@ -75,7 +76,12 @@ demo: up
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2
 
 test-unit: venv helm
-	$(PYTEST) tests
+	$(PYTEST) tests --ignore=tests/egress
+
+# The egress proxy as a component: Debian's squid on loopback with coderun's squid.conf and helpers, in front of
+# the test's own servers; no cluster. As root it installs squid-openssl first (tests/egress/install-squid.sh).
+test-egress: venv
+	$(PYTEST) tests/egress
 
 test-e2e: up-host
 	$(PYTEST) e2e
