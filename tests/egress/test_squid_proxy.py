@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from coderun.egress.credential import EGRESS_BUDGET, egress_weight
 from coderun.egress.rules import Rule
 
 
@@ -102,6 +103,18 @@ def test_an_allowed_name_passes_over_https_spliced_never_decrypted(proxy, origin
     assert (record["method"], record["host"], record["sni"], record["tls"], record["verdict"], record["path"]) == (
         "CONNECT", "a.wild.test", "a.wild.test", "splice", "allowed", None)
     assert record["rule"].startswith("egress[1] *.wild.test") and record["bytes_received"] > 1000
+
+
+def test_the_largest_credential_a_policy_can_make_works_over_http_and_https(proxy, origin):
+    filler = tuple(Rule(host=f"{i:02d}{'a' * 60}.{'b' * 60}.{'c' * 60}.{'d' * 40}.example.com", ports=(1, 2))
+                   for i in range(14))
+    mine = rules(origin, hosts=("allowed.test",))
+    assert sum(egress_weight(r.host or r.cidr, len(r.ports)) for r in filler + mine) <= EGRESS_BUDGET
+    uid, url = proxy.run(filler + mine)
+    assert len(url) > 4500  # about the largest: the budget is spent
+    assert fetch(url, f"http://allowed.test:{origin.plain_port}/", origin)[0] == 200
+    assert fetch(url, f"https://allowed.test:{origin.tls_port}/", origin)[0] == 200
+    assert one_record(proxy, uid, 2)[1]["rule"].startswith("egress[14] allowed.test")
 
 
 def test_a_large_body_passes_and_is_counted(proxy, origin):
@@ -218,7 +231,7 @@ def test_absurd_and_injected_headers_are_refused_and_the_proxy_keeps_serving(pro
     parts = urllib.parse.urlsplit(url)
     credentials = base64.b64encode(f"{uid}:{urllib.parse.unquote(parts.password)}".encode()).decode()
     for request in [
-        f"GET http://allowed.test:{origin.plain_port}/ HTTP/1.1\r\nHost: x\r\nX-Big: {'a' * 40000}\r\n"
+        f"GET http://allowed.test:{origin.plain_port}/ HTTP/1.1\r\nHost: x\r\nX-Big: {'a' * 70000}\r\n"
         f"Proxy-Authorization: Basic {credentials}\r\n\r\n",
         f"GET http://allowed.test%0d%0aX-Evil:%201:{origin.plain_port}/ HTTP/1.1\r\nHost: x\r\n"
         f"Proxy-Authorization: Basic {credentials}\r\n\r\n",

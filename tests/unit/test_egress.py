@@ -142,10 +142,23 @@ def test_keys_rotate_a_token_of_either_key_verifies():
     assert verify(old, keys, NOW) == verify(new, keys, NOW)
 
 
-def test_a_policy_of_64_long_rules_fits_in_a_token():
-    many = tuple(Rule(host=f"{'a' * 60}.{i}.{'b' * 60}.{'c' * 60}.example.com", ports=tuple(range(1, 17)))
-                 for i in range(64))
-    assert len(mint("k1", KEY, grant(rules=many))) <= credential.MAX_TOKEN_CHARS
+def budget_rules(ports: int) -> tuple[Rule, ...]:
+    """As many rules as EGRESS_BUDGET allows (at most 64), each with `ports` ports and a name of 40 characters."""
+    count = min(64, credential.EGRESS_BUDGET // credential.egress_weight("x" * 40, ports))
+    return tuple(Rule(host=f"{i:04d}{'a' * 24}.example.com", ports=tuple(range(1, ports + 1))) for i in range(count))
+
+
+@pytest.mark.parametrize("ports", [0, 1, 16])
+def test_rules_within_the_budget_fit_a_token_with_the_longest_names_kubernetes_allows(ports):
+    longest = grant(namespace="n" * 63, name="r" * 253, uid="u" * 36, policy="p" * 253, rules=budget_rules(ports))
+    assert sum(credential.egress_weight(r.host, len(r.ports)) for r in longest.rules) <= credential.EGRESS_BUDGET
+    assert len(mint("k1", KEY, longest)) <= credential.MAX_TOKEN_CHARS
+
+
+def test_rules_far_over_the_budget_make_no_token():
+    with pytest.raises(ValueError, match="EGRESS_BUDGET"):
+        mint("k1", KEY, grant(rules=tuple(Rule(host=f"{i}{'a' * 60}.{'b' * 60}.{'c' * 60}.example.com")
+                                            for i in range(64))))
 
 
 def test_the_revocation_list_round_trips_and_forgets_what_expired():

@@ -2,6 +2,7 @@
 Python as the API server's CEL rules do), and the operator's side until it routes runs through the proxy."""
 import pytest
 
+from coderun.api.coderunpolicy import EGRESS_TOO_LARGE
 from coderun.api.crd import policy_crd
 from coderun.api.models import HOST_IS_AN_ADDRESS, HOST_MALFORMED, HOST_OR_CIDR, HOST_PORTS_TCP, HOST_WILDCARD
 from coderun.api.policy import InvalidPolicy, read_policy_object
@@ -50,6 +51,17 @@ def test_a_malformed_rule_is_refused_naming_the_field(rule, field, says):
     with pytest.raises(InvalidPolicy) as refused:
         read([rule])
     assert str(refused.value).startswith(f"{field}: ") and says in str(refused.value), refused.value
+
+
+def test_egress_rules_heavier_than_a_credential_holds_are_refused_naming_the_field():
+    heavy = [{"host": f"h{i:02d}{'a' * 50}.example.com", "ports": [{"port": 443}]} for i in range(64)]
+    with pytest.raises(InvalidPolicy) as refused:
+        read(heavy)
+    assert str(refused.value).startswith("spec.egress: Value error, " + EGRESS_TOO_LARGE)
+    read(heavy[:50])  # 50 such rules fit
+    rules = policy_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]
+    assert any(r["message"] == EGRESS_TOO_LARGE and "sum() <= 4096" in r["rule"] for r in rules)
 
 
 def test_the_api_server_refuses_the_same_with_the_same_words():

@@ -11,7 +11,9 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
+
+from ..egress.credential import EGRESS_BUDGET, egress_weight
 
 from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressRule, Limits, ResourceLimits,
                      Runtime, _cel, _quantity_range)
@@ -25,6 +27,9 @@ NAMESPACE_DEFAULT_POLICY = "default"
 ADMISSION_ENFORCE = "Enforce"
 ADMISSION_RECORD = "Record"
 APPROVAL_NEVER, APPROVAL_ALWAYS, APPROVAL_WITH_EGRESS = "Never", "Always", "WithEgress"
+EGRESS_TOO_LARGE = (f"the egress rules weigh more than {EGRESS_BUDGET} together (each rule: its host or cidr, 6 for "
+                    "each port, 8 more): they travel in every run's proxy credential, which squid caps at 8 KB; "
+                    "use fewer or shorter rules, or *. wildcards")
 
 
 class DeniedPattern(ApiModel):
@@ -77,6 +82,8 @@ class CodeRunPolicySpec(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         _cel("!has(self.egress) || self.egress.all(e, !has(e.cidr) || isCIDR(e.cidr))",
              "every egress cidr must be a CIDR such as 10.0.0.5/32 or 2001:db8::/64", ".egress"),
+        _cel("!has(self.egress) || self.egress.map(e, (has(e.host) ? size(e.host) : size(e.cidr)) + "
+             f"(has(e.ports) ? 6 * size(e.ports) : 0) + 8).sum() <= {EGRESS_BUDGET}", EGRESS_TOO_LARGE, ".egress"),
         _cel("!has(self.runtimes) || (has(self.allowUnsandboxedRuntime) && self.allowUnsandboxedRuntime) || "
              "!self.runtimes.exists(r, has(r.runtimeClassName) && r.runtimeClassName in "
              f"{list(UNSANDBOXED_RUNTIME_CLASSES)})",
@@ -123,6 +130,14 @@ class CodeRunPolicySpec(ApiModel):
     allow_unsandboxed_runtime: bool = Field(False, description=(
         "Allow runtimeClassName runc: generated code then runs on the host kernel. For trusted code only."))
     warm_pool: WarmPool | None = None
+
+    @field_validator("egress")
+    @classmethod
+    def _egress_fits_a_credential(cls, egress: list[EgressRule] | None) -> list[EgressRule] | None:
+        weight = sum(egress_weight(rule.host or rule.cidr or "", len(rule.ports or ())) for rule in egress or ())
+        if weight > EGRESS_BUDGET:
+            raise ValueError(f"{EGRESS_TOO_LARGE} (these weigh {weight})")
+        return egress
 
 
 class CodeRunPolicy(ApiModel):

@@ -26,8 +26,12 @@ from .rules import Rule
 VERSION = "v1"
 KEY_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 MIN_KEY_BYTES = 32
-# A policy's 64 rules of 16 ports each, with long names, fit; anything longer is refused before it is decoded.
-MAX_TOKEN_CHARS = 24 * 1024
+# Squid refuses Basic credentials (user:password) over 8192 bytes; the user is the run's uid. A policy within
+# EGRESS_BUDGET makes a token well under this (the API refuses a larger one); nothing longer is even decoded.
+MAX_TOKEN_CHARS = 8000
+# What a policy's egress rules may weigh together (egress_weight): each rule's host or cidr, 6 for each port,
+# 8 more; about what the rules take in the token's JSON.
+EGRESS_BUDGET = 4096
 UID_PATTERN = re.compile(r"^[a-z0-9-]{1,64}$")
 
 
@@ -66,7 +70,8 @@ def mint(key_id: str, key: bytes, grant: Grant) -> str:
     body = f"{VERSION}.{key_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
     token = f"{body}.{_b64(_sign(key, body))}"
     if len(token) > MAX_TOKEN_CHARS:
-        raise ValueError(f"the token would be {len(token)} characters, above {MAX_TOKEN_CHARS}: too many rules")
+        raise ValueError(f"the token would be {len(token)} characters, above {MAX_TOKEN_CHARS}: the rules are "
+                         f"over EGRESS_BUDGET")
     return token
 
 
@@ -98,6 +103,11 @@ def verify(token: str, keys: Mapping[str, bytes], now: float, revoked: Collectio
     if grant.uid in revoked:
         raise CredentialRefused(REVOKED, f"the proxy credential of run {grant.run} was revoked: the run has ended")
     return grant
+
+
+def egress_weight(target: str, ports: int) -> int:
+    """One rule's share of EGRESS_BUDGET (the API's CEL rule computes the same: coderunpolicy.py)."""
+    return len(target) + 6 * ports + 8
 
 
 def proxy_url(proxy: str, token: str, uid: str) -> str:

@@ -121,7 +121,8 @@ def render(s: Settings) -> str:
         # Nothing of the run leaks upstream: no client address, no Via; squid drops Proxy-Authorization itself.
         "forwarded_for delete",
         "via off",
-        "request_header_max_size 32 KB",
+        # A credential of a policy's 64 longest rules is about 21 KB, 28 KB as a Basic header.
+        "request_header_max_size 64 KB",
         "connect_timeout 10 seconds",
         "request_timeout 30 seconds",
         # The minimum time squid keeps a name's addresses (negative_dns_ttl is also the positive minimum): the
