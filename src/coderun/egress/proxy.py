@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     settings = settings_from(os.environ)
     if args == ["start"]:
         config = prepare(settings)
-        os.execvp("squid", ["squid", "-N", "-f", config])
+        os.execvp("squid", ["squid", "-N", "-d", "1", "-f", config])
     elif args == ["ready"]:
         sys.exit(0 if wait_ready(settings.listen, deadline_seconds=5) else 1)
     else:

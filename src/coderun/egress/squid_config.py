@@ -83,7 +83,9 @@ class Settings:
     revocations: str            # the revocation list (a ConfigMap key, mounted)
     error_dir: str              # write_error_pages' directory
     hosts_file: str = "/etc/hosts"
-    cache_log: str = "stdio:/dev/stderr"
+    # squid's own log; `squid -N -d 1` (proxy.py) also prints its errors to stderr, the container's log. Not
+    # stdio:/dev/stderr: squid reopens that path, which a non-root uid may not do to the runtime's pipe.
+    cache_log: str = ""
     env: Mapping[str, str] = field(default_factory=dict)  # the cluster's ranges (ranges.py)
     helper_workers: int = 8
 
@@ -109,7 +111,7 @@ def render(s: Settings) -> str:
         "httpd_suppress_version_string on",
         f"pid_filename {s.state_dir}/squid.pid",
         f"coredump_dir {s.state_dir}",
-        f"cache_log {s.cache_log}",
+        f"cache_log {s.cache_log or os.path.join(s.state_dir, 'cache.log')}",
         f"error_directory {s.error_dir}",
         f"hosts_file {s.hosts_file}",
         "cache deny all",
