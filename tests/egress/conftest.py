@@ -15,7 +15,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -179,8 +178,9 @@ def proxy(squid_installed, origin) -> Proxy:
         for path in [root, *root.rglob("*")]:
             os.chown(path, PROXY_UID, PROXY_UID)
         as_proxy = ["setpriv", f"--reuid={PROXY_UID}", f"--regid={PROXY_UID}", "--clear-groups"]
-    squid = subprocess.Popen([*as_proxy, "squid", "-N", "-f", config], stdout=subprocess.DEVNULL,
-                             stderr=open(root / "squid.stderr", "wb"), env={"PATH": "/usr/sbin:/usr/bin:/bin"})
+    with open(root / "squid.stderr", "wb") as stderr:
+        squid = subprocess.Popen([*as_proxy, "squid", "-N", "-f", config], stdout=subprocess.DEVNULL,
+                                 stderr=stderr, env={"PATH": "/usr/sbin:/usr/bin:/bin"})
     started = Proxy(listen, root, settings)
     try:
         if not proxy_start.wait_ready(listen):
@@ -193,8 +193,7 @@ def proxy(squid_installed, origin) -> Proxy:
         except subprocess.TimeoutExpired:
             squid.kill()
             squid.wait()
-        if sys.exc_info()[0] is None:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
