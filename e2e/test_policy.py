@@ -158,13 +158,14 @@ def test_kubectl_apply_refuses_a_costly_pattern_and_cluster_egress_naming_the_fi
 
 
 def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(operator, namespace):
-    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3})
+    # a quarter of a core each, so three sandboxes fit the node at once and the cap (not the node) is what holds
+    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m"}})
     names = [f"q-{i:02d}" for i in range(20)]
     for name in names:  # one by one: the creation order is the names' order
         operator.create_run(namespace, {"language": "python", "code": "import time\ntime.sleep(1.5)\nprint('ok')"},
                             name=name)
     # A policy changed while runs wait does not change what they were admitted with.
-    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"memory": "300Mi"}})
+    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m", "memory": "300Mi"}})
     runs = [operator.wait_run(namespace, name, timeout=240) for name in names]
     statuses = [status_of(r) for r in runs]
     assert all(s["phase"] == "Succeeded" for s in statuses), [(s.get("reason"), s.get("message")) for s in statuses]
