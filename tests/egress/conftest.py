@@ -7,6 +7,7 @@ squid and openssl come from Debian (install-squid.sh, as root); without them, an
 the tier fails saying so. As root, squid runs as uid 65532, as in the pod."""
 from __future__ import annotations
 
+import http.client
 import http.server
 import itertools
 import json
@@ -24,9 +25,10 @@ from typing import Callable
 
 import pytest
 
+from coderun.egress import admin
 from coderun.egress import proxy as proxy_start
 from coderun.egress import squid_config
-from coderun.egress.credential import Grant, mint, proxy_url, render_revocations
+from coderun.egress.credential import Budget, Grant, admin_bearer, mint, proxy_url
 from coderun.egress.rules import Rule
 
 HERE = Path(__file__).resolve().parent
@@ -118,15 +120,26 @@ class Proxy:
     policy: str = POLICY
     _uids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
-    def run(self, rules: tuple[Rule, ...], expires_in: int = 600, uid: str | None = None) -> tuple[str, str]:
+    admin: str = ""  # host:port of the admin endpoint
+
+    def run(self, rules: tuple[Rule, ...], expires_in: int = 600, uid: str | None = None,
+            budget: Budget | None = None) -> tuple[str, str]:
         """(uid, proxy URL) of a new run allowed `rules`: what the operator would put in HTTP(S)_PROXY."""
         uid = uid or f"run-{next(self._uids)}"
-        token = mint(KEY_ID, KEY, Grant("tier", uid, uid, POLICY, rules, int(time.time()) + expires_in))
+        token = mint(KEY_ID, KEY, Grant("tier", uid, uid, POLICY, rules, int(time.time()) + expires_in, budget))
         return uid, proxy_url(self.address, token, uid)
 
+    def ask_admin(self, method: str, path: str, body: dict | None = None,
+                  bearer: str = admin_bearer(KEY)) -> tuple[int, bytes, dict]:
+        """What the operator asks of the pod's admin endpoint when a run ends."""
+        conn = http.client.HTTPConnection(*self.admin.rsplit(":", 1), timeout=10)
+        conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                     headers={"Authorization": f"Bearer {bearer}"})
+        answer = conn.getresponse()
+        return answer.status, answer.read(), dict(answer.getheaders())
+
     def revoke(self, uid: str) -> None:
-        path = Path(self.settings.revocations)
-        path.write_text(path.read_text() + render_revocations({uid: int(time.time()) + 600}, time.time()))
+        assert self.ask_admin("POST", f"/runs/{uid}/revoke", {"expires": int(time.time()) + 600})[0] == 204
 
     def records(self, until: Callable[[list[dict]], bool], deadline: float = 10.0) -> list[dict]:
         """The access log's records once `until` holds for them (polled; the log daemon writes as squid logs)."""
@@ -161,6 +174,7 @@ def proxy(squid_installed, origin) -> Proxy:
     keys, state = root / "keys", root / "state"
     keys.mkdir()
     state.mkdir()
+    (state / "runs").mkdir()
     (keys / KEY_ID).write_bytes(KEY)
     (root / "revoked").write_text("")
     (root / "hosts").write_text("".join(f"127.0.0.1 {name}\n" for name in NAMES))
@@ -181,12 +195,17 @@ def proxy(squid_installed, origin) -> Proxy:
     with open(root / "squid.stderr", "wb") as stderr:
         squid = subprocess.Popen([*as_proxy, "squid", "-N", "-f", config], stdout=subprocess.DEVNULL,
                                  stderr=stderr, env={"PATH": "/usr/sbin:/usr/bin:/bin"})
-    started = Proxy(listen, root, settings)
+    # The admin endpoint as the pod's second container runs it, in this process (the test reads and revokes).
+    endpoint = admin.make_server("127.0.0.1:0", lambda: {KEY_ID: KEY}, settings.revocations, settings.runs_dir)
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+    started = Proxy(listen, root, settings, admin="%s:%d" % endpoint.server_address)
     try:
         if not proxy_start.wait_ready(listen):
             pytest.fail(f"squid did not come up:\n{started.cache_log()}", pytrace=False)
         yield started
     finally:
+        endpoint.shutdown()
+        endpoint.server_close()
         squid.terminate()
         try:
             squid.wait(timeout=15)

@@ -4,6 +4,7 @@ raw sockets where an attacker would), each request then found in the access log 
 from __future__ import annotations
 
 import base64
+import json
 import socket
 import ssl
 import time
@@ -13,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from coderun.egress.credential import EGRESS_BUDGET, egress_weight
+from coderun.egress.credential import EGRESS_BUDGET, Budget, egress_weight
 from coderun.egress.rules import Rule
 
 
@@ -215,7 +216,7 @@ def test_a_bad_credential_is_asked_again_and_opens_nothing(proxy, origin, creden
         fetch(url, f"https://allowed.test:{origin.tls_port}/", origin)
 
 
-def test_a_revoked_credential_stops_working_within_seconds(proxy, origin):
+def test_a_credential_revoked_at_the_admin_endpoint_stops_working_within_seconds(proxy, origin):
     uid, url = proxy.run(rules(origin))
     assert fetch(url, f"http://allowed.test:{origin.plain_port}/", origin)[0] == 200
     proxy.revoke(uid)
@@ -260,3 +261,31 @@ def test_one_client_cannot_hold_all_the_connections(proxy, origin):
     finally:
         for sock in held:
             sock.close()
+
+
+def test_the_admin_endpoint_hands_out_each_run_s_own_records_and_nothing_unverified(proxy, origin):
+    uid, url = proxy.run(rules(origin))
+    other, _ = proxy.run(rules(origin))
+    assert fetch(url, f"http://allowed.test:{origin.plain_port}/one", origin)[0] == 200
+    assert fetch(url, f"http://other.test:{origin.plain_port}/", origin)[0] == 403
+    forged = url.replace(f"//{uid}:", f"//{other}:")  # another run's name, this run's token: a 407 for nobody
+    assert fetch(forged, f"http://allowed.test:{origin.plain_port}/", origin)[0] == 407
+    one_record(proxy, uid, 2)
+    status, body, headers = proxy.ask_admin("GET", f"/runs/{uid}/log")
+    records = [json.loads(line) for line in body.splitlines()]
+    assert status == 200 and [(r["host"], r["verdict"]) for r in records] == [("allowed.test", "allowed"),
+                                                                              ("other.test", "denied")]
+    assert headers["X-Coderun-Requests"] == "2" and headers["X-Coderun-Dropped"] == "0"
+    assert proxy.ask_admin("GET", f"/runs/{other}/log")[1] == b""
+    assert proxy.ask_admin("GET", f"/runs/{uid}/log", bearer="guess")[0] == 401
+
+
+def test_a_run_over_its_request_budget_is_refused_saying_so(proxy, origin):
+    uid, url = proxy.run(rules(origin), budget=Budget(requests=2))
+    for path in ("/a", "/b"):
+        assert fetch(url, f"http://allowed.test:{origin.plain_port}{path}", origin)[0] == 200
+    one_record(proxy, uid, 2)  # counted once the log daemon wrote them
+    # Another name: squid keeps the helper's answer for allowed.test 5 s (the budget's bounded lag).
+    status, _, headers = fetch(url, f"http://a.wild.test:{origin.plain_port}/c", origin)
+    assert status == 403 and "spec.egressBudget.requests: 2" in headers["X-Coderun-Refused"]
+    assert one_record(proxy, uid, 3)[2]["reason"] == "BudgetExceeded"

@@ -210,7 +210,7 @@ def acl(words, resolve=lambda name, port: ["140.82.112.5"], revoked=()):
 def test_the_acl_helper_says_which_rule_allowed_and_why_it_refused():
     token = mint("k1", KEY, grant())
     assert acl(["u-1", token, "api.github.com", "443", "-", "request"]) == (
-        'OK message="api.github.com:443 allowed by CodeRunPolicy pol" run="ns/run1" policy="pol" '
+        'OK message="api.github.com:443 allowed by CodeRunPolicy pol" run="ns/run1" uid="u-1" policy="pol" '
         'rule="egress[0] api.github.com:443"')
     refused = acl(["u-1", token, "evil.com", "443", "-", "request"])
     assert refused.startswith('ERR message="egress to evil.com:443 is not allowed by CodeRunPolicy pol') \
@@ -254,12 +254,13 @@ def squid_line(**values) -> str:
 def test_a_plain_http_request_is_one_record_without_its_query():
     records = access_log.Records()
     entry = records.feed(access_log.parse(squid_line(
-        time="1800000000.250", duration_ms=12, client="10.88.0.9", user="u-1", run="ns/run1", policy="pol",
+        time="1800000000.250", duration_ms=12, client="10.88.0.9", user="u-1", run="ns/run1", uid="u-1", policy="pol",
         method="GET", host="pypi.example.org", port=80, path="/simple/x%3Ftoken%3Dsecret", status=200,
         squid_status="TCP_MISS", bytes_sent=300, bytes_received=4000, server="203.0.113.9",
         rule="egress%5B1%5D%20*.example.org:*", stage="policy", xid=7, hierarchy="HIER_DIRECT")))
     assert entry == {"time": "2027-01-15T08:00:00.250+00:00", "duration_ms": 12, "client": "10.88.0.9",
-                     "user": "u-1", "run": "ns/run1", "policy": "pol", "method": "GET", "host": "pypi.example.org",
+                     "user": "u-1", "run": "ns/run1", "uid": "u-1", "policy": "pol", "method": "GET",
+                     "host": "pypi.example.org",
                      "port": 80, "path": "/simple/x", "status": 200, "squid_status": "TCP_MISS", "bytes_sent": 300,
                      "bytes_received": 4000, "server": "203.0.113.9", "sni": None, "tls": None,
                      "rule": "egress[1] *.example.org:*", "reason": "Allowed", "message": None, "error": None,
@@ -343,3 +344,43 @@ def test_the_helpers_stay_fast_enough_for_every_request():
     for _ in range(1000):
         acl(["u-1", token, "api.github.com", "443", "-", "request"])
     assert time.perf_counter() - started < 2.0  # ~0.1 ms each here; squid also caches answers for 5 s
+
+
+def test_a_budget_travels_in_the_token_and_read_grant_ignores_only_the_deadline():
+    budgeted = grant(budget=credential.Budget(bytes=10_000, requests=None))
+    token = mint("k1", KEY, budgeted)
+    assert verify(token, KEYS, NOW) == budgeted and verify(mint("k1", KEY, grant()), KEYS, NOW).budget is None
+    assert credential.read_grant(token, KEYS) == budgeted  # long expired: still read back, signature checked
+    with pytest.raises(CredentialRefused):
+        credential.read_grant(token, {"k1": b"x" * 32})
+
+
+def test_the_token_pattern_matches_every_token_and_nothing_like_it():
+    import re
+    token = mint("k1", KEY, grant())
+    printed = f"HTTPS_PROXY=http://u-1:{token}@10.96.0.9:3128 done"
+    assert re.search(credential.TOKEN_PATTERN, printed).group(0) == token
+    assert not re.search(credential.TOKEN_PATTERN, "v1.2.3 and v1.k1.abc.def")
+
+
+@pytest.mark.parametrize("spent_bytes, spent_requests, says", [
+    (0, 0, None), (999, 4, None), (1000, 0, "moved 1000 bytes"), (0, 5, "made 5 requests"),
+])
+def test_a_run_over_its_budget_is_refused_naming_the_field(spent_bytes, spent_requests, says):
+    verdict = rules.decide_budget("pol", spent_bytes, spent_requests, 1000, 5)
+    assert (verdict is None) == (says is None)
+    if says:
+        assert verdict.reason == rules.BUDGET_EXCEEDED and says in verdict.message and "spec.egressBudget" in \
+            verdict.message
+
+
+def test_the_acl_helper_refuses_a_run_that_spent_its_budget_before_looking_at_the_name():
+    from coderun.egress.run_logs import Usage
+    token = mint("k1", KEY, grant(budget=credential.Budget(bytes=None, requests=3)))
+    words = ["u-1", token, "api.github.com", "443", "-", "request"]
+    spent = {"u-1": Usage(requests=2)}
+    answer = lambda: helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,  # noqa: E731
+                                        lambda uid: spent.get(uid, Usage()))
+    assert answer().startswith("OK")
+    spent["u-1"] = Usage(requests=3)
+    assert 'reason="BudgetExceeded"' in answer() and 'uid="u-1"' in answer()

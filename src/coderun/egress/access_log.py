@@ -17,6 +17,7 @@ flush, `r<n>` rotation count, `b<0|1>` buffering; the log's path is argv[1].
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections import OrderedDict
@@ -24,13 +25,15 @@ from datetime import datetime, timezone
 from typing import BinaryIO, Sequence
 from urllib.parse import unquote
 
-from .credential import BAD_CREDENTIAL
+from .credential import BAD_CREDENTIAL, UID_PATTERN
 from .rules import ALLOWED, SNI_MISMATCH
+from .run_logs import RunLogs, runs_dir
 from .squid_config import FIELDS, WARMUP_HOST
 
 INTERNAL = ("stage", "xid", "pair", "hierarchy")  # for pairing lines; not part of a record
 INTEGERS = {"duration_ms", "port", "status", "bytes_sent", "bytes_received", "xid"}
 MAX_LINE = 64 * 1024
+MAX_PROXY_LOG_BYTES = 32 * 1024 * 1024
 
 
 def parse(line: str) -> dict | None:
@@ -107,12 +110,38 @@ def _verdict(entry: dict) -> tuple[str, str | None]:
     return "allowed", ALLOWED
 
 
+class ProxyLog:
+    """The pod's own log of every request (runs' and unattributed ones alike, e.g. a bad credential's), kept in
+    two files of at most `max_bytes`: the emptyDir it lives in must not fill up however long the pod runs."""
+
+    def __init__(self, path: str, max_bytes: int = MAX_PROXY_LOG_BYTES):
+        self.path, self.max_bytes = path, max_bytes
+        self._out = open(path, "a", encoding="utf-8")
+
+    def write(self, line: str) -> None:
+        if self._out.tell() + len(line) > self.max_bytes:
+            self._out.close()
+            os.replace(self.path, f"{self.path}.1")
+            self._out = open(self.path, "a", encoding="utf-8")
+        self._out.write(line)
+        self._out.flush()
+
+    def reopen(self) -> None:
+        self._out.close()
+        self._out = open(self.path, "a", encoding="utf-8")
+
+    def close(self) -> None:
+        self._out.close()
+
+
 def serve(log_path: str, stdin: BinaryIO | None = None) -> None:
-    """Squid's logfile daemon: append a JSON record per `L` line to `log_path`, flushed as it comes (the log is
-    read while runs are going on); rotation is the platform's business, so R/T/O only reopen the file."""
+    """Squid's logfile daemon: a JSON record per `L` line, flushed as it comes (the log is read while runs are going
+    on), to the proxy's log and, for a run's request, to that run's own (run_logs.py: beside the log, under
+    runs/). R/T/O only reopen the proxy's log: it rotates itself."""
     source = stdin or sys.stdin.buffer
     records = Records()
-    out = open(log_path, "a", encoding="utf-8")
+    out = ProxyLog(log_path)
+    runs = RunLogs(runs_dir(os.path.dirname(os.path.abspath(log_path))))
     try:
         while True:
             raw = source.readline(MAX_LINE + 1)
@@ -126,17 +155,14 @@ def serve(log_path: str, stdin: BinaryIO | None = None) -> None:
             if command == b"L":
                 try:
                     entry = records.feed(parse(text))
+                    if entry is not None:
+                        out.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                        if entry["uid"] and UID_PATTERN.match(entry["uid"]):
+                            runs.append(entry["uid"], entry)
                 except Exception:  # noqa: BLE001 - squid stops when its log daemon dies: skip the line instead
                     traceback.print_exc(limit=4, file=sys.stderr)
-                    continue
-                if entry is not None:
-                    out.write(json.dumps(entry, separators=(",", ":")) + "\n")
-                    out.flush()
             elif command in (b"R", b"O", b"T"):
-                out.close()
-                out = open(log_path, "a", encoding="utf-8")
-            elif command == b"F":
-                out.flush()
+                out.reopen()
     finally:
         out.close()
 

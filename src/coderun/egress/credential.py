@@ -7,7 +7,8 @@ The program gets it as the password of its proxy URL (http://<run uid>:<token>@p
 HTTPS_PROXY); the user name must be the run's uid, so squid's credential cache keeps one entry per run. The rules
 travel inside the token: one run's token can only ever open its own allowlist, and the proxy needs no access
 to the API server. The token ends at the run's deadline (`exp`) or, if the run ends earlier, when the operator
-revokes it (a line `<uid> <exp>` in the revocation list the proxy reads; render_revocations writes it).
+revokes it at each proxy pod's admin endpoint (admin.py writes a line `<uid> <exp>` to the revocation list the
+helpers read: render_revocations). It may also carry the run's egress budget (bytes, requests).
 Several keys may be valid at once (rotation): the proxy accepts any key id it holds.
 """
 from __future__ import annotations
@@ -33,6 +34,17 @@ MAX_TOKEN_CHARS = 8000
 # 8 more; about what the rules take in the token's JSON.
 EGRESS_BUDGET = 4096
 UID_PATTERN = re.compile(r"^[a-z0-9-]{1,64}$")
+# Every token in RE2 and Python syntax alike: the operator redacts it from what a program prints (a program that
+# prints its environment must not publish the credential in its status while the run's token still works).
+TOKEN_PATTERN = r"\bv1\.[a-z0-9][a-z0-9-]{0,31}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{43}"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run may spend through the proxy: bytes both ways and requests, all of them counted (allowed or not);
+    None leaves that one unbounded."""
+    bytes: int | None = None
+    requests: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,7 @@ class Grant:
     policy: str
     rules: tuple[Rule, ...]
     expires: int  # seconds since the epoch
+    budget: Budget | None = None
 
     @property
     def run(self) -> str:
@@ -67,6 +80,8 @@ def mint(key_id: str, key: bytes, grant: Grant) -> str:
         raise ValueError(f"a key id matches {KEY_ID_PATTERN.pattern} and a key has {MIN_KEY_BYTES} bytes or more")
     payload = {"ns": grant.namespace, "name": grant.name, "uid": grant.uid, "policy": grant.policy,
                "exp": grant.expires, "egress": [[r.host or r.cidr, list(r.ports)] for r in grant.rules]}
+    if grant.budget is not None:
+        payload["budget"] = [grant.budget.bytes, grant.budget.requests]
     body = f"{VERSION}.{key_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
     token = f"{body}.{_b64(_sign(key, body))}"
     if len(token) > MAX_TOKEN_CHARS:
@@ -79,6 +94,19 @@ def verify(token: str, keys: Mapping[str, bytes], now: float, revoked: Collectio
            user: str | None = None) -> Grant:
     """The proxy's side: the grant a token carries, or CredentialRefused. The signature is checked before any of
     the payload is parsed; `user`, when given (the proxy's auth helper), must be the run's uid."""
+    grant = read_grant(token, keys)
+    if user is not None and user != grant.uid:
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy user name is not the credential's run")
+    if now >= grant.expires:
+        raise CredentialRefused(EXPIRED, f"the proxy credential of run {grant.run} expired at its deadline")
+    if grant.uid in revoked:
+        raise CredentialRefused(REVOKED, f"the proxy credential of run {grant.run} was revoked: the run has ended")
+    return grant
+
+
+def read_grant(token: str, keys: Mapping[str, bytes]) -> Grant:
+    """The grant of a token signed by one of `keys`, whatever its deadline (verify checks that); the operator reads
+    back the expiry it minted into a run's input this way."""
     if len(token) > MAX_TOKEN_CHARS:
         raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is too long")
     parts = token.split(".")
@@ -93,16 +121,15 @@ def verify(token: str, keys: Mapping[str, bytes], now: float, revoked: Collectio
     if key is None or not hmac.compare_digest(signature, expected):
         raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential's signature does not verify")
     try:
-        grant = _grant(json.loads(_unb64(parts[2])))
+        return _grant(json.loads(_unb64(parts[2])))
     except (ValueError, TypeError, KeyError) as e:  # signed, so only a broken operator gets here
         raise CredentialRefused(BAD_CREDENTIAL, f"the proxy credential's payload is malformed ({type(e).__name__})")
-    if user is not None and user != grant.uid:
-        raise CredentialRefused(BAD_CREDENTIAL, "the proxy user name is not the credential's run")
-    if now >= grant.expires:
-        raise CredentialRefused(EXPIRED, f"the proxy credential of run {grant.run} expired at its deadline")
-    if grant.uid in revoked:
-        raise CredentialRefused(REVOKED, f"the proxy credential of run {grant.run} was revoked: the run has ended")
-    return grant
+
+
+def admin_bearer(key: bytes) -> str:
+    """The bearer token of the proxy's admin endpoint (admin.py), derived from a signing key: whoever holds the key
+    (the operator) may revoke credentials and read the runs' logs, and nothing else needs a secret of its own."""
+    return hmac.new(key, b"coderun-egress-admin", hashlib.sha256).hexdigest()
 
 
 def egress_weight(target: str, ports: int) -> int:
@@ -121,14 +148,19 @@ def render_revocations(entries: Mapping[str, int], now: float) -> str:
     return "".join(f"{uid} {exp}\n" for uid, exp in sorted(entries.items()) if exp > now and UID_PATTERN.match(uid))
 
 
-def parse_revocations(lines: Iterable[str], now: float) -> frozenset[str]:
-    """The uids of the revoked tokens still worth remembering; malformed lines are skipped, never fatal."""
-    revoked = set()
+def read_revocations(lines: Iterable[str], now: float) -> dict[str, int]:
+    """The revoked tokens still worth remembering, uid -> expiry; malformed lines are skipped, never fatal."""
+    revoked = {}
     for line in lines:
         uid, _, exp = line.strip().partition(" ")
         if UID_PATTERN.match(uid) and exp.isdigit() and len(exp) < 12 and int(exp) > now:
-            revoked.add(uid)
-    return frozenset(revoked)
+            revoked[uid] = int(exp)
+    return revoked
+
+
+def parse_revocations(lines: Iterable[str], now: float) -> frozenset[str]:
+    """The uids of the revoked tokens still worth remembering (what the helpers check)."""
+    return frozenset(read_revocations(lines, now))
 
 
 def _grant(payload: dict) -> Grant:
@@ -137,7 +169,13 @@ def _grant(payload: dict) -> Grant:
     fields = {k: payload[k] for k in ("ns", "name", "uid", "policy")}
     if not all(isinstance(v, str) for v in fields.values()) or not isinstance(payload["exp"], int):
         raise TypeError("fields")
-    return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"])
+    budget = None
+    if "budget" in payload:
+        spend, requests = payload["budget"]
+        if not all(v is None or isinstance(v, int) for v in (spend, requests)):
+            raise TypeError("budget")
+        budget = Budget(spend, requests)
+    return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"], budget)
 
 
 def _sign(key: bytes, body: str) -> bytes:

@@ -78,3 +78,11 @@ def revocations_in(path: str) -> Watched[frozenset[str]]:
             return frozenset()
 
     return Watched(fingerprint, read, frozenset())
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Readers in other processes (the helpers, the admin server) see the old file or the new one, never half."""
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temporary, path)

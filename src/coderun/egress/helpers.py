@@ -22,6 +22,7 @@ from . import rules
 from .credential import CredentialRefused, Grant, verify
 from .files import keys_in, revocations_in
 from .ranges import Network, protected_networks
+from .run_logs import RunLogs, Usage
 from .squid_helper import reply, serve
 
 Resolve = Callable[[str, int], Sequence[str]]
@@ -42,11 +43,13 @@ def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collec
 
 
 def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
-               resolve: Resolve, protected: Sequence[tuple[str, Network]]) -> str:
+               resolve: Resolve, protected: Sequence[tuple[str, Network]],
+               usage: Callable[[str], Usage] = lambda uid: Usage()) -> str:
     """external_acl_type: `<user> <token> <host> <port> <SNI> <check>`, the check being the acl line's argument:
     `request` (http_access: may this run reach this name and port?) or `sni` (ssl_bump step 2: does the TLS
     ClientHello name the CONNECT host?). OK lets the request on; ERR refuses it with a message that names the
-    host and the policy (squid's error page shows it)."""
+    host and the policy (squid's error page shows it). `usage(uid)` is what the run spent so far through this pod
+    (run_logs.py), checked against the budget its credential carries."""
     if len(words) != 6 or words[5] not in ("request", "sni"):
         return reply(False, message="the egress proxy could not read this request", reason="Malformed")
     user, token, host, port_text, sni, check = words
@@ -57,6 +60,12 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
         grant = verify(token, keys, now, revoked, user=user)
     except CredentialRefused as refused:
         return reply(False, message=str(refused), reason=refused.reason)
+    if grant.budget is not None:
+        spent = usage(grant.uid)
+        over = rules.decide_budget(grant.policy, spent.bytes, spent.requests, grant.budget.bytes,
+                                   grant.budget.requests)
+        if over is not None:
+            return _answer(grant, over)
     port = int(port_text) if port_text.isdigit() and len(port_text) <= 5 else 0
     if not 1 <= port <= 65535:
         return _answer(grant, rules.Verdict(False, rules.NOT_ALLOWED, f"egress to {host}: no valid port"))
@@ -73,8 +82,9 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
 
 
 def _answer(grant: Grant, verdict: rules.Verdict) -> str:
-    return reply(verdict.allowed, message=verdict.message, run=grant.run, policy=grant.policy, rule=verdict.rule,
-                 reason=None if verdict.allowed else verdict.reason, via_cidr="yes" if verdict.via_cidr else None)
+    return reply(verdict.allowed, message=verdict.message, run=grant.run, uid=grant.uid, policy=grant.policy,
+                 rule=verdict.rule, reason=None if verdict.allowed else verdict.reason,
+                 via_cidr="yes" if verdict.via_cidr else None)
 
 
 def resolver(hosts_file: str | None) -> Resolve:
@@ -113,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keys", help="directory with one file per signing key, named by key id")
     parser.add_argument("--revocations", help="the revocation list the operator publishes")
     parser.add_argument("--hosts-file", help="the hosts file squid reads (hosts_file in squid.conf)")
+    parser.add_argument("--runs", help="the runs' logs and usage the log daemon writes (acl only: budgets)")
     parser.add_argument("--workers", type=int, default=8, help="requests answered at once (acl only)")
     args = parser.parse_args(argv)
     if not args.keys or not args.revocations:
@@ -122,8 +133,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time()))
         return
     resolve, protected = resolver(args.hosts_file), protected_networks(os.environ)
+    usage = RunLogs(args.runs).usage if args.runs else (lambda uid: Usage())
     serve(lambda words: answer_acl(words, keys.current(), revocations.current(), time.time(), resolve,
-                                       protected), workers=args.workers)
+                                   protected, usage), workers=args.workers)
 
 
 if __name__ == "__main__":

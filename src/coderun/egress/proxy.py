@@ -3,6 +3,7 @@ test tier calls to start squid the same way.
 
     coderun-egress-proxy start   render squid.conf from the environment, make the TLS pair, exec squid
     coderun-egress-proxy ready   exit 0 once both of squid's stages answer (the readiness probe)
+    coderun-egress-proxy admin   the operator's admin endpoint (admin.py), the pod's second container
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from . import admin
+from .files import keys_in
 from .squid_config import WARMUP_HOST, Settings, render
 
 # The pod's paths (the chart mounts these; see docs/egress.md).
@@ -22,7 +25,8 @@ DEFAULTS = {
     "CODERUN_EGRESS_TLS_STAGE_PORT": "3129",
     "CODERUN_EGRESS_STATE": "/run/coderun-egress",             # emptyDir
     "CODERUN_EGRESS_KEYS": "/etc/coderun-egress/keys",         # Secret
-    "CODERUN_EGRESS_REVOCATIONS": "/etc/coderun-egress/revocations/revoked",  # ConfigMap
+    "CODERUN_EGRESS_REVOCATIONS": "/run/coderun-egress/revoked",  # written by the admin container
+    "CODERUN_EGRESS_ADMIN_LISTEN": "0.0.0.0:3130",
     "CODERUN_EGRESS_LAUNCHERS": "/usr/local/lib/coderun-egress/bin",
     "CODERUN_EGRESS_ERRORS": "/usr/local/lib/coderun-egress/errors",
 }
@@ -33,7 +37,8 @@ def settings_from(env: Mapping[str, str]) -> Settings:
     return Settings(listen=value["CODERUN_EGRESS_LISTEN"], tls_stage_port=int(value["CODERUN_EGRESS_TLS_STAGE_PORT"]),
                     state_dir=value["CODERUN_EGRESS_STATE"], launchers=value["CODERUN_EGRESS_LAUNCHERS"],
                     keys_dir=value["CODERUN_EGRESS_KEYS"], revocations=value["CODERUN_EGRESS_REVOCATIONS"],
-                    error_dir=value["CODERUN_EGRESS_ERRORS"], env=dict(env))
+                    error_dir=value["CODERUN_EGRESS_ERRORS"], admin_listen=value["CODERUN_EGRESS_ADMIN_LISTEN"],
+                    env=dict(env))
 
 
 def prepare(s: Settings) -> str:
@@ -92,8 +97,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.execvp("squid", ["squid", "-N", "-d", "1", "-f", config])
     elif args == ["ready"]:
         sys.exit(0 if wait_ready(settings.listen, deadline_seconds=5) else 1)
+    elif args == ["admin"]:
+        keys = keys_in(settings.keys_dir)
+        admin.make_server(settings.admin_listen, keys.current, settings.revocations, settings.runs_dir).serve_forever()
     else:
-        sys.exit("usage: coderun-egress-proxy start|ready")
+        sys.exit("usage: coderun-egress-proxy start|ready|admin")
 
 
 if __name__ == "__main__":

@@ -92,6 +92,7 @@ NOT_ALLOWED = "NotAllowed"
 UNRESOLVED = "Unresolved"
 PROTECTED_ADDRESS = "ProtectedAddress"
 SNI_MISMATCH = "SNIMismatch"
+BUDGET_EXCEEDED = "BudgetExceeded"
 MAX_LISTED = 8  # rules named in a refusal: enough to act on, bounded whatever the policy holds
 
 
@@ -132,6 +133,19 @@ def decide_addresses(rules: Sequence[Rule], policy: str, name: str, port: int, a
                            f"inside {net} ({what}); CodeRunPolicy {policy} would need a CIDR rule covering it")
         via_cidr = True
     return Verdict(True, ALLOWED, allowed.message, allowed.rule, via_cidr)
+
+
+def decide_budget(policy: str, spent_bytes: int, spent_requests: int, max_bytes: int | None,
+                  max_requests: int | None) -> Verdict | None:
+    """A run that has spent its egress budget is refused every further request (None: within budget). What a
+    request spends is known when it ends, so the last request allowed may go over by its own size."""
+    if max_requests is not None and spent_requests >= max_requests:
+        return Verdict(False, BUDGET_EXCEEDED, f"egress refused: the run has made {spent_requests} requests, its "
+                       f"budget under CodeRunPolicy {policy} (spec.egressBudget.requests: {max_requests})")
+    if max_bytes is not None and spent_bytes >= max_bytes:
+        return Verdict(False, BUDGET_EXCEEDED, f"egress refused: the run has moved {spent_bytes} bytes, its budget "
+                       f"under CodeRunPolicy {policy} (spec.egressBudget.bytes: {max_bytes})")
+    return None
 
 
 def decide_sni(connect_host: str, sni: str) -> Verdict:

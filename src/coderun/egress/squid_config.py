@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .ranges import Network, protected_networks
+from .run_logs import runs_dir
 
 MAX_CONNECTIONS_PER_CLIENT = 64
 DENIED_PAGE = "ERR_CODERUN_DENIED"
@@ -47,6 +48,7 @@ FIELDS = (
     ("client", "%>a"),
     ("user", "%#un"),
     ("run", "%#{run}note"),
+    ("uid", "%#{uid}note"),  # set by the acl helper only once the run's credential verified
     ("policy", "%#{policy}note"),
     ("method", "%#>rm"),
     ("host", "%#>rd"),
@@ -87,11 +89,16 @@ class Settings:
     # stdio:/dev/stderr: squid reopens that path, which a non-root uid may not do to the runtime's pipe.
     cache_log: str = ""
     env: Mapping[str, str] = field(default_factory=dict)  # the cluster's ranges (ranges.py)
+    admin_listen: str = "127.0.0.1:0"  # the admin endpoint's (admin.py), in its own container
     helper_workers: int = 8
 
     @property
     def access_log(self) -> str:
         return os.path.join(self.state_dir, "access.jsonl")
+
+    @property
+    def runs_dir(self) -> str:
+        return runs_dir(self.state_dir)
 
     @property
     def tls_pair(self) -> str:
@@ -162,7 +169,7 @@ def render(s: Settings) -> str:
         # One helper for both checks; the acl lines' argument (%DATA) says which. Answers are kept 5 seconds.
         "external_acl_type coderun ttl=5 negative_ttl=5 children-max=4 children-startup=1 children-idle=1 "
         f"concurrency={s.helper_workers * 4} %ul %credentials %>rd %>rP %ssl::>sni %DATA "
-        f"{s.launchers}/{ACL} {files} --hosts-file {s.hosts_file} --workers {s.helper_workers}",
+        f"{s.launchers}/{ACL} {files} --hosts-file {s.hosts_file} --runs {s.runs_dir} --workers {s.helper_workers}",
         "",
         "acl authenticated proxy_auth REQUIRED",
         f"acl crowded maxconn {MAX_CONNECTIONS_PER_CLIENT}",
