@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ..egress.credential import EGRESS_BUDGET, egress_weight
 
-from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressRule, Limits, ResourceLimits,
-                     Runtime, _cel, _quantity_range)
+from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressBudget, EgressRule,
+                     Limits, ResourceLimits, Runtime, _cel, _quantity_range)
 
 POLICY_KIND = "CodeRunPolicy"
 POLICY_PLURAL = "coderunpolicies"
@@ -110,6 +110,7 @@ class CodeRunPolicySpec(ApiModel):
     egress: list[EgressRule] | None = Field(None, max_length=64, description=(
         "Destinations runs may reach: host names through the egress proxy, address ranges directly. None by "
         "default: a sandbox reaches no network at all."))
+    egress_budget: EgressBudget | None = None
     allow_cluster_egress: bool = Field(False, description=(
         "Allow egress CIDRs that cover the cluster's own pod, Service or node ranges, loopback or link-local "
         "addresses (the cloud metadata address): runs could then reach the operator, the API server, the "

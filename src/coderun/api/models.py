@@ -247,6 +247,16 @@ class EgressRule(ApiModel):
         return Rule(host=self.host, cidr=self.cidr, ports=tuple(p.port for p in self.ports or ()))
 
 
+class EgressBudget(ApiModel):
+    """What one run may spend through the egress proxy (host rules; a cidr rule's direct route is not counted).
+    Past it the proxy refuses the run's further requests and the run ends Failed, reason EgressBudgetExceeded.
+    A request is counted when it ends, so the last one allowed may go over by its own size."""
+    bytes: int | None = Field(None, ge=1, le=1 << 50, description=(
+        "Bytes the program sends and receives through the proxy, all requests together."))
+    requests: int | None = Field(None, ge=1, le=10_000_000, description=(
+        "Requests the program makes through the proxy, allowed or refused."))
+
+
 class DecisionRecord(ApiModel):
     """What the policy decided at admission, kept so a policy changed later cannot change a run already admitted
     (a queued run, or one waiting for approval, starts with exactly this)."""
@@ -255,6 +265,7 @@ class DecisionRecord(ApiModel):
     runtime: Runtime
     limits: ResourceLimits
     egress: list[EgressRule] | None = Field(None, max_length=64)
+    egress_budget: EgressBudget | None = None
     redaction_patterns: list[str] | None = Field(None, max_length=64)
     max_processes: int
     max_inodes: int
@@ -311,6 +322,40 @@ class Validation(ApiModel):
     errors: list[str] = Field(default_factory=list, description="What did not match, one line each.")
 
 
+MAX_NETWORK_HOSTS = 16
+
+
+class NetworkHost(ApiModel):
+    """One destination the program asked the egress proxy for, with what happened to its requests."""
+    host: str = Field(max_length=253, description="The name asked for (as the program sent it, shown safely).")
+    port: int | None = Field(None, description="The port asked for.")
+    allowed: int = Field(0, description="Requests the proxy let through.")
+    denied: int = Field(0, description="Requests the proxy refused.")
+    reason: str | None = Field(None, max_length=64, description=(
+        "Why the last refusal: NotAllowed, ProtectedAddress, Unresolved, NotAName, SNIMismatch, BudgetExceeded, ..."))
+    bytes_sent: int = Field(0, description="Bytes the program sent to it.")
+    bytes_received: int = Field(0, description="Bytes the program received from it.")
+
+
+class NetworkStatus(ApiModel):
+    """What the run sent where through the egress proxy, summarised (runs of policies with host rules). Every
+    request is in the ConfigMap logConfigMap names, one JSON record a line, owned by the run."""
+    requests: int = Field(0, description="Requests the proxy saw from the run, allowed or refused.")
+    allowed: int = Field(0, description="Requests it let through.")
+    denied: int = Field(0, description="Requests it refused.")
+    bytes_sent: int = Field(0, description="Bytes the program sent through the proxy.")
+    bytes_received: int = Field(0, description="Bytes the program received through the proxy.")
+    hosts: list[NetworkHost] | None = Field(None, max_length=MAX_NETWORK_HOSTS, description=(
+        f"The destinations, refused ones first, then by requests; at most {MAX_NETWORK_HOSTS}."))
+    hosts_omitted: int | None = Field(None, description="Further destinations not listed in hosts.")
+    dropped: int | None = Field(None, description=(
+        "Requests counted above whose records the proxy did not keep (a run's log is capped per proxy pod)."))
+    complete: bool = Field(True, description=(
+        "False when a proxy replica could not be asked when the run ended: its requests are missing here."))
+    log_config_map: str | None = Field(None, description="The ConfigMap with every request's record (requests.jsonl).")
+    log_truncated: bool | None = Field(None, description="The ConfigMap holds only the first records (it is capped).")
+
+
 class Condition(ApiModel):
     """Kubernetes API conventions: lastTransitionTime moves only when status flips."""
     type: str
@@ -345,6 +390,7 @@ class CodeRunStatus(ApiModel):
     artifacts_skipped_unlisted: int | None = Field(None, description=(
         "How many more output files were skipped beyond those listed in artifactsSkipped."))
     validation: Validation | None = None
+    network: NetworkStatus | None = Field(None, description="The run's requests through the egress proxy.")
     code_hash: str | None = Field(None, description="sha256 of the code, stdin and files.")
     image: str | None = Field(None, description="The image that ran, with its digest.")
     runtime_class: str | None = Field(None, description="The RuntimeClass of the sandbox pod.")

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
                             APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, merged_limits, spec_digest)
-from .models import DecisionRecord, EgressRule, ResourceLimits, Runtime
+from .models import DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Policy:
     max_inodes: int = 16384
     code_rules: CodeRules | None = None
     egress: tuple[EgressRule, ...] = ()
+    egress_budget: EgressBudget | None = None
     max_concurrent_runs: int | None = None
     approval: str = APPROVAL_NEVER
     allow_self_approval: bool = False
@@ -62,7 +63,8 @@ class Decision:
     def record(self) -> DecisionRecord:
         p = self.policy
         return DecisionRecord(policy=p.name, policy_digest=p.digest, runtime=self.runtime, limits=self.limits,
-                              egress=list(p.egress) or None, redaction_patterns=list(p.redaction_patterns) or None,
+                              egress=list(p.egress) or None, egress_budget=p.egress_budget,
+                              redaction_patterns=list(p.redaction_patterns) or None,
                               max_processes=p.max_processes, max_inodes=p.max_inodes,
                               ttl_seconds_after_finished=p.ttl_seconds_after_finished,
                               approval_required=p.approval_required(), allow_self_approval=p.allow_self_approval,
@@ -73,6 +75,7 @@ def decision_from_record(record: DecisionRecord) -> Decision:
     """The decision recorded at admission, as the builders and the result pipeline take it."""
     policy = Policy(name=record.policy, digest=record.policy_digest, runtimes={record.runtime.language: record.runtime},
                     defaults=record.limits, maximums=record.limits, egress=tuple(record.egress or ()),
+                    egress_budget=record.egress_budget,
                     redaction_patterns=tuple(record.redaction_patterns or ()), max_processes=record.max_processes,
                     max_inodes=record.max_inodes, ttl_seconds_after_finished=record.ttl_seconds_after_finished,
                     approval=APPROVAL_ALWAYS if record.approval_required else APPROVAL_NEVER,
@@ -143,7 +146,8 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | N
         redaction_patterns=tuple(spec.redaction_patterns or ()),
         max_processes=spec.max_processes or DEFAULT_POLICY.max_processes,
         max_inodes=spec.max_inodes or DEFAULT_POLICY.max_inodes,
-        code_rules=spec.code_rules, egress=tuple(spec.egress or ()), max_concurrent_runs=spec.max_concurrent_runs,
+        code_rules=spec.code_rules, egress=tuple(spec.egress or ()), egress_budget=spec.egress_budget,
+        max_concurrent_runs=spec.max_concurrent_runs,
         approval=spec.approval.required if spec.approval else APPROVAL_NEVER, admission=spec.admission,
         allow_self_approval=spec.approval.allow_self_approval if spec.approval else False,
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     DISK_LIMIT_EXCEEDED = "DiskLimitExceeded"
     PROCESS_LIMIT_EXCEEDED = "ProcessLimitExceeded"
     SANDBOX_VIOLATION = "SandboxViolation"
+    EGRESS_BUDGET_EXCEEDED = "EgressBudgetExceeded"  # the program spent its policy's egress budget
     # refused before running
     POLICY_DENIED = "PolicyDenied"
     INVALID_SPEC = "InvalidSpec"
