@@ -8,6 +8,7 @@ from .objects import (
     build_artifacts_configmap,
     build_input_configmap,
     build_namespace_network_policy,
+    build_network_log_configmap,
     build_network_policy,
     build_pod,
     build_pool_pod,
@@ -20,7 +21,8 @@ from .objects import (
 __all__ = [
     "ANNOTATION_NONCE_SHA256", "ANNOTATION_POOL_KEY", "INPUT_MOUNT", "LABEL_MANAGED_BY", "LABEL_POOL",
     "LABEL_POOL_LANGUAGE", "LABEL_RUN", "LABEL_RUN_UID", "LABEL_SANDBOX", "RUNNER_COMMAND", "TMP_MOUNT",
-    "build_artifacts_configmap", "build_input_configmap", "build_namespace_network_policy", "build_network_policy",
+    "build_artifacts_configmap", "build_input_configmap", "build_namespace_network_policy",
+    "build_network_log_configmap", "build_network_policy",
     "build_pod", "build_pool_pod", "child_name", "claim_patch", "code_hash", "owner_reference", "run_labels",
     "warm_input",
 ]

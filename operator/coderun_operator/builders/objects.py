@@ -10,11 +10,13 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
 from ..policy import Decision
+from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
                     LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
                     run_labels)
 
 INPUT_MOUNT = "/coderun/input"
+NETWORK_LOG_KEY = "requests.jsonl"
 TMP_MOUNT = "/tmp"
 # The runner package in every sandbox image (e2e/images/debian.sh, install_runner), run in isolated mode.
 RUNNER = ("python3", "-I", "/opt/coderun")
@@ -65,7 +67,7 @@ def code_hash(spec: CodeRunSpec) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
+def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | None) -> dict[str, Any]:
     runtime, limits, policy = decision.runtime, decision.limits, decision.policy
     return {
         "version": 1,
@@ -83,13 +85,15 @@ def _run_json(spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
                       "maxTotalBytes": policy.artifact_max_total_bytes},
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],
         "stdinKey": "stdin" if spec.stdin is not None else None,
-        "env": {},
+        "env": dict(env or {}),
     }
 
 
-def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision) -> dict[str, Any]:
-    """Code, stdin, files and the runner's instructions, mounted read-only into the sandbox."""
-    data = {"run.json": json.dumps(_run_json(spec, decision), indent=1), "code": spec.code}
+def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+                          env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Code, stdin, files and the runner's instructions (`env`: what the program gets beyond the runner's own,
+    the egress proxy's settings: builders/egress.py), mounted read-only into the sandbox."""
+    data = {"run.json": json.dumps(_run_json(spec, decision, env), indent=1), "code": spec.code}
     binary: dict[str, str] = {}
     if spec.stdin is not None:
         data["stdin"] = spec.stdin
@@ -106,14 +110,18 @@ def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: D
     return cm
 
 
-def build_network_policy(run: Mapping[str, Any], egress: Sequence[EgressRule] = ()) -> dict[str, Any]:
-    """This run's pod: no ingress, and egress only to what its policy allows (nothing by default)."""
+def build_network_policy(run: Mapping[str, Any], egress: Sequence[EgressRule] = (),
+                         proxy: ProxyRoute | None = None) -> dict[str, Any]:
+    """This run's pod: no ingress, and egress only to what its policy allows (nothing by default): its cidr
+    rules, and the egress proxy's pods when it has host rules (the proxy decides which names)."""
+    routes = [_egress_rule(rule) for rule in egress if rule.cidr is not None]
+    if proxy is not None and uses_proxy(egress):
+        routes.append(proxy_egress_rule(proxy))
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _child_metadata(run, "deny"),
         "spec": {"podSelector": {"matchLabels": {LABEL_RUN_UID: run["metadata"]["uid"]}},
-                 "policyTypes": ["Ingress", "Egress"], "ingress": [],
-                 "egress": [_egress_rule(rule) for rule in egress if rule.cidr is not None]},
+                 "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": routes},
     }
 
 
@@ -239,6 +247,12 @@ def warm_input(configmap: Mapping[str, Any], nonce: str) -> bytes:
     body = json.dumps({"nonce": nonce, "data": configmap.get("data") or {},
                        "binaryData": configmap.get("binaryData") or {}}, separators=(",", ":")).encode()
     return b"%d\n" % len(body) + body
+
+
+def build_network_log_configmap(run: Mapping[str, Any], jsonl: str) -> dict[str, Any]:
+    """Every request the run made through the egress proxy, one JSON record a line, owned by the run."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _child_metadata(run, "egress-log"),
+            "immutable": True, "data": {NETWORK_LOG_KEY: jsonl}}
 
 
 def build_artifacts_configmap(run: Mapping[str, Any], contents: Mapping[str, bytes]) -> dict[str, Any]:

@@ -15,8 +15,12 @@ from typing import Iterable
 
 import re2
 
+from coderun.egress.credential import TOKEN_PATTERN
+
 # (kind, pattern); a match is replaced by [REDACTED:kind]. Specific formats first, the generic ones last.
 BUILTIN_PATTERNS: tuple[tuple[str, str], ...] = (
+    # A run's egress proxy credential (in HTTP_PROXY): still valid while the run's status is being written.
+    ("coderun-egress-token", TOKEN_PATTERN),
     ("private-key", r"(?s)-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]{0,40}PRIVATE KEY-----|\z)"),
     ("aws-access-key", r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA)[0-9A-Z]{16}\b"),
     ("github-token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b"),
