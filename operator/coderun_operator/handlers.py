@@ -6,15 +6,17 @@ retries what a transient API failure left undone.
 """
 from __future__ import annotations
 
+import os
+
 import kopf
 
-from . import runtime, webhook
+from . import k8s, proxy, runtime, webhook
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders.names import LABEL_MANAGED_BY, LABEL_SANDBOX, MANAGER
 from .controller import Controller
 
-controller = Controller()
+controller = Controller(proxy=proxy.from_environment(k8s, os.environ))
 
 
 @kopf.on.startup()

@@ -332,7 +332,8 @@ def _create_or_replace(what: str, create: Callable, replace: Callable, namespace
 
 # ------------------------------------------------------------------------------------------ webhook TLS
 def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
-    """The webhook's serving certificate Secret (the only Secret the operator may read: by name, its namespace)."""
+    """The webhook's serving certificate and the egress proxy's signing keys: the only Secrets the operator may
+    read, by name, in its own namespace."""
     secret = _call(f"Secret {name}", _core().read_namespaced_secret, name, namespace, missing_ok=True)
     return _plain(secret) if secret is not None else None
 
@@ -353,6 +354,21 @@ def set_webhook_ca_bundle(name: str, webhook_names: list[str], ca_bundle: str) -
     patch = {"webhooks": [{"name": n, "clientConfig": {"caBundle": ca_bundle}} for n in webhook_names]}
     _call(f"ValidatingWebhookConfiguration {name}",
           _admissionregistration().patch_validating_webhook_configuration, name, patch)
+
+
+# ------------------------------------------------------------------------------------------ the egress proxy
+def read_service(namespace: str, name: str) -> dict[str, Any] | None:
+    """The egress proxy's Service (its address, ports and pod selector); None when it is not there."""
+    service = _call(f"Service {name}", _core().read_namespaced_service, name, namespace, missing_ok=True)
+    return _plain(service) if service is not None else None
+
+
+def list_pods(namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+    """The pods of a namespace with these labels (the egress proxy's, in the operator's own namespace)."""
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+    listed = _call(f"the pods of {namespace} labelled {selector}", _core().list_namespaced_pod, namespace,
+                   label_selector=selector)
+    return [_plain(pod) for pod in listed.items]
 
 
 def label_pod(namespace: str, name: str, labels: dict[str, str | None]) -> None:

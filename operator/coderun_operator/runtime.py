@@ -51,7 +51,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, controller: Cont
 async def start(memo: kopf.Memo, controller: Controller) -> None:
     """The tick (a plain background loop rather than @kopf.timer: kopf puts a finalizer on every object that has
     a timer, and a finalizer would keep CodeRuns and their namespaces from being deleted while the operator is
-    down) and the warm pool's refill loop."""
+    down), the warm pool's refill loop, and the egress proxy's signing key (its pods wait for it)."""
+    if controller.proxy is not None:
+        try:
+            await asyncio.to_thread(controller.proxy.ensure_keys)
+        except (k8s.Transient, k8s.Refused) as e:  # the first run with host rules says so, naming the Secret
+            logging.getLogger("coderun").error("egress proxy signing key: %s", e)
     async def tick_forever() -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)

@@ -190,6 +190,16 @@ class FakeK8s:
         self._hook("post_event", obj, type_, reason, message)
         self.events.append((type_, reason, message))
 
+    # ---- the egress proxy
+    def read_service(self, namespace, name):
+        self._hook("read_service", namespace, name)
+        return copy.deepcopy(self.objects.get(("Service", namespace, name)))
+
+    def list_pods(self, namespace, labels):
+        self._hook("list_pods", namespace, labels)
+        return [copy.deepcopy(o) for (kind, ns, _), o in self.objects.items() if kind == "Pod" and ns == namespace
+                and labels.items() <= (o["metadata"].get("labels") or {}).items()]
+
     # ---- webhook TLS
     def read_secret(self, namespace, name):
         self._hook("read_secret", namespace, name)

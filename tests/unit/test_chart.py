@@ -38,6 +38,12 @@ def by_kind(objects: list[dict], kind: str) -> list[dict]:
     return [o for o in objects if o["kind"] == kind]
 
 
+def of_component(objects: list[dict], kind: str, component: str = "operator") -> list[dict]:
+    """The objects of one kind that belong to the operator (or the egress proxy)."""
+    return [o for o in by_kind(objects, kind)
+            if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == component]
+
+
 EVERYTHING = ["--set", "runtimeClass.create=true", "--set", "runNamespaces.create=true",
               "--set", "runNamespaces.names={agents,batch}", "--set", "defaultPolicy.enabled=true",
               "--set", "metrics.serviceMonitor.enabled=true"]
@@ -50,7 +56,7 @@ def test_helm_lint_passes(helm, values):
 
 
 def test_the_operator_deployment_is_hardened(helm):
-    deployment, = by_kind(template(helm), "Deployment")
+    deployment, = of_component(template(helm), "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container, = pod["containers"]
     assert deployment["spec"]["replicas"] == 2
@@ -70,9 +76,9 @@ def test_the_operator_deployment_is_hardened(helm):
 
 def test_an_image_digest_wins_over_the_tag(helm):
     digest = "sha256:" + "ab" * 32
-    deployment, = by_kind(template(helm, "--set", f"image.digest={digest}"), "Deployment")
+    deployment, = of_component(template(helm, "--set", f"image.digest={digest}"), "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"coderun.local/operator@{digest}"
-    deployment, = by_kind(template(helm), "Deployment")
+    deployment, = of_component(template(helm), "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "coderun.local/operator:0.1.0"
 
 
@@ -80,7 +86,7 @@ def test_an_image_digest_wins_over_the_tag(helm):
 # A WebSocket attach (connect_get) is authorized as `get` on pods/attach, and since 1.31 as `create` too.
 _VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch",
           "replace": "update", "connect": "get"}
-_RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_pod_log": ("", "pods/log"), "node": ("", "nodes"),
+_RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_service": ("", "services"), "namespaced_pod_log": ("", "pods/log"), "node": ("", "nodes"),
               "get_namespaced_pod_attach": ("", "pods/attach"),
               "namespaced_event": ("", "events"), "namespaced_config_map": ("", "configmaps"),
               "namespaced_network_policy": ("networking.k8s.io", "networkpolicies"),
@@ -101,7 +107,7 @@ _KOPF_AND_OWNERS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for
     ("coderun.io", "coderuns/finalizers", "update")}
 # Granted only in the operator's own namespace (a Role): the leader election.
 _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {("", "pods", "patch")} | {
-    ("", "secrets", v) for v in ("get", "create", "update")}
+    ("", "secrets", v) for v in ("get", "create", "update")} | {("", "services", "get")}
 
 
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
@@ -133,14 +139,20 @@ def test_rbac_grants_exactly_what_the_code_calls(helm):
     assert _granted(namespace_rules) == _OWN_NAMESPACE  # cluster-wide, the operator cannot write leases
     assert not any("*" in rule["verbs"] + rule["resources"] for rule in cluster_rules + namespace_rules)
     assert not any("secrets" in rule["resources"] for rule in cluster_rules)
-    # Secrets and the webhook configuration only by name, apart from create (which has no name to check).
+    # Secrets, Services and the webhook configuration only by name, apart from create (which has no name to check).
     for rule in cluster_rules + namespace_rules:
-        if {"secrets", "validatingwebhookconfigurations"} & set(rule["resources"]) and rule["verbs"] != ["create"]:
-            assert rule["resourceNames"] in (["coderun-webhook-tls"], ["coderun"]), rule
-    cert_manager = template(helm, "--set", "webhook.certManager.enabled=true")
+        if {"secrets", "services", "validatingwebhookconfigurations"} & set(rule["resources"]) and \
+                rule["verbs"] != ["create"]:
+            assert rule["resourceNames"] in (["coderun-webhook-tls"], ["coderun"], ["coderun-egress-proxy-keys"],
+                                             ["coderun-egress-proxy"]), rule
+    cert_manager = template(helm, "--set", "webhook.certManager.enabled=true", "--set", "egressProxy.enabled=false")
     assert not any({"secrets", "validatingwebhookconfigurations"} & set(r["resources"])
                    for role in by_kind(cert_manager, "ClusterRole") + by_kind(cert_manager, "Role")
                    for r in role["rules"])
+    # A Secret of the platform's own: read by name, never created.
+    given = template(helm, "--set", "egressProxy.existingSecret=mine", "--set", "webhook.certManager.enabled=true")
+    secret_rules = [r for role in by_kind(given, "Role") for r in role["rules"] if "secrets" in r["resources"]]
+    assert secret_rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}]
 
 
 @pytest.mark.parametrize("typo, says", [
@@ -186,7 +198,7 @@ def test_the_webhook_is_rendered_the_same_every_time_with_no_private_key(helm):
         path = hook["clientConfig"]["service"]["path"]
         assert f'id="{path.lstrip("/")}"' in handlers, f"{path} is not a kopf handler id in handlers.py"
         assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] <= 30
-    deployment, = by_kind(objects, "Deployment")
+    deployment, = of_component(objects, "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CODERUN_WEBHOOK_SECRET"] == "coderun-webhook-tls" and "CODERUN_WEBHOOK_CERT" not in env
     assert env["CODERUN_WEBHOOK_CONFIGURATION"] == config["metadata"]["name"]
@@ -209,7 +221,7 @@ def test_cert_manager_issues_the_certificate_the_operator_mounts(helm):
     assert ca["spec"]["isCA"] and issuers[ca["spec"]["issuerRef"]["name"]]["spec"] == {"selfSigned": {}}
     assert issuers[serving["spec"]["issuerRef"]["name"]]["spec"]["ca"]["secretName"] == ca["spec"]["secretName"]
     assert "coderun-webhook.coderun-system.svc" in serving["spec"]["dnsNames"]
-    deployment, = by_kind(objects, "Deployment")
+    deployment, = of_component(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["CODERUN_WEBHOOK_CERT"] == "/etc/coderun/webhook/tls.crt" and "CODERUN_WEBHOOK_SECRET" not in env
@@ -219,7 +231,7 @@ def test_cert_manager_issues_the_certificate_the_operator_mounts(helm):
 
 
 def test_the_operator_network_policy_keeps_pods_off_the_webhook_and_metrics(helm):
-    policy, = by_kind(template(helm), "NetworkPolicy")
+    policy, = of_component(template(helm), "NetworkPolicy")
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
     rules = {p["port"]: rule for rule in policy["spec"]["ingress"] for p in rule["ports"]}
     # No cluster ranges known: no rule admits the webhook (only the node itself, i.e. an API server on it), and
@@ -228,25 +240,29 @@ def test_the_operator_network_policy_keeps_pods_off_the_webhook_and_metrics(helm
     assert rules["metrics"]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
-    assert egress_ports == {53, 443, 6443}
-    policy, = by_kind(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16,fd00:10:88::/64}"),
-                      "NetworkPolicy")
+    assert egress_ports == {53, 443, 6443, 3130}  # DNS, the API server, the egress proxy's admin port
+    policy, = of_component(template(helm, "--set", "egressProxy.enabled=false"), "NetworkPolicy")
+    assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {53, 443, 6443}
+    policy, = of_component(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16,fd00:10:88::/64}"),
+                           "NetworkPolicy")
     webhook, = [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "webhook"]
     assert webhook["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.88.0.0/16"]}},
                                {"ipBlock": {"cidr": "::/0", "except": ["fd00:10:88::/64"]}}]
     peers = [{"ipBlock": {"cidr": "172.16.0.0/28"}}]
-    policy, = by_kind(template(helm, "--set-json", f"networkPolicy.webhookFrom={json.dumps(peers)}"),
-                      "NetworkPolicy")
+    policy, = of_component(template(helm, "--set-json", f"networkPolicy.webhookFrom={json.dumps(peers)}"),
+                           "NetworkPolicy")
     webhook, = [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == "webhook"]
     assert webhook["from"] == peers
 
 
-def test_the_cluster_ranges_reach_the_operator(helm):
-    deployment, = by_kind(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16}",
-                                   "--set", "clusterNetwork.serviceCIDRs={10.96.0.0/16}"), "Deployment")
-    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["CODERUN_POD_CIDRS"] == "10.88.0.0/16" and env["CODERUN_SERVICE_CIDRS"] == "10.96.0.0/16"
-    assert "CODERUN_NODE_CIDRS" not in env
+def test_the_cluster_ranges_reach_the_operator_and_the_egress_proxy(helm):
+    objects = template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16}",
+                       "--set", "clusterNetwork.serviceCIDRs={10.96.0.0/16}")
+    for component in ("operator", "egress-proxy"):
+        deployment, = of_component(objects, "Deployment", component)
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["CODERUN_POD_CIDRS"] == "10.88.0.0/16" and env["CODERUN_SERVICE_CIDRS"] == "10.96.0.0/16"
+        assert "CODERUN_NODE_CIDRS" not in env
     assert "clusterNetwork" in template(helm, "--set", "clusterNetwork.podCIDRs={not-a-cidr}", check=False).stderr
 
 
@@ -262,8 +278,8 @@ def test_optional_objects_render_when_asked(helm):
                                                                                        ("batch", "default")}
     assert policies[0]["spec"]["admission"] == "Enforce"
     assert by_kind(objects, "ServiceMonitor")[0]["spec"]["endpoints"][0]["port"] == "metrics"
-    assert by_kind(objects, "PodDisruptionBudget")[0]["spec"]["minAvailable"] == 1
-    assert not by_kind(template(helm, "--set", "replicaCount=1"), "PodDisruptionBudget")
+    assert of_component(objects, "PodDisruptionBudget")[0]["spec"]["minAvailable"] == 1
+    assert not of_component(template(helm, "--set", "replicaCount=1"), "PodDisruptionBudget")
 
 
 def test_every_value_is_commented():
@@ -312,5 +328,67 @@ def test_the_readme_installs_with_its_own_values_file(helm, tmp_path):
     policy, = by_kind(objects, "CodeRunPolicy")
     assert policy["metadata"]["namespace"] == "agents"
     assert policy_from_object(policy).runtimes["python"].image.endswith("@sha256:" + "0" * 64)
-    deployment, = by_kind(objects, "Deployment")
+    deployment, = of_component(objects, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "0" * 64)
+
+
+def test_the_egress_proxy_is_hardened_and_holds_no_api_token(helm):
+    objects = template(helm)
+    deployment, = of_component(objects, "Deployment", "egress-proxy")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2 and pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["affinity"]["podAntiAffinity"]  # spread like the operator's
+    squid, admin = pod["containers"]
+    for container in (squid, admin):
+        assert container["securityContext"] == {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                                                "privileged": False, "capabilities": {"drop": ["ALL"]}}
+        assert container["resources"]["limits"]["memory"]
+    assert squid["readinessProbe"]["exec"]["command"][-1] == "ready" and admin["command"][-1] == "admin"
+    mounts = {m["mountPath"]: m for m in squid["volumeMounts"]}
+    assert mounts["/etc/coderun-egress/keys"]["readOnly"] and "/run/coderun-egress" in mounts and "/dev/shm" in mounts
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and volumes["state"]["emptyDir"]["sizeLimit"] == "1Gi"
+    assert volumes["keys"]["secret"]["secretName"] == "coderun-egress-proxy-keys"
+    assert not by_kind(objects, "Secret")  # the operator makes the key at start: nothing secret in the render
+    operator, = of_component(objects, "Deployment")
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CODERUN_EGRESS_PROXY"] == "coderun-system/coderun-egress-proxy"
+    assert (env["CODERUN_EGRESS_KEYS_SECRET"], env["CODERUN_EGRESS_KEY_ID"], env["CODERUN_EGRESS_KEYS_CREATE"]) == (
+        "coderun-egress-proxy-keys", "k1", "true")
+    service, = of_component(objects, "Service", "egress-proxy")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"proxy": 3128, "admin": 3130}
+    assert service["spec"]["sessionAffinity"] == "ClientIP" and service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_the_egress_proxy_takes_runs_from_sandboxes_orders_from_the_operator_and_reaches_no_cluster_range(helm):
+    objects = template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16}",
+                       "--set", "clusterNetwork.nodeCIDRs={192.168.5.0/24,fd00:5::/64}")
+    policy, = of_component(objects, "NetworkPolicy", "egress-proxy")
+    ingress = {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
+    assert ingress["proxy"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"coderun.io/sandbox": "true"}}}]
+    operator, = of_component(objects, "Deployment")
+    assert ingress["admin"] == [{"podSelector": {"matchLabels": operator["spec"]["selector"]["matchLabels"]}}]
+    dns, out = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53} and "to" not in dns
+    assert out["to"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.88.0.0/16", "192.168.5.0/24", "127.0.0.0/8",
+                                                     "169.254.0.0/16", "0.0.0.0/8"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:5::/64", "fe80::/10", "::1/128"]}}]
+    unset, = of_component(template(helm), "NetworkPolicy", "egress-proxy")  # no ranges known: every private one
+    assert "10.0.0.0/8" in unset["spec"]["egress"][1]["to"][0]["ipBlock"]["except"]
+    mirror = [{"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mirror"}}}],
+               "ports": [{"port": 443, "protocol": "TCP"}]}]
+    extra, = of_component(template(helm, "--set-json", f"egressProxy.extraEgress={json.dumps(mirror)}"),
+                          "NetworkPolicy", "egress-proxy")
+    assert extra["spec"]["egress"][2:] == mirror
+
+
+def test_without_the_egress_proxy_nothing_of_it_renders_and_the_operator_is_told(helm):
+    objects = template(helm, "--set", "egressProxy.enabled=false")
+    assert not [o for o in objects if "egress-proxy" in o["metadata"]["name"]]
+    operator, = of_component(objects, "Deployment")
+    assert not [e for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
+                if e["name"].startswith("CODERUN_EGRESS")]

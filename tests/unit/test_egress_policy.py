@@ -1,5 +1,6 @@
 """spec.egress of a CodeRunPolicy: host rules beside CIDR rules, every malformed one refused naming the field (in
-Python as the API server's CEL rules do), and the operator's side until it routes runs through the proxy."""
+Python as the API server's CEL rules do), and the operator's side: host rules only with an egress proxy, and
+then a run's one route is to the proxy's pods."""
 import pytest
 
 from coderun.api.coderunpolicy import EGRESS_TOO_LARGE
@@ -7,6 +8,7 @@ from coderun.api.crd import policy_crd
 from coderun.api.models import HOST_IS_AN_ADDRESS, HOST_MALFORMED, HOST_OR_CIDR, HOST_PORTS_TCP, HOST_WILDCARD
 from coderun.api.policy import InvalidPolicy, read_policy_object
 from coderun.egress.rules import Rule
+from coderun_operator.builders.egress import ProxyRoute
 from coderun_operator.builders.objects import build_network_policy
 from coderun_operator.policy.egress import cluster_egress_refusal
 from coderun_operator.policy.load import policy_from_object
@@ -73,16 +75,27 @@ def test_the_api_server_refuses_the_same_with_the_same_words():
     assert host["pattern"].startswith("^(\\*\\.)?") and host["maxLength"] == 253 and "required" not in rule
 
 
-def test_until_the_operator_uses_the_proxy_it_refuses_host_rules_naming_the_first():
-    with pytest.raises(InvalidPolicy, match=r"^spec\.egress\[1\]\.host: egress by name needs the egress proxy"):
-        policy_from_object({"metadata": {"name": "p"}, "spec": {"allowClusterEgress": True, "egress": [
-            {"cidr": "203.0.113.0/24"}, *ISSUE_EXAMPLE]}})
+def test_without_an_egress_proxy_host_rules_are_refused_naming_the_first():
+    policy = {"metadata": {"name": "p"}, "spec": {"allowClusterEgress": True, "egress": [
+        {"cidr": "203.0.113.0/24"}, *ISSUE_EXAMPLE]}}
+    with pytest.raises(InvalidPolicy, match=r"^spec\.egress\[1\]\.host: egress by name goes through the egress "
+                                            r"proxy, which is off in this installation \(the chart's egressProxy"):
+        policy_from_object(policy, proxy_enabled=False)
+    assert [r.host for r in policy_from_object(policy, proxy_enabled=True).egress][1:3] == ["api.github.com",
+                                                                                          "*.example.org"]
 
 
-def test_host_rules_are_no_routes_of_the_run_s_network_policy_and_cidr_indexes_hold():
+def test_host_rules_route_only_to_the_proxy_s_pods_and_cidr_indexes_hold():
     _, policy = read([{"host": "a.example.org"}, {"cidr": "203.0.113.0/24", "ports": [{"port": 443}]}])
-    egress = build_network_policy({"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}, policy.egress)[
-        "spec"]["egress"]
-    assert egress == [{"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"protocol": "TCP", "port": 443}]}]
+    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
+    direct = {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"protocol": "TCP", "port": 443}]}
+    assert build_network_policy(run, policy.egress)["spec"]["egress"] == [direct]
+    route = ProxyRoute("coderun-system", (("app.kubernetes.io/component", "egress-proxy"),), 3128)
+    assert build_network_policy(run, policy.egress, route)["spec"]["egress"] == [direct, {
+        "to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "coderun-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "egress-proxy"}}}],
+        "ports": [{"protocol": "TCP", "port": 3128}]}]
+    _, cidr_only = read([{"cidr": "203.0.113.0/24", "ports": [{"port": 443}]}])
+    assert build_network_policy(run, cidr_only.egress, route)["spec"]["egress"] == [direct]  # no names: no proxy
     message = cluster_egress_refusal([None, "10.0.0.0/8"], False)
     assert message.startswith("spec.egress[1].cidr: 10.0.0.0/8 covers")

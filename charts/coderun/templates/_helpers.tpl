@@ -41,3 +41,54 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "coderun.webhookSecret" -}}
 {{- default (printf "%s-webhook-tls" (include "coderun.fullname" .)) .Values.webhook.existingSecret -}}
 {{- end -}}
+
+{{- define "coderun.egressProxy.name" -}}
+{{- printf "%s-egress-proxy" (include "coderun.fullname" .) -}}
+{{- end -}}
+
+{{- define "coderun.egressProxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: egress-proxy
+{{- end -}}
+
+{{- define "coderun.egressProxy.labels" -}}
+{{ include "coderun.egressProxy.selectorLabels" . }}
+app.kubernetes.io/part-of: coderun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "coderun.egressProxy.image" -}}
+{{- with .Values.egressProxy.image -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "coderun.egressProxy.keysSecret" -}}
+{{- default (printf "%s-keys" (include "coderun.egressProxy.name" .)) .Values.egressProxy.existingSecret -}}
+{{- end -}}
+
+{{/* The cluster's ranges as CODERUN_*_CIDRS variables: the operator's and the proxy's protected ranges. */}}
+{{- define "coderun.clusterRangesEnv" -}}
+{{- range $variable, $cidrs := dict "CODERUN_POD_CIDRS" .Values.clusterNetwork.podCIDRs "CODERUN_SERVICE_CIDRS" .Values.clusterNetwork.serviceCIDRs "CODERUN_NODE_CIDRS" .Values.clusterNetwork.nodeCIDRs }}
+{{- with $cidrs }}
+- name: {{ $variable }}
+  value: {{ join "," . | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Every container of the chart: a read-only root, no privilege, no capability. */}}
+{{- define "coderun.containerSecurityContext" -}}
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: [ALL]
+{{- end -}}

@@ -1,5 +1,5 @@
 """A run's children in the API: the namespace's deny-all for sandboxes, the cold start's ConfigMap,
-NetworkPolicy and pod, and the ConfigMap that holds the artifacts. Created idempotently under deterministic
+NetworkPolicy and pod, and the ConfigMaps that hold the artifacts and the requests through the egress proxy. Created idempotently under deterministic
 names; a same-named object that is not this run's (builders/ownership.py) is never adopted."""
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec
 from ..builders import (build_artifacts_configmap, build_input_configmap, build_namespace_network_policy,
-                        build_network_policy, build_pod)
+                        build_network_log_configmap, build_network_policy, build_pod)
+from ..builders.egress import EgressAccess, credential_expiry, minted_expiry, run_environment
+from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
 from ..policy import Decision
 
@@ -29,19 +31,44 @@ def ensure_namespace_default_deny(api, namespace: str) -> str | None:
     return None
 
 
-def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision) -> tuple[str, str | None]:
+def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+                   egress: EgressAccess | None = None, now: float = 0) -> tuple[str, str | None]:
     """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, and why the
-    sandbox cannot be created when a child's name is taken. A refusal (a quota, a namespace being deleted)
-    raises `api.Refused`."""
+    sandbox cannot be created when a child's name is taken. With `egress` (a policy with host rules), the
+    program gets a credential for the egress proxy and its NetworkPolicy the route there. A refusal (a quota,
+    a namespace being deleted) raises `api.Refused`."""
     uid = run["metadata"]["uid"]
-    configmap = build_input_configmap(run, spec, decision)
-    pod = build_pod(run, decision, configmap["metadata"]["name"])
     conflict = ensure_namespace_default_deny(api, run["metadata"]["namespace"])
-    for child in (configmap, build_network_policy(run, decision.policy.egress), pod):
+    configmap = _input(run, spec, decision, egress, now)
+    existing = None if conflict else api.create_or_get(configmap)
+    expiry = minted_expiry(egress, run, existing) if egress is not None and existing is not None else None
+    if expiry is not None:  # a start retried after a crash: the credential minted then, so the input is the same
+        configmap = _input(run, spec, decision, egress, now, expiry)
+    conflict = conflict or not_ours(existing, uid, configmap)
+    pod = build_pod(run, decision, configmap["metadata"]["name"])
+    network_policy = build_network_policy(run, decision.policy.egress, egress.route if egress else None)
+    for child in (network_policy, pod):
         conflict = conflict or not_ours(api.create_or_get(child), uid, child)
         if conflict:
             break
     return pod["metadata"]["name"], conflict
+
+
+def _input(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, egress: EgressAccess | None, now: float,
+           expiry: int | None = None) -> dict[str, Any]:
+    if egress is None:
+        return build_input_configmap(run, spec, decision)
+    expires = expiry or credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, now)
+    return build_input_configmap(run, spec, decision, run_environment(egress, run, decision.policy, expires))
+
+
+def store_network_log(api, run: Mapping[str, Any], jsonl: str) -> str | None:
+    """The run's requests through the egress proxy in a ConfigMap owned by it; its name, or None when the name
+    is taken by an object that is not this run's (the status then names no log)."""
+    configmap = build_network_log_configmap(run, jsonl)
+    if not_ours(api.create_or_get(configmap), run["metadata"]["uid"]):
+        return None
+    return configmap["metadata"]["name"]
 
 
 class ArtifactsConflict(Exception):

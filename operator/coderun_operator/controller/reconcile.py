@@ -29,7 +29,9 @@ from coderun.api.identity import APPROVED_BY
 from coderun.api.models import CodeRunSpec, ResourceLimits
 from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import code_hash
+from ..builders.egress import credential_expiry, uses_proxy
 from ..builders.names import CONTAINER_NAME
+from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ..policy import DEFAULT_POLICY, Decision, Denial, InvalidPolicyMark
 from ..policy.approval import approval_verdict, shown_identity
 from ..policy.decide import no_requester, parse_spec, verdict
@@ -37,12 +39,14 @@ from ..policy.load import InvalidPolicy, policy_from_object
 from ..policy.patterns import redactor
 from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
                              pick_reusable, reused_outcome)
+from ..proxy import EgressProxy, ProxyUnavailable
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
+from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
-from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts
+from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
 from .identity import IdentityGuard, creator_may_use
 from .store import Store, is_terminal, owner_uid, resource_version
 from .warm import Claims, Refill
@@ -61,9 +65,11 @@ LOG_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 class Controller:
-    def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+    def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 proxy: EgressProxy | None = None):
         self.api = api
         self.now = clock
+        self.proxy = proxy  # the egress proxy, when the chart runs one (runs with host rules go through it)
         self.store = Store()
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
@@ -120,7 +126,7 @@ class Controller:
                 getattr(held, "digest", None) == spec_digest(policy.get("spec") or {}):
             return  # the same policy (uid and spec digest): keep what it compiled
         try:
-            loaded = policy_from_object(policy)
+            loaded = policy_from_object(policy, proxy_enabled=self.proxy is not None)
         except InvalidPolicy as e:
             log.warning("policy %s/%s cannot be applied: %s", meta["namespace"], meta["name"], e)
             loaded = InvalidPolicyMark(str(e))
@@ -328,10 +334,17 @@ class Controller:
         if self.claims.try_start(run, spec, decision, key):
             return
         try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
-            pod_name, conflict = create_sandbox(self.api, run, spec, decision)
+            egress = self.proxy.access() if self.proxy and uses_proxy(decision.policy.egress) else None
+            pod_name, conflict = create_sandbox(self.api, run, spec, decision, egress, self.now().timestamp())
         except self.api.Refused as refused:
             self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota "
                                             "or admission policy must allow the sandbox", decision_fields(decision)))
+            return
+        except ProxyUnavailable as e:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy "
+                                            f"{decision.policy.name!r} reach their spec.egress names through it, so "
+                                            "this one cannot start: the platform team must repair the egress proxy",
+                                            decision_fields(decision)))
             return
         if conflict:
             self.writer.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
@@ -355,7 +368,7 @@ class Controller:
             if pod is not None:
                 self.store.put_pod(pod)
         if pod is None:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.POD_DELETED,
+            self._finish(run, Outcome(Phase.FAILED, Reason.POD_DELETED,
                                             f"the sandbox pod {status['podName']} was deleted before the program "
                                             "finished; create the CodeRun again"))
             return
@@ -364,7 +377,7 @@ class Controller:
             return
         failure = pod_level_failure(pod, self._limits(run)) if has_failed(pod) else None  # limits: only then
         if failure:
-            self.writer.finish(run, failure)
+            self._finish(run, failure)
             self.api.delete_pod(ns, pod["metadata"]["name"])
             return
         if is_running(pod):
@@ -382,7 +395,7 @@ class Controller:
             if unschedulable(pod) else None
         verdict = verdict or pending_verdict(pod, (self.now() - started).total_seconds(), deadline)
         if verdict:
-            self.writer.finish(run, verdict)
+            self._finish(run, verdict)
             self.api.delete_pod(ns, pod["metadata"]["name"])
 
     def _collect(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
@@ -445,12 +458,34 @@ class Controller:
         outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
         key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec else None
         outcome.fields["cacheKey"] = key
-        written = self.writer.finish(run, outcome)
+        written = self._finish(run, outcome)
         if key and written and is_reusable(written):
             labelled = self.api.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
             if labelled is not None:
                 self.store.put_run(labelled)
         self.api.delete_pod(ns, pod_name)
+
+    def _finish(self, run: Mapping[str, Any], outcome: Outcome) -> dict[str, Any] | None:
+        """The end of a run that had a sandbox: through the egress proxy, its credential revoked and its requests
+        in its status and its log ConfigMap (results/network.py), then the terminal status."""
+        _, decision = self._decide(run)
+        if self.proxy is not None and isinstance(decision, Decision) and uses_proxy(decision.policy.egress):
+            outcome = self._with_network(run, decision, outcome)
+        return self.writer.finish(run, outcome)
+
+    def _with_network(self, run: Mapping[str, Any], decision: Decision, outcome: Outcome) -> Outcome:
+        """Revoke first (a program's children may outlive it for a moment), then what every proxy pod logged."""
+        expires = credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, self.now().timestamp())
+        try:
+            answers, complete = self.proxy.end_run(run["metadata"]["uid"], expires)
+        except ProxyUnavailable as e:
+            log.warning("run %s: %s; its requests are not in its status", run["metadata"]["name"], e)
+            answers, complete = [], False
+        records = merged(answers)
+        text, truncated = log_text(records)
+        log_name = store_network_log(self.api, run, text) if records else None
+        summary = summarise(answers, complete, log_name, truncated)
+        return with_network(outcome, summary, decision.policy.egress_budget, decision.policy.name)
 
     # ------------------------------------------------------------------ bookkeeping
     def _start_queued(self) -> None:

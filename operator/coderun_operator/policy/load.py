@@ -7,25 +7,22 @@ from typing import Any, Mapping
 from kubernetes.utils import parse_quantity
 
 from coderun.api.policy import InvalidPolicy, Policy, read_policy_object
-from .egress import cluster_egress_refusal
+from .egress import PROXY_ENABLED, cluster_egress_refusal, host_rule_refusal
 from .evaluate import first_above
 from .patterns import PatternBudgetExceeded, compile_policy_patterns
 
 __all__ = ["InvalidPolicy", "policy_from_object"]
 
 
-def policy_from_object(obj: Mapping[str, Any]) -> Policy:
+def policy_from_object(obj: Mapping[str, Any], proxy_enabled: bool = PROXY_ENABLED) -> Policy:
     """The policy a CodeRunPolicy object describes; InvalidPolicy if the schema refuses it (read_policy_object,
     shared with the client) or it is malformed in a way the CRD schema cannot see (an RE2 pattern that does not
-    compile, a default above its maximum)."""
+    compile, a default above its maximum, a host rule without an egress proxy)."""
     spec, policy = read_policy_object(obj)
-    refusal = cluster_egress_refusal([rule.cidr for rule in spec.egress or ()], spec.allow_cluster_egress)
+    refusal = cluster_egress_refusal([rule.cidr for rule in spec.egress or ()], spec.allow_cluster_egress) or \
+        host_rule_refusal([rule.host for rule in spec.egress or ()], proxy_enabled)
     if refusal:
         raise InvalidPolicy(refusal)
-    by_name = next((i for i, rule in enumerate(spec.egress or ()) if rule.host is not None), None)
-    if by_name is not None:  # until the operator routes runs through the egress proxy (issue 19, docs/egress.md)
-        raise InvalidPolicy(f"spec.egress[{by_name}].host: egress by name needs the egress proxy, which this operator "
-                            "does not use yet; list the addresses as cidr rules for now")
     rules = spec.code_rules.denied_patterns if spec.code_rules and spec.code_rules.denied_patterns else ()
     try:
         compiled = compile_policy_patterns(spec.redaction_patterns or (), [r.pattern for r in rules])

@@ -4,7 +4,8 @@ admin`), sharing the state directory with squid.
 
     POST /runs/<uid>/revoke   {"expires": <the token's exp>}   -> 204; the helpers refuse it within seconds
     GET  /runs/<uid>/log                                      -> 200, the run's JSON lines; X-Coderun-Requests,
-                                                                 X-Coderun-Dropped: what this pod counted and
+                                                                 X-Coderun-Bytes-Sent, X-Coderun-Bytes-Received:
+                                                                 what this pod counted; X-Coderun-Dropped: what it
                                                                  could not keep (run_logs.py)
 
 Every request needs `Authorization: Bearer <credential.admin_bearer(key)>` for one of the signing keys the proxy
@@ -79,6 +80,8 @@ def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations,
                 return
             lines, usage = runs.read(uid)
             self._answer(200, lines, {"Content-Type": "application/x-ndjson", "X-Coderun-Requests": str(usage.requests),
+                                      "X-Coderun-Bytes-Sent": str(usage.bytes_sent),
+                                      "X-Coderun-Bytes-Received": str(usage.bytes_received),
                                       "X-Coderun-Dropped": str(usage.dropped)})
 
         def do_POST(self):  # noqa: N802

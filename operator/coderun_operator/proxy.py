@@ -1,0 +1,204 @@
+"""The egress proxy as the operator uses it (docs/egress.md): where runs reach it and the key that signs their
+credentials (read from its Service and its Secret, kept a minute), and each ready proxy pod's admin endpoint,
+asked when a run ends: revoke the run's credential first, then fetch what the pod logged of the run.
+
+The chart configures it through the environment; without CODERUN_EGRESS_PROXY there is no proxy and the policy
+loader refuses host rules (policy/egress.py).
+
+    CODERUN_EGRESS_PROXY         <namespace>/<Service> (ports named `proxy` and `admin`)
+    CODERUN_EGRESS_KEYS_SECRET   the Secret of signing keys in that namespace, one entry per key id
+    CODERUN_EGRESS_KEY_ID        the entry that signs (the proxy verifies with all of them: rotation)
+    CODERUN_EGRESS_KEYS_CREATE   true: the operator creates that Secret with a random key if it is absent, as it
+                                 makes the webhook's certificate (nothing secret is in the chart's render)
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from coderun.egress.credential import KEY_ID_PATTERN, MIN_KEY_BYTES, admin_bearer
+from .builders.egress import EgressAccess, ProxyRoute, service_address
+from .builders.names import LABEL_MANAGED_BY, MANAGER
+from .policy.egress import PROXY_VARIABLE
+from .results.network import PodAnswer
+
+log = logging.getLogger("coderun")
+
+CACHE_SECONDS = 60
+KEY_BYTES = 32
+ADMIN_TIMEOUT_SECONDS = 5
+MAX_LOG_BYTES = 2 * 1024 * 1024  # what one pod may hand back of one run (it keeps 1 MiB)
+
+
+class ProxyUnavailable(Exception):
+    """The proxy's Service or signing key is missing or malformed: runs with host rules cannot start."""
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    namespace: str
+    service: str
+    keys_secret: str
+    key_id: str
+    create_keys: bool = False
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "ProxySettings | None":
+        namespace, _, service = (env.get(PROXY_VARIABLE) or "").partition("/")
+        if not service:
+            return None
+        return cls(namespace, service, env.get("CODERUN_EGRESS_KEYS_SECRET") or f"{service}-keys",
+                   env.get("CODERUN_EGRESS_KEY_ID") or "k1", env.get("CODERUN_EGRESS_KEYS_CREATE") == "true")
+
+
+# (method, url, bearer, body) -> (status, body, headers): the admin endpoint's transport, a fake in unit tests.
+Transport = Callable[[str, str, str, bytes | None], tuple[int, bytes, Mapping[str, str]]]
+
+
+def http(method: str, url: str, bearer: str, body: bytes | None) -> tuple[int, bytes, Mapping[str, str]]:
+    """One call to a proxy pod, never through a proxy of the operator's own environment."""
+    request = urllib.request.Request(url, data=body, method=method, headers={
+        "Authorization": f"Bearer {bearer}", "Content-Type": "application/json"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=ADMIN_TIMEOUT_SECONDS) as answer:
+            return answer.status, answer.read(MAX_LOG_BYTES + 1), dict(answer.headers)
+    except urllib.error.HTTPError as refused:
+        return refused.code, b"", {}
+
+
+def from_environment(api, env: Mapping[str, str]) -> "EgressProxy | None":
+    """The proxy the chart configured, or None."""
+    settings = ProxySettings.from_env(env)
+    return EgressProxy(api, settings) if settings else None
+
+
+class EgressProxy:
+    def __init__(self, api, settings: ProxySettings, transport: Transport = http,
+                 clock: Callable[[], float] = time.monotonic):
+        self.api, self.settings, self._transport, self._clock = api, settings, transport, clock
+        self._lock = threading.Lock()
+        self._cached: tuple[float, EgressAccess, int] | None = None  # (read at, access, admin port)
+
+    def ensure_keys(self) -> None:
+        """The signing key's Secret, created with a random key when it is absent and the chart asked for that; the
+        proxy's pods start once it exists. Replicas racing: the first create wins, the others find it."""
+        s = self.settings
+        if not s.create_keys or self.api.read_secret(s.namespace, s.keys_secret) is not None:
+            return
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"labels": {LABEL_MANAGED_BY: MANAGER}},
+                  "data": {s.key_id: base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()}}
+        try:
+            self.api.write_secret(s.namespace, s.keys_secret, secret, None)
+            log.info("egress proxy signing key created in Secret %s/%s", s.namespace, s.keys_secret)
+        except self.api.Conflict:
+            pass
+
+    def access(self) -> EgressAccess:
+        """The Service's address and the signing key, read again after CACHE_SECONDS (a rotated key, a new
+        Service). ProxyUnavailable when either is missing; the API's Transient passes through."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[EgressAccess, int]:
+        with self._lock:
+            if self._cached is None or self._clock() - self._cached[0] > CACHE_SECONDS:
+                access, admin_port = self._read_from_api()
+                self._cached = (self._clock(), access, admin_port)
+            return self._cached[1], self._cached[2]
+
+    def _read_from_api(self) -> tuple[EgressAccess, int]:
+        s = self.settings
+        service = self.api.read_service(s.namespace, s.service)
+        if service is None:
+            raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} does not exist")
+        spec = service.get("spec") or {}
+        ports = {p.get("name"): p for p in spec.get("ports") or ()}
+        if not spec.get("clusterIP") or spec["clusterIP"] == "None" or not {"proxy", "admin"} <= set(ports) \
+                or not spec.get("selector"):
+            raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} needs a cluster IP, a "
+                                   "pod selector and ports named proxy and admin")
+        route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), _target(ports["proxy"]))
+        access = EgressAccess(service_address(spec["clusterIP"], ports["proxy"]["port"]), s.key_id,
+                              self._key(), route)
+        return access, _target(ports["admin"])
+
+    def _key(self) -> bytes:
+        s = self.settings
+        secret = self.api.read_secret(s.namespace, s.keys_secret)
+        if secret is None and s.create_keys:  # not made at start (the API server was away): now, then
+            self.ensure_keys()
+            secret = self.api.read_secret(s.namespace, s.keys_secret)
+        try:
+            key = base64.b64decode(((secret or {}).get("data") or {})[s.key_id], validate=True)
+        except (KeyError, binascii.Error, ValueError, TypeError):
+            key = b""
+        if not KEY_ID_PATTERN.match(s.key_id) or len(key) < MIN_KEY_BYTES:
+            raise ProxyUnavailable(f"the egress proxy's Secret {s.namespace}/{s.keys_secret} has no key {s.key_id!r} "
+                                   f"of {MIN_KEY_BYTES} bytes or more")
+        return key
+
+    def end_run(self, uid: str, expires: int) -> tuple[list[PodAnswer], bool]:
+        """At every ready proxy pod: revoke the run's credential, then take its records. The answers, and whether
+        every pod answered both (a pod that did not: the credential's expiry is the bound, the log may lack its
+        share of the run's requests)."""
+        access, admin_port = self._read()
+        pods = self.api.list_pods(access.route.namespace, dict(access.route.pod_labels))
+        bearer, answers, complete = admin_bearer(access.key), [], True
+        for pod in pods:
+            address = (pod.get("status") or {}).get("podIP")
+            if not address or not _ready(pod):
+                complete = complete and not _serving(pod)  # a pod still starting served nobody
+                continue
+            base = f"http://{service_address(address, admin_port)}/runs/{uid}"
+            try:
+                revoked, _, _ = self._transport("POST", f"{base}/revoke", bearer, json.dumps({"expires": expires}).encode())
+                status, body, headers = self._transport("GET", f"{base}/log", bearer, None)
+            except OSError as e:
+                log.warning("egress proxy pod %s: %s: %s", pod["metadata"]["name"], type(e).__name__, str(e)[:200])
+                complete = False
+                continue
+            if revoked != 204 or status != 200 or len(body) > MAX_LOG_BYTES:
+                log.warning("egress proxy pod %s answered %s/%s", pod["metadata"]["name"], revoked, status)
+                complete = False
+                continue
+            answers.append(_answer(body, headers))
+        return answers, complete
+
+
+def _answer(body: bytes, headers: Mapping[str, str]) -> PodAnswer:
+    records = []
+    for line in body.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the pod's cap
+        if isinstance(record, dict):
+            records.append(record)
+    number = lambda name: int(headers.get(name, "0")) if str(headers.get(name, "0")).isdigit() else 0  # noqa: E731
+    return PodAnswer(tuple(records), number("X-Coderun-Requests"), number("X-Coderun-Bytes-Sent"),
+                     number("X-Coderun-Bytes-Received"), number("X-Coderun-Dropped"))
+
+
+def _target(port: Mapping[str, Any]) -> int:
+    target = port.get("targetPort")
+    return target if isinstance(target, int) else int(port["port"])
+
+
+def _ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
+def _serving(pod: Mapping[str, Any]) -> bool:
+    """A pod that may have served the run although it cannot be asked now (running, perhaps being deleted)."""
+    return (pod.get("status") or {}).get("phase") == "Running"

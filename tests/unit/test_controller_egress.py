@@ -1,0 +1,202 @@
+"""The controller with the egress proxy (a real proxy.EgressProxy over the fake API and a fake admin transport):
+a run of a policy with host rules gets its credential and its one route, finds its own input again after a crash,
+and when it ends its credential is revoked at every ready proxy pod before its requests go into its status and
+its log ConfigMap."""
+import base64
+import json
+
+import pytest
+
+from coderun.egress.credential import admin_bearer, verify
+from coderun.egress.rules import Rule
+from coderun_operator.controller import Controller
+from coderun_operator.proxy import EgressProxy, ProxySettings
+from fake_k8s import FakeK8s
+from test_controller import NS, T0, Clock, frame_log, make_run, policy_object, submit, terminate
+
+KEY = b"s" * 32
+PROXY_NS = "coderun-system"
+SELECTOR = {"app.kubernetes.io/component": "egress-proxy"}
+POLICY = {"egress": [{"host": "pypi.pkgs.svc.cluster.local", "ports": [{"port": 443}]},
+                     {"cidr": "10.96.7.0/24", "ports": [{"port": 443}]}],
+          "allowClusterEgress": True, "egressBudget": {"requests": 10}}
+
+
+class Admin:
+    """The proxy pods' admin endpoints: what was asked, in order, and what each pod answers."""
+
+    def __init__(self):
+        self.asked: list[tuple[str, str]] = []
+        self.logs: dict[str, list[dict]] = {}  # pod address -> records
+        self.down: set[str] = set()
+
+    def __call__(self, method, url, bearer, body):
+        assert bearer == admin_bearer(KEY)
+        address = url.split("//")[1].split(":")[0]
+        self.asked.append((method, url))
+        if address in self.down:
+            raise ConnectionRefusedError("connection refused")
+        if method == "POST":
+            assert json.loads(body)["expires"] > T0.timestamp()
+            return 204, b"", {}
+        records = self.logs.get(address, [])
+        return 200, "".join(json.dumps(r) + "\n" for r in records).encode(), {
+            "X-Coderun-Requests": str(len(records)), "X-Coderun-Dropped": "0"}
+
+
+def proxy_pod(name, ip, ready=True):
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": PROXY_NS, "labels": dict(SELECTOR)},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+@pytest.fixture
+def env():
+    api, clock, admin = FakeK8s(), Clock(), Admin()
+    api.objects[("Service", PROXY_NS, "coderun-egress-proxy")] = {"spec": {
+        "clusterIP": "10.96.0.50", "selector": dict(SELECTOR),
+        "ports": [{"name": "proxy", "port": 3128, "targetPort": 3128}, {"name": "admin", "port": 3130,
+                                                                         "targetPort": 3130}]}}
+    api.objects[("Secret", PROXY_NS, "coderun-egress-proxy-keys")] = {"data": {"k1": base64.b64encode(KEY).decode()}}
+    for name, ip in (("proxy-a", "10.88.0.21"), ("proxy-b", "10.88.0.22")):
+        api.objects[("Pod", PROXY_NS, name)] = proxy_pod(name, ip)
+    settings = ProxySettings(PROXY_NS, "coderun-egress-proxy", "coderun-egress-proxy-keys", "k1")
+    ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, settings, transport=admin))
+    ctl.on_policy(policy_object(**POLICY), deleted=False)
+    return api, clock, ctl, admin
+
+
+def started(env):
+    api, clock, ctl, _ = env
+    return submit((api, clock, ctl), make_run())
+
+
+def program_env(api) -> dict:
+    return json.loads(api.objects[("ConfigMap", NS, "demo-input")]["data"]["run.json"])["env"]
+
+
+def test_the_program_gets_its_credential_and_its_network_policy_the_route_to_the_proxy(env):
+    api = env[0]
+    assert started(env)["status"]["phase"] == "Pending"
+    variables = program_env(api)
+    url = variables["HTTPS_PROXY"]
+    assert url == variables["HTTP_PROXY"] == variables["https_proxy"] and url.startswith("http://uid-1:v1.k1.")
+    assert url.endswith("@10.96.0.50:3128") and variables["NO_PROXY"] == "localhost,127.0.0.1,::1"
+    grant = verify(url.split(":", 2)[2].rsplit("@", 1)[0], {"k1": KEY}, T0.timestamp(), user="uid-1")
+    assert (grant.run, grant.policy, grant.budget.requests) == (f"{NS}/demo", "default", 10)
+    assert grant.rules == (Rule(host="pypi.pkgs.svc.cluster.local", ports=(443,)),
+                           Rule(cidr="10.96.7.0/24", ports=(443,)))
+    assert grant.expires == T0.timestamp() + 300 + 5 + 60  # start deadline, timeout, the pod's margin
+    routes = api.objects[("NetworkPolicy", NS, "demo-deny")]["spec"]["egress"]
+    assert routes[-1] == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROXY_NS}},
+                                  "podSelector": {"matchLabels": SELECTOR}}],
+                          "ports": [{"protocol": "TCP", "port": 3128}]}
+
+
+def test_a_start_retried_after_a_crash_mints_the_same_credential_and_finds_its_own_input(env):
+    api, clock, ctl, _ = env
+    started(env)
+    before = program_env(api)
+    api.objects.pop(("Pod", NS, "demo-sandbox"))
+    api.patch_run_status(NS, "demo", {"podName": None, "phase": None})  # as if the pod and status were lost
+    clock.now = T0.replace(minute=7)
+    ctl.on_run(api.get_run(NS, "demo"), deleted=False)
+    assert api.run(NS, "demo")["status"]["podName"] == "demo-sandbox" and program_env(api) == before
+
+
+def test_an_input_holding_another_credential_is_a_conflict(env):
+    api = env[0]
+    owner = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun", "name": "demo", "uid": "uid-1", "controller": True}
+    forged = json.dumps({"env": {"HTTPS_PROXY": "http://uid-1:v1.k1.e30.AAAA@10.96.0.50:3128"}})
+    api.objects[("ConfigMap", NS, "demo-input")] = {"kind": "ConfigMap", "metadata": {
+        "name": "demo-input", "namespace": NS, "ownerReferences": [owner]}, "data": {"run.json": forged}}
+    assert started(env)["status"]["reason"] == "NameConflict"
+
+
+def test_at_the_end_each_ready_pod_revokes_then_hands_over_the_run_s_requests(env):
+    api, _, _, admin = env
+    api.objects[("Pod", PROXY_NS, "proxy-c")] = proxy_pod("proxy-c", "10.88.0.23", ready=False)
+    api.objects[("Pod", PROXY_NS, "proxy-c")]["status"]["phase"] = "Pending"  # starting: it served nobody
+    admin.logs["10.88.0.21"] = [{"time": "2026-11-22T10:00:02Z", "host": "pypi.pkgs.svc.cluster.local", "port": 443,
+                                 "verdict": "allowed", "bytes_sent": 10, "bytes_received": 5000}]
+    admin.logs["10.88.0.22"] = [{"time": "2026-11-22T10:00:01Z", "host": "evil.example", "port": 443,
+                                 "verdict": "denied", "reason": "NotAllowed", "bytes_sent": 0, "bytes_received": 0}]
+    started(env)
+    status = terminate(env[:3])["status"]
+    assert [(m, url.rsplit("/", 1)[1]) for m, url in admin.asked] == [("POST", "revoke"), ("GET", "log")] * 2
+    assert admin.asked[0][1] == "http://10.88.0.21:3130/runs/uid-1/revoke"
+    assert (status["phase"], status["reason"]) == ("Succeeded", "Completed")
+    assert status["message"].endswith("the egress proxy refused 1 request: evil.example:443 (NotAllowed); see "
+                                      "status.network")
+    network = status["network"]
+    assert (network["requests"], network["allowed"], network["denied"], network["complete"]) == (2, 1, 1, True)
+    log = api.objects[("ConfigMap", NS, network["logConfigMap"])]
+    assert [json.loads(line)["host"] for line in log["data"]["requests.jsonl"].splitlines()] == [
+        "evil.example", "pypi.pkgs.svc.cluster.local"]
+    assert log["metadata"]["ownerReferences"][0]["uid"] == "uid-1" and log["immutable"]
+
+
+def test_a_proxy_pod_that_cannot_be_asked_makes_the_log_incomplete_not_the_run(env):
+    api, _, _, admin = env
+    admin.down.add("10.88.0.22")
+    started(env)
+    status = terminate(env[:3])["status"]
+    assert status["reason"] == "Completed" and status["network"]["complete"] is False
+    assert "logConfigMap" not in status["network"]  # nothing was logged
+
+
+def test_a_run_over_its_budget_ends_egress_budget_exceeded(env):
+    api, _, _, admin = env
+    admin.logs["10.88.0.21"] = [{"time": f"2026-11-22T10:00:{i:02d}Z", "host": "pypi.pkgs.svc.cluster.local",
+                                 "port": 443, "verdict": "allowed", "bytes_sent": 1, "bytes_received": 1}
+                                for i in range(10)] + [
+        {"time": "2026-11-22T10:00:30Z", "host": "pypi.pkgs.svc.cluster.local", "port": 443, "verdict": "denied",
+         "reason": "BudgetExceeded", "bytes_sent": 0, "bytes_received": 0}]
+    started(env)
+    log, termination = frame_log(reason="NonZeroExit", exitCode=1)
+    status = terminate(env[:3], log=log, termination=termination)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "EgressBudgetExceeded")
+    assert "11 requests, its budget being 10 (spec.egressBudget.requests)" in status["message"]
+
+
+def test_the_credential_is_redacted_from_what_the_program_prints(env):
+    api = env[0]
+    started(env)
+    printed = f"my proxy is {program_env(api)['HTTPS_PROXY']}\n"
+    log, termination = frame_log(stdout=printed)
+    status = terminate(env[:3], log=log, termination=termination)["status"]
+    assert "[REDACTED:coderun-egress-token]" in status["stdout"] and "v1.k1." not in status["stdout"]
+
+
+def test_without_the_proxy_s_key_a_run_with_host_rules_cannot_start_and_says_why(env):
+    api = env[0]
+    api.objects.pop(("Secret", PROXY_NS, "coderun-egress-proxy-keys"))
+    status = started(env)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "StartFailed")
+    assert status["message"].startswith(f"the egress proxy's Secret {PROXY_NS}/coderun-egress-proxy-keys has no key")
+    assert ("Pod", NS, "demo-sandbox") not in api.objects
+
+
+def test_a_controller_without_a_proxy_refuses_a_policy_with_host_rules():
+    api, clock = FakeK8s(), Clock()
+    ctl = Controller(api=api, clock=clock)
+    ctl.on_policy(policy_object(**POLICY), deleted=False)
+    status = submit((api, clock, ctl), make_run())["status"]
+    assert status["reason"] == "PolicyDenied" and "egress proxy, which is off" in status["message"]
+
+
+def test_the_signing_key_is_made_once_at_start_when_the_chart_asked_and_never_overwritten():
+    api = FakeK8s()
+    settings = ProxySettings.from_env({"CODERUN_EGRESS_PROXY": f"{PROXY_NS}/coderun-egress-proxy",
+                                       "CODERUN_EGRESS_KEYS_SECRET": "keys", "CODERUN_EGRESS_KEYS_CREATE": "true"})
+    assert (settings.keys_secret, settings.key_id, settings.create_keys) == ("keys", "k1", True)
+    proxy = EgressProxy(api, settings)
+    proxy.ensure_keys()
+    made = api.objects[("Secret", PROXY_NS, "keys")]
+    assert len(base64.b64decode(made["data"]["k1"])) == 32 and made["metadata"]["labels"]
+    proxy.ensure_keys()
+    assert api.objects[("Secret", PROXY_NS, "keys")] == made
+    given = EgressProxy(FakeK8s(), ProxySettings(PROXY_NS, "p", "theirs", "k1"))
+    given.ensure_keys()
+    assert not given.api.objects  # a Secret of the platform's own is never created
+    assert ProxySettings.from_env({}) is None
