@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the local cluster runs on. Idempotent and quiet when all are present.
+# Installs Debian packages: those named as arguments, else the ones the local cluster runs on. Idempotent and
+# quiet when all are present.
 set -euo pipefail
-packages=(runc containernetworking-plugins iptables nftables conntrack iproute2
+packages=("$@")
+[ $# -gt 0 ] || packages=(runc containernetworking-plugins iptables nftables conntrack iproute2
           ethtool socat util-linux mount debootstrap busybox-static libc6-dev gcc curl ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
@@ -12,4 +14,3 @@ echo "installing Debian packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-

@@ -3,20 +3,10 @@
 # openssl. Idempotent and quiet when both are there. The package's postinst would start a system squid; a
 # policy-rc.d that says no is put in place for the install when the host has none.
 set -euo pipefail
-packages=(squid-openssl openssl)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-[ ${#missing[@]} -eq 0 ] && exit 0
-echo "installing Debian packages: ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-guard=
+here=$(cd "$(dirname "$0")" && pwd)
 if [ ! -e /usr/sbin/policy-rc.d ]; then
-  guard=/usr/sbin/policy-rc.d
-  printf '#!/bin/sh\nexit 101\n' >"$guard"
-  chmod 0755 "$guard"
-  trap 'rm -f "$guard"' EXIT
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod 0755 /usr/sbin/policy-rc.d
+  trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+bash "$here/../../e2e/cluster/install-packages.sh" squid-openssl openssl
