@@ -18,9 +18,12 @@ installed() { "$HELM" status "$RELEASE" -n "$NAMESPACE" >/dev/null 2>&1; }
 install() {
   bash "$repo/e2e/cluster/build-binaries.sh" helm
   bash "$repo/e2e/operator.sh" stop  # one operator at a time: the host-process one would race the chart's
-  local digest
-  digest=$(bash "$repo/e2e/cluster/cluster.sh" images | awk '$1 == "coderun.local/operator:v1" {print $2}')
-  [ -n "$digest" ] || { echo "install.sh: no digest for coderun.local/operator:v1" >&2; exit 1; }
+  local images digest proxy_digest
+  images=$(bash "$repo/e2e/cluster/cluster.sh" images)
+  digest=$(awk '$1 == "coderun.local/operator:v1" {print $2}' <<<"$images")
+  proxy_digest=$(awk '$1 == "coderun.local/egress-proxy:v1" {print $2}' <<<"$images")
+  [ -n "$digest" ] && [ -n "$proxy_digest" ] || {
+    echo "install.sh: no digest for coderun.local/operator:v1 or coderun.local/egress-proxy:v1" >&2; exit 1; }
   # The namespace the operator runs in is held to Pod Security `restricted`, which its pods meet.
   "$KUBECTL" create namespace "$NAMESPACE" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
   "$KUBECTL" label namespace "$NAMESPACE" --overwrite pod-security.kubernetes.io/enforce=restricted >/dev/null
@@ -41,9 +44,13 @@ install() {
   # policy sets allowClusterEgress.
   local node_ip
   node_ip=$("$KUBECTL" get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}')
+  # The egress proxy may also reach pods of namespaces labelled as egress destinations: the e2e tests' in-cluster
+  # web server and package index (e2e/test_egress.py), whose names a policy's cidr rule then allows.
+  local destinations='[{"to": [{"namespaceSelector": {"matchLabels": {"coderun.io/egress-destination": "true"}}}]}]'
   # --force-conflicts: fields `kubectl apply` set (make up-host) are taken over by the release, not a conflict.
   "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" --force-conflicts \
-    --set image.digest="$digest" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
+    --set image.digest="$digest" --set egressProxy.image.digest="$proxy_digest" \
+    --set-json "egressProxy.extraEgress=$destinations" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
     --wait --timeout 180s "$@" >/dev/null
   local leader

@@ -94,9 +94,20 @@ go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSI
 SCRIPT
 )
 
-export KUBERNETES_VERSION ETCD_VERSION CONTAINERD_VERSION GVISOR_VERSION GVISOR_PATCH HELM_VERSION CODERUN_CACHE
+# CoreDNS with the plugins its own build compiles in (core/plugin/zplugin.go): the main package of its module.
+coredns_script=$(cat <<'SCRIPT'
+make_build_module "$CODERUN_CACHE/src/coredns-$COREDNS_VERSION" "github.com/coredns/coredns $COREDNS_VERSION"
+printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/coredns/coredns"\n' > tools.go
+go mod tidy >/dev/null
+go build -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$out/coredns" \
+  github.com/coredns/coredns
+SCRIPT
+)
+
+export KUBERNETES_VERSION ETCD_VERSION CONTAINERD_VERSION GVISOR_VERSION GVISOR_PATCH HELM_VERSION COREDNS_VERSION \
+  CODERUN_CACHE
 components=("$@")
-[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes helm)
+[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes helm coredns)
 for component in "${components[@]}"; do
   case $component in
     etcd) build_into etcd "$ETCD_VERSION" "$etcd_script" ;;
@@ -104,6 +115,7 @@ for component in "${components[@]}"; do
     gvisor) build_into gvisor "$GVISOR_VERSION$GVISOR_PATCH" "$gvisor_script" ;;
     kubernetes) build_into kubernetes "$KUBERNETES_VERSION" "$k8s_script" ;;
     helm) build_into helm "$HELM_VERSION" "$helm_script" ;;
+    coredns) build_into coredns "$COREDNS_VERSION" "$coredns_script" ;;
     *) echo "unknown component $component" >&2; exit 2 ;;
   esac
 done

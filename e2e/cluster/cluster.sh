@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster as host processes, like Kubernetes' own local-up-cluster.sh:
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd (runc + gVisor), kubelet,
-# kube-proxy and a NetworkPolicy enforcer. State, logs and pid files live under .cluster/ in the repo.
+# etcd, kube-apiserver, CoreDNS (the cluster DNS), kube-controller-manager, kube-scheduler, containerd (runc +
+# gVisor), kubelet, kube-proxy and a NetworkPolicy enforcer. State, logs and pid files live under .cluster/ in the repo.
 #   cluster.sh up | down | status | verify-down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -17,16 +17,19 @@ K8S_BIN=$CODERUN_CACHE/bin/kubernetes-$KUBERNETES_VERSION
 ETCD_BIN=$CODERUN_CACHE/bin/etcd-$ETCD_VERSION
 CONTAINERD_BIN=$CODERUN_CACHE/bin/containerd-$CONTAINERD_VERSION
 GVISOR_BIN=$CODERUN_CACHE/bin/gvisor-$GVISOR_VERSION$GVISOR_PATCH
+COREDNS_BIN=$CODERUN_CACHE/bin/coredns-$COREDNS_VERSION
 CONTAINERD_SOCK=$CLUSTER_DIR/containerd/containerd.sock
 POD_CIDR=10.88.0.0/16
 SERVICE_CIDR=10.96.0.0/16
 API_SERVICE_IP=10.96.0.1
+DNS_SERVICE_IP=10.96.0.10  # the kube-dns Service, in front of CoreDNS on the node's address
+CLUSTER_DOMAIN=cluster.local
 API_PORT=6443
 POD_BRIDGE=cni-coderun0
 L2_TABLE=coderun-l2
 NODE_NAME=$(hostname)
 # Components in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
+COMPONENTS=(etcd kube-apiserver coredns containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -115,9 +118,10 @@ setup_pki() {
   make_cert controller-manager system:kube-controller-manager ""
   make_cert scheduler system:kube-scheduler ""
   make_cert kube-proxy system:kube-proxy ""
+  make_cert coredns system:coredns ""
   make_cert kubelet "system:node:$NODE_NAME" system:nodes "DNS:$NODE_NAME,DNS:localhost,IP:127.0.0.1,IP:$ip"
   make_kubeconfig "$KUBECONFIG_ADMIN" admin
-  for c in controller-manager scheduler kube-proxy kubelet; do make_kubeconfig "$CLUSTER_DIR/$c.kubeconfig" "$c"; done
+  for c in controller-manager scheduler kube-proxy kubelet coredns; do make_kubeconfig "$CLUSTER_DIR/$c.kubeconfig" "$c"; done
 }
 
 # ---------------------------------------------------------------- host and containerd configuration
@@ -250,6 +254,10 @@ localStorageCapacityIsolation: true
 containerLogMaxSize: 10Mi
 maxPods: 110
 resolvConf: /etc/resolv.conf
+# Pods with dnsPolicy ClusterFirst (the egress proxy) ask CoreDNS through the kube-dns Service; sandboxes have no
+# resolver at all (dnsPolicy None).
+clusterDNS: [$DNS_SERVICE_IP]
+clusterDomain: $CLUSTER_DOMAIN
 # PIDs (cgroup v1 pids controller, cgroupfs driver: kubelet writes pids.max of each pod's cgroup, and of
 # kubepods from the reservation below). A gVisor pod's Sentry and Gofer live in the pod's cgroup: measured
 # here, an idle gVisor pod holds ~45 host tasks and each sandboxed process ~2 more under systrap (50 -> 140,
@@ -300,6 +308,28 @@ start_containerd() {
   wait_for containerd 30 "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" version
 }
 
+# CoreDNS answers the cluster's names (Services, ExternalName aliases) and forwards the rest to the host's resolver.
+# It runs on the host like the other components, on the node's address only: pods reach it through the kube-dns
+# Service (apply_cluster_objects), and a sandbox's NetworkPolicy keeps it from there as from any other address.
+start_coredns() {
+  local ip=$1
+  cat > "$CLUSTER_DIR/Corefile" <<EOF
+.:53 {
+    bind $ip
+    errors
+    kubernetes $CLUSTER_DOMAIN in-addr.arpa ip6.arpa {
+        kubeconfig $CLUSTER_DIR/coredns.kubeconfig coderun-local
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }
+    forward . /etc/resolv.conf
+    cache 5
+}
+EOF
+  start coredns "$COREDNS_BIN/coredns" -conf "$CLUSTER_DIR/Corefile"
+  wait_for coredns 30 bash -c "exec 3<>/dev/tcp/$ip/53"
+}
+
 start_controllers() {
   start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
@@ -331,7 +361,54 @@ start_netpol() {
 }
 
 apply_cluster_objects() {
+  local ip=$1
   kubectl apply -f - >/dev/null <<EOF
+# CoreDNS's read access (the kubernetes plugin lists and watches these), as kubeadm grants it.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+  - apiGroups: [""]
+    resources: [services, namespaces]
+    verbs: [list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects: [{kind: User, name: "system:coredns", apiGroup: rbac.authorization.k8s.io}]
+---
+# The cluster DNS address every ClusterFirst pod is given (the kubelet's clusterDNS), backed by CoreDNS on the
+# node: a Service without a selector and the EndpointSlice written here.
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
+spec:
+  clusterIP: $DNS_SERVICE_IP
+  ports:
+    - {name: dns, port: 53, targetPort: 53, protocol: UDP}
+    - {name: dns-tcp, port: 53, targetPort: 53, protocol: TCP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-node
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: coderun-local}
+addressType: IPv4
+endpoints:
+  - addresses: [$ip]
+    conditions: {ready: true}
+ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+---
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata: {name: gvisor}
@@ -356,7 +433,7 @@ coderun_images() {
 import_images() {
   local name archive imported=$CLUSTER_DIR/containerd/imported
   touch "$imported"
-  for name in pause busybox python node operator; do
+  for name in pause busybox python node operator egress-proxy; do
     archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
     grep -qxF "$archive" "$imported" && continue
     "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null
@@ -381,11 +458,12 @@ cmd_up() {
   setup_host
   start_etcd
   start_apiserver "$ip"
+  start_coredns "$ip"
   start_containerd
   import_images
   start_controllers
   start_kubelet "$ip"
-  apply_cluster_objects
+  apply_cluster_objects "$ip"
   start_netpol
   wait_for "node $NODE_NAME Ready" 120 node_ready
   log "cluster up in $((SECONDS - start_time)) s: kubectl --kubeconfig $KUBECONFIG_ADMIN get nodes"

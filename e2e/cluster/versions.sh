@@ -5,4 +5,5 @@ CONTAINERD_VERSION=v2.1.5         # the containerd gVisor's shim is built agains
 GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237   # a commit of gVisor's `go` branch
 GVISOR_PATCH=-p2                  # bumped whenever build-binaries.sh patches gVisor differently
 HELM_VERSION=v4.3.1               # latest helm.sh/helm/v4 release on the Go module proxy
+COREDNS_VERSION=v1.15.0           # the cluster's DNS: latest github.com/coredns/coredns on the Go module proxy
 CODERUN_CACHE=${CODERUN_CACHE:-$HOME/.cache/coderun}

@@ -10,7 +10,8 @@
 #
 #   e2e/images/build.sh NAME [OUTDIR]
 #
-# NAME is a recipe under recipes/: pause, busybox, python, node or operator. The archive lands in OUTDIR (default
+# NAME is a recipe under recipes/: pause, busybox, python, node, operator or
+# egress-proxy. The archive lands in OUTDIR (default
 # ${CODERUN_CACHE:-$HOME/.cache/coderun}/images) as NAME-<key>.tar; its path is
 # the last line on stdout (build logs go to stderr). Import it with
 #   ctr -n k8s.io images import "$(e2e/images/build.sh NAME | tail -n 1)"

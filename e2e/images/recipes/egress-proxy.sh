@@ -3,8 +3,9 @@
 # peeks), and coderun's helpers (src/coderun/egress, standard library only) run by Debian's python3.
 #
 # It runs as uid 65532 with a read-only root: squid's runtime files (squid.conf, its pid, the TLS pair, the access
-# log) go to /run/coderun-egress, an emptyDir; the keys (a Secret) and the revocation list (a ConfigMap) are
-# mounted read-only (proxy.py's DEFAULTS name the paths). The versions Debian gave are written to
+# log, each run's log, the revocation list the admin container writes) go to /run/coderun-egress, an emptyDir; the
+# keys (a Secret) are mounted read-only (proxy.py's DEFAULTS name the paths). The same image runs the pod's second
+# container, the operator's admin endpoint (coderun-egress-proxy admin). The versions Debian gave are written to
 # e2e/images/egress-proxy.packages.lock.
 IMAGE_REF=coderun.local/egress-proxy:v1
 EGRESS_ROOT=/opt/coderun-egress
@@ -51,7 +52,7 @@ sys.path.insert(0, '$EGRESS_ROOT')
 from coderun.egress.squid_config import write_error_pages, write_launchers
 write_launchers('$EGRESS_LIB/bin', '/usr/bin/python3', '$EGRESS_ROOT')
 write_error_pages('$EGRESS_LIB/errors')" >&2
-    mkdir -p "$rootfs/run/coderun-egress" "$rootfs/etc/coderun-egress/keys" "$rootfs/etc/coderun-egress/revocations"
+    mkdir -p "$rootfs/run/coderun-egress" "$rootfs/etc/coderun-egress/keys"
     verify_egress_rootfs "$rootfs"  # needs the base's /dev/null, so before /dev is emptied
     rm -rf "${rootfs:?}"/dev/* "${rootfs:?}"/tmp/* "${rootfs:?}"/run/coderun-egress/*
 }
@@ -62,7 +63,7 @@ verify_egress_rootfs() {
     local rootfs=$1 parsed as_proxy=(chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i
         PATH=/usr/sbin:/usr/bin:/bin HOME=/tmp CODERUN_EGRESS_STATE=/tmp/verify)
     verify_precompiled "${as_proxy[@]}" PYTHONPATH=$EGRESS_ROOT python3 -- \
-        coderun.egress.helpers coderun.egress.access_log coderun.egress.proxy
+        coderun.egress.helpers coderun.egress.access_log coderun.egress.proxy coderun.egress.admin
     "${as_proxy[@]}" python3 -I -c "import os, sys
 sys.path.insert(0, '$EGRESS_ROOT')
 from coderun.egress.proxy import prepare, settings_from
