@@ -374,13 +374,17 @@ def test_a_run_over_its_budget_is_refused_naming_the_field(spent_bytes, spent_re
             verdict.message
 
 
-def test_the_acl_helper_refuses_a_run_that_spent_its_budget_before_looking_at_the_name():
+def test_the_acl_helper_s_budget_check_refuses_a_run_that_spent_its_budget():
     from coderun.egress.run_logs import Usage
-    token = mint("k1", KEY, grant(budget=credential.Budget(bytes=None, requests=3)))
-    words = ["u-1", token, "api.github.com", "443", "-", "request"]
     spent = {"u-1": Usage(requests=2)}
-    answer = lambda: helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,  # noqa: E731
-                                        lambda uid: spent.get(uid, Usage()))
-    assert answer().startswith("OK")
+
+    def budget(**changes):
+        words = ["u-1", mint("k1", KEY, grant(**changes)), "api.github.com", "443", "-", "budget"]
+        return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,
+                                  lambda uid: spent.get(uid, Usage()))
+
+    limited = credential.Budget(bytes=None, requests=3)
+    assert budget(budget=limited) == "OK" and budget() == "OK"
     spent["u-1"] = Usage(requests=3)
-    assert 'reason="BudgetExceeded"' in answer() and 'uid="u-1"' in answer()
+    assert 'reason="BudgetExceeded"' in budget(budget=limited) and 'uid="u-1"' in budget(budget=limited)
+    assert budget() == "OK"  # no budget in the credential: nothing to spend

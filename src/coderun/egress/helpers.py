@@ -46,11 +46,11 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
                resolve: Resolve, protected: Sequence[tuple[str, Network]],
                usage: Callable[[str], Usage] = lambda uid: Usage()) -> str:
     """external_acl_type: `<user> <token> <host> <port> <SNI> <check>`, the check being the acl line's argument:
-    `request` (http_access: may this run reach this name and port?) or `sni` (ssl_bump step 2: does the TLS
-    ClientHello name the CONNECT host?). OK lets the request on; ERR refuses it with a message that names the
-    host and the policy (squid's error page shows it). `usage(uid)` is what the run spent so far through this pod
-    (run_logs.py), checked against the budget its credential carries."""
-    if len(words) != 6 or words[5] not in ("request", "sni"):
+    `request` (http_access: may this run reach this name and port?), `budget` (has it spent what its credential
+    allows? `usage(uid)` is what it spent so far through this pod: run_logs.py) or `sni` (ssl_bump step 2: does
+    the TLS ClientHello name the CONNECT host?). OK lets the request on; ERR refuses it with a message that names
+    the host and the policy (squid's error page shows it)."""
+    if len(words) != 6 or words[5] not in ("request", "budget", "sni"):
         return reply(False, message="the egress proxy could not read this request", reason="Malformed")
     user, token, host, port_text, sni, check = words
     if check == "sni":
@@ -60,12 +60,13 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
         grant = verify(token, keys, now, revoked, user=user)
     except CredentialRefused as refused:
         return reply(False, message=str(refused), reason=refused.reason)
-    if grant.budget is not None:
-        spent = usage(grant.uid)
-        over = rules.decide_budget(grant.policy, spent.bytes, spent.requests, grant.budget.bytes,
-                                   grant.budget.requests)
-        if over is not None:
-            return _answer(grant, over)
+    if check == "budget":
+        over = None
+        if grant.budget is not None:
+            spent = usage(grant.uid)
+            over = rules.decide_budget(grant.policy, spent.bytes, spent.requests, grant.budget.bytes,
+                                       grant.budget.requests)
+        return _answer(grant, over) if over else reply(True)  # an OK adds no notes: the request check's are logged
     port = int(port_text) if port_text.isdigit() and len(port_text) <= 5 else 0
     if not 1 <= port <= 65535:
         return _answer(grant, rules.Verdict(False, rules.NOT_ALLOWED, f"egress to {host}: no valid port"))
