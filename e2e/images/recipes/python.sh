@@ -1,5 +1,5 @@
 # coderun.local/sandbox-python:v2 — Debian bookworm minbase with Python 3.11,
-# numpy, pandas and matplotlib from Debian, and the coderun runner as entrypoint.
+# numpy, pandas, matplotlib and pip from Debian, and the coderun runner as entrypoint.
 # The versions Debian gave are written to sandbox-images/python/packages.lock.
 IMAGE_REF=coderun.local/sandbox-python:v2
 mapfile -t RECIPE_INPUTS < <(runner_files)
@@ -9,7 +9,8 @@ MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tm
 # installing munkres first keeps scipy and the compiler toolchain it drags in
 # (pythran, g++, python3-dev) out of the image.
 PYTHON_PACKAGES_FIRST=(python3-munkres)
-PYTHON_PACKAGES=(python3-numpy python3-pandas python3-matplotlib)
+# pip: a policy with egress by name can let a program fetch packages from an index (docs/egress.md).
+PYTHON_PACKAGES=(python3-numpy python3-pandas python3-matplotlib python3-pip)
 
 # The packages: slow (debootstrap, ~2 min), so build.sh caches them apart from the runner.
 make_base_rootfs() {

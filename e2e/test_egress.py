@@ -1,0 +1,469 @@
+"""Egress by name on the real cluster (docs/egress.md): runs reach the names their policy lists through the chart's
+egress proxy, and nothing else; every request is in the run's status.network and its log ConfigMap.
+
+The destinations are inside the cluster, never the internet: one server pod in a namespace of its own (labelled as
+an egress destination, which install.sh lets the proxy reach) behind several Services, so several names: `web`
+(HTTP 8080, HTTPS 8443 with a certificate the test makes), `pypi` (a package index of one wheel), `other` (the same
+pod, a name no policy lists) and `rebind` (an ExternalName alias of kubernetes.default.svc.cluster.local: a name
+resolving to the API server's address). Names are written in full (the proxy uses no search domains).
+
+Runs only against the chart's operator (CODERUN_E2E_OPERATOR=chart, `make test`): the host-process mode installs
+no proxy. Synchronisation is always a polled predicate with a deadline.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import subprocess
+import tempfile
+import textwrap
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.models import GROUP, VERSION
+from conftest import NAMESPACE_LABELS, OPERATOR_MODE, wait_for
+from test_hostile import BREACH, PRELUDE, facts_of
+
+pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress proxy is installed by the chart: "
+                                 "CODERUN_E2E_OPERATOR=chart (make test)"),
+              pytest.mark.cold_only,  # a warm pool cannot serve a policy with egress (docs/egress.md)
+              pytest.mark.timeout(900)]
+
+PROXY_NAMESPACE, PROXY_SERVICE = "coderun-system", "coderun-egress-proxy"
+DESTINATION_LABELS = {**NAMESPACE_LABELS, "coderun.io/egress-destination": "true"}  # e2e/install.sh's extraEgress
+SMALL = {"timeoutSeconds": 20, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
+WHEEL = "coderun_egress_probe-1.0-py3-none-any.whl"
+PYTHON_IMAGE = "coderun.local/sandbox-python:v2"
+
+SERVER = r'''
+import hashlib, http.server, ssl, threading
+WHEEL = "coderun_egress_probe-1.0-py3-none-any.whl"
+DATA = open("/index/wheel", "rb").read()
+PAGES = {"/simple/": b'<a href="coderun-egress-probe/">coderun-egress-probe</a>',
+         "/simple/coderun-egress-probe/": ('<a href="/files/%s#sha256=%s">%s</a>'
+                                           % (WHEEL, hashlib.sha256(DATA).hexdigest(), WHEEL)).encode(),
+         "/files/" + WHEEL: DATA}
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        path = self.path.split("?")[0]
+        if path.startswith("/bytes/"):
+            body = b"x" * min(int(path[7:]), 64 << 20)
+        else:
+            body = PAGES.get(path) or ("hello from %s" % self.headers.get("Host", "?")).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if path.startswith("/simple/") else "application/octet-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+tls = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain("/certs/tls.crt", "/certs/tls.key")
+tls.socket = context.wrap_socket(tls.socket, server_side=True)
+threading.Thread(target=tls.serve_forever, daemon=True).start()
+http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
+'''
+
+
+@dataclass
+class Destinations:
+    namespace: str
+    ca: str                   # the web server's certificate (self-signed), PEM
+    web_ip: str               # the Services' cluster IPs and the pod's own address
+    pypi_ip: str
+    pod_ip: str
+    proxy_ip: str
+
+    def name(self, service: str) -> str:
+        return f"{service}.{self.namespace}.svc.cluster.local"
+
+
+def probe_wheel() -> bytes:
+    """A wheel pip accepts: a module, METADATA, WHEEL and a RECORD of both with their hashes."""
+    files = {"coderun_egress_probe/__init__.py": b"VALUE = 42\n",
+             "coderun_egress_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: coderun-egress-probe\n"
+                                                             b"Version: 1.0\n",
+             "coderun_egress_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: coderun-e2e\n"
+                                                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()}"
+                     f",{len(data)}\n" for path, data in files.items())
+    record += "coderun_egress_probe-1.0.dist-info/RECORD,,\n"
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as wheel:
+        for path, data in {**files, "coderun_egress_probe-1.0.dist-info/RECORD": record.encode()}.items():
+            wheel.writestr(path, data)
+    return out.getvalue()
+
+
+def certificate(names: list[str]) -> tuple[str, str]:
+    with tempfile.TemporaryDirectory() as work:
+        key, cert = Path(work) / "key.pem", Path(work) / "cert.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                        str(cert), "-days", "2", "-subj", f"/CN={names[0]}", "-addext",
+                        "subjectAltName=" + ",".join(f"DNS:{n}" for n in names)], check=True, capture_output=True)
+        return cert.read_text(), key.read_text()
+
+
+@pytest.fixture(scope="module")
+def destinations(operator) -> Destinations:
+    cluster = operator
+    ns = f"e2e-egress-dest-{uuid.uuid4().hex[:5]}"
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": DESTINATION_LABELS}})
+    names = [f"{s}.{ns}.svc.cluster.local" for s in ("web", "pypi", "other")]
+    cert, key = certificate(names)
+    cluster.core.create_namespaced_secret(ns, {"metadata": {"name": "web-tls"}, "type": "kubernetes.io/tls",
+                                               "stringData": {"tls.crt": cert, "tls.key": key}})
+    cluster.core.create_namespaced_config_map(ns, {"metadata": {"name": "index"}, "binaryData": {
+        "wheel": base64.b64encode(probe_wheel()).decode()}})
+    cluster.core.create_namespaced_pod(ns, {"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
+        "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "web", "image": PYTHON_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["python3", "-c", SERVER], "ports": [{"containerPort": 8080},
+                                                                       {"containerPort": 8443}],
+                        "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "certs", "mountPath": "/certs"},
+                                         {"name": "index", "mountPath": "/index"}]}],
+        "volumes": [{"name": "certs", "secret": {"secretName": "web-tls"}},
+                    {"name": "index", "configMap": {"name": "index"}}]}})
+    for service, ports in (("web", (8080, 8443)), ("pypi", (8080,)), ("other", (8080, 8443))):
+        cluster.core.create_namespaced_service(ns, {"metadata": {"name": service}, "spec": {
+            "selector": {"app": "web"}, "ports": [{"name": f"p{p}", "port": p, "targetPort": p} for p in ports]}})
+    cluster.core.create_namespaced_service(ns, {"metadata": {"name": "rebind"}, "spec": {
+        "type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local"}})
+    wait_for(lambda: any(c.type == "Ready" and c.status == "True" for c in
+                         cluster.core.read_namespaced_pod("web", ns).status.conditions or ()), 90, "the web pod")
+    def address(service: str, namespace: str = ns) -> str:
+        return cluster.core.read_namespaced_service(service, namespace).spec.cluster_ip
+
+    yield Destinations(ns, cert, address("web"), address("pypi"),
+                       cluster.core.read_namespaced_pod("web", ns).status.pod_ip,
+                       address(PROXY_SERVICE, PROXY_NAMESPACE))
+    cluster.core.delete_namespace(ns, propagation_policy="Background")
+
+
+def egress_policy(dest: Destinations, name: str = "default", **extra) -> dict:
+    """The names the runs may reach, and the Service addresses they resolve to (the Service range is the
+    cluster's own: a cidr rule must cover it, and allowClusterEgress allow that)."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": {
+        "admission": "Record", "allowClusterEgress": True, "egress": [
+            {"host": dest.name("web"), "ports": [{"port": 8080}, {"port": 8443}]},
+            {"host": dest.name("pypi"), "ports": [{"port": 8080}]},
+            {"host": dest.name("rebind"), "ports": [{"port": 443}]},
+            {"host": "kubernetes.default.svc.cluster.local", "ports": [{"port": 443}]},
+            {"cidr": f"{dest.web_ip}/32", "ports": [{"port": 8080}, {"port": 8443}]},
+            {"cidr": f"{dest.pypi_ip}/32", "ports": [{"port": 8080}]}], **extra}}
+
+
+def apply_policy(cluster, namespace: str, policy: dict) -> None:
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, policy)
+
+
+@pytest.fixture
+def egress_namespace(operator, destinations, namespace) -> str:
+    apply_policy(operator, namespace, egress_policy(destinations))
+    return namespace
+
+
+def run(cluster, namespace: str, code: str, language: str = "python", timeout: float = 120, **spec) -> dict:
+    """The run once it ended (the whole object: its name, its status)."""
+    name = cluster.create_run(namespace, {"language": language, "code": code, "limits": SMALL, **spec})
+    return cluster.wait_run(namespace, name, timeout)
+
+
+def network_log(cluster, namespace: str, status: dict) -> list[dict]:
+    configmap = cluster.core.read_namespaced_config_map(status["network"]["logConfigMap"], namespace)
+    return [json.loads(line) for line in configmap.data["requests.jsonl"].splitlines()]
+
+
+def python(*parts: str) -> str:
+    """A program: the hostile suite's PRELUDE (report, attempt, tcp, udp), then each part dedented on its own."""
+    return PRELUDE + "".join(textwrap.dedent(part) for part in parts)
+
+
+FETCH = r'''
+import urllib.error, urllib.request, ssl
+def fetch(url, cafile="ca.pem"):
+    """A GET as any Python program writes it: urllib reads HTTP_PROXY / HTTPS_PROXY itself."""
+    try:
+        with urllib.request.urlopen(url, timeout=15, context=ssl.create_default_context(cafile=cafile)) as r:
+            return r.status, r.read().decode(errors="replace")[:200], ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")[:400], e.headers.get("X-Coderun-Refused") or ""
+    except Exception as e:
+        return type(e).__name__, str(e)[:300], ""
+'''
+
+
+def test_python_reaches_an_allowed_name_over_http_and_https_and_is_refused_another_saying_why(operator, destinations,
+                                                                                               egress_namespace):
+    dest = destinations
+    ended = run(operator, egress_namespace, python(FETCH, f'''
+        plain, tls, refused = (fetch("http://{dest.name('web')}:8080/hello"),
+                               fetch("https://{dest.name('web')}:8443/hello"),
+                               fetch("http://{dest.name('other')}:8080/"))
+        print("proxy:", os.environ["HTTPS_PROXY"])
+        report(plain=plain, tls=tls, refused=refused)'''), files=[{"path": "ca.pem", "content": dest.ca}])
+    status = ended["status"]
+    facts = facts_of(status)
+    assert (status["phase"], status["reason"]) == ("Succeeded", "Completed"), status
+    assert facts["plain"][:2] == [200, f"hello from {dest.name('web')}:8080"]
+    assert facts["tls"][:2] == [200, f"hello from {dest.name('web')}:8443"]
+    says = f"egress to {dest.name('other')}:8080 is not allowed by CodeRunPolicy default"
+    assert facts["refused"][0] == 403 and says in facts["refused"][1] and facts["refused"][2].startswith(says)
+    assert "[REDACTED:coderun-egress-token]" in status["stdout"]  # the credential never reaches the status
+    assert status["message"].endswith(f"the egress proxy refused 1 request: {dest.name('other')}:8080 (NotAllowed); "
+                                      "see status.network")
+    network = status["network"]
+    assert (network["requests"], network["allowed"], network["denied"], network["complete"]) == (3, 2, 1, True)
+    hosts = {(h["host"], h["port"]): h for h in network["hosts"]}
+    assert hosts[(dest.name("other"), 8080)]["reason"] == "NotAllowed"
+    assert hosts[(dest.name("web"), 8443)]["allowed"] == 1 and hosts[(dest.name("web"), 8443)]["bytesReceived"] > 0
+    records = network_log(operator, egress_namespace, status)
+    assert [(r["method"], r["host"], r["port"], r["verdict"]) for r in records] == [
+        ("GET", dest.name("web"), 8080, "allowed"), ("CONNECT", dest.name("web"), 8443, "allowed"),
+        ("GET", dest.name("other"), 8080, "denied")]
+    assert records[0]["path"] == "/hello" and records[1]["sni"] == dest.name("web") and records[1]["tls"] == "splice"
+    assert all(r["run"] == f"{egress_namespace}/{ended['metadata']['name']}" for r in records)
+
+
+def test_pip_downloads_from_a_package_index_through_the_proxy(operator, destinations, egress_namespace):
+    index = destinations.name("pypi")
+    status = run(operator, egress_namespace, python(f'''
+        import subprocess
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
+                               "--no-deps", "--no-cache-dir", "-d",
+                               "/tmp/dl", "--index-url", "http://{index}:8080/simple/", "--trusted-host", "{index}",
+                               "coderun-egress-probe"], capture_output=True, text=True, timeout=60)
+        report(code=done.returncode, files=attempt_list("/tmp/dl"), err=done.stderr[-500:])'''),
+                 limits={**SMALL, "timeoutSeconds": 90, "memory": "256Mi"}, timeout=180)["status"]
+    facts = facts_of(status)
+    assert facts["code"] == 0 and facts["files"] == [WHEEL], facts
+    records = network_log(operator, egress_namespace, status)
+    assert {(r["host"], r["path"]) for r in records} >= {(index, "/simple/coderun-egress-probe/"),
+                                                         (index, f"/files/{WHEEL}")}
+    assert all(r["verdict"] == "allowed" for r in records)
+
+
+# Node 18's fetch ignores HTTP_PROXY (docs/egress.md): a program sets undici's ProxyAgent itself, with the
+# credential as Basic proxy authorization.
+NODE = r'''
+const fs = require("fs");
+const { ProxyAgent, setGlobalDispatcher } = require("undici");
+const proxy = new URL(process.env.HTTPS_PROXY);
+const basic = Buffer.from(decodeURIComponent(proxy.username) + ":" + decodeURIComponent(proxy.password));
+setGlobalDispatcher(new ProxyAgent({uri: proxy.origin, token: "Basic " + basic.toString("base64"),
+                                    requestTls: {ca: fs.readFileSync("ca.pem")}}));
+(async () => {
+  const facts = {};
+  try { const r = await fetch(process.argv[2] || "URL"); facts.tls = [r.status, await r.text()]; }
+  catch (e) { facts.tls = ["error", String(e.cause || e)]; }
+  try { const r = await fetch("REFUSED"); facts.refused = [r.status]; }
+  catch (e) { facts.refused = ["error", String(e.cause || e)]; }
+  console.log(JSON.stringify(facts));
+})();
+'''
+
+
+def test_node_reaches_an_allowed_name_with_undici_s_proxy_agent(operator, destinations, egress_namespace):
+    dest = destinations
+    code = NODE.replace('process.argv[2] || "URL"', json.dumps(f"https://{dest.name('web')}:8443/node")).replace(
+        '"REFUSED"', json.dumps(f"https://{dest.name('other')}:8443/"))
+    status = run(operator, egress_namespace, code, language="javascript",
+                 files=[{"path": "ca.pem", "content": dest.ca}])["status"]
+    facts = facts_of(status)
+    assert facts["tls"] == [200, f"hello from {dest.name('web')}:8443"], status
+    assert facts["refused"][0] == "error"  # undici reports a refused CONNECT as an error; the log says why
+    assert [(r["host"], r["verdict"], r["reason"]) for r in network_log(operator, egress_namespace, status)] == [
+        (dest.name("web"), "allowed", "Allowed"), (dest.name("other"), "denied", "NotAllowed")]
+
+
+def test_a_run_over_its_request_budget_ends_egress_budget_exceeded(operator, destinations, namespace):
+    apply_policy(operator, namespace, egress_policy(destinations, egressBudget={"requests": 3}))
+    status = run(operator, namespace, python(FETCH, f'''
+        report(codes=[fetch("http://{destinations.name('web')}:8080/n%d" % i)[0] for i in range(5)])'''))["status"]
+    assert facts_of(status)["codes"] == [200, 200, 200, 403, 403], status
+    assert (status["phase"], status["reason"]) == ("Failed", "EgressBudgetExceeded"), status
+    assert "(spec.egressBudget.requests)" in status["message"]
+
+
+def test_a_run_without_egress_has_no_proxy_and_no_route_to_it(operator, destinations, namespace):
+    status = run(operator, namespace, python(f'''
+        report(env=sorted(k for k in os.environ if "proxy" in k.lower()), proxy=tcp("{destinations.proxy_ip}", 3128),
+               web=tcp("{destinations.web_ip}", 8080))'''))["status"]
+    facts = facts_of(status)
+    assert facts["env"] == [] and facts["proxy"] not in BREACH and facts["web"] not in BREACH, facts
+    assert "network" not in status
+
+
+# ------------------------------------------------------------------ hostile programs, with a canary alongside
+RAW = r'''
+import base64, socket, ssl, urllib.parse
+PROXY = urllib.parse.urlsplit(os.environ.get("HTTPS_PROXY", "http://x:y@127.0.0.1:1"))
+def ask(request, credentials=None, tls_name=None):
+    """One raw request to the proxy (what a program ignoring the conventions can send): its status line, the
+    refusal header, and with tls_name what a TLS handshake naming it got through the tunnel."""
+    user, password = credentials or (PROXY.username, urllib.parse.unquote(PROXY.password or ""))
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    s = socket.create_connection((PROXY.hostname, PROXY.port), timeout=15)
+    s.sendall(request.replace("AUTH", f"Proxy-Authorization: Basic {auth}").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        head += chunk
+    lines = head.split(b"\r\n\r\n")[0].decode(errors="replace").split("\r\n")
+    refused = next((l.split(": ", 1)[1] for l in lines if l.lower().startswith("x-coderun-refused")), "")
+    tunnel = None
+    if tls_name and " 200 " in lines[0]:
+        try:
+            context = ssl.create_default_context(cafile="ca.pem")
+            context.check_hostname = False
+            with context.wrap_socket(s, server_hostname=tls_name) as t:
+                t.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                tunnel = "reply:" + t.recv(200).decode(errors="replace")
+        except Exception as e:
+            tunnel = type(e).__name__
+    s.close()
+    return lines[0], refused, tunnel
+def connect(target, **kw):
+    return ask(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nAUTH\r\n\r\n", **kw)
+'''
+
+
+@dataclass
+class EgressAttack:
+    id: str
+    code: str
+    check: Callable[[dict, dict], Any]
+    stdin: Callable[[Any], str] | None = None  # what the test hands the program (another run's credential)
+
+
+def blocked(*keys: str) -> Callable[[dict, dict], bool]:
+    return lambda s, f: bool(f) and all(k in f and f[k] not in BREACH for k in keys)
+
+
+def attacks(dest: Destinations, node: str) -> list[EgressAttack]:
+    web, other, rebind = dest.name("web"), dest.name("other"), dest.name("rebind")
+    return [
+        EgressAttack("direct-connections", f'''
+            report(web_service_other_port=tcp("{dest.web_ip}", 9999), web_service=tcp("{dest.web_ip}", 8080),
+                   web_pod=tcp("{dest.pod_ip}", 8443), any_ip=tcp("1.1.1.1", 443), node=tcp("{node}", 6443),
+                   api=tcp("10.96.0.1", 443))''',
+                     blocked("web_service_other_port", "web_service", "web_pod", "any_ip", "node", "api")),
+        EgressAttack("udp-quic-ipv6", f'''
+            report(quic=udp("{dest.web_ip}", 8443), quic_public=udp("1.1.1.1", 443),
+                   v6=tcp("2606:4700:4700::1111", 443), v6_link_local=tcp(scoped("fe80::1"), 3128))''',
+                     blocked("quic", "quic_public", "v6", "v6_link_local")),
+        EgressAttack("dns-from-the-sandbox", f'''
+            query = b"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x03web\\x00\\x00\\x01\\x00\\x01"
+            report(lookup=attempt(lambda: socket.getaddrinfo("{web}", 8080)), kube_dns=udp("10.96.0.10", 53, query),
+                   node_dns=udp("{node}", 53, query))''',
+                     blocked("lookup", "kube_dns", "node_dns")),
+        EgressAttack("sni-other-than-the-connect-host", f'''
+            report(fronted=connect("{web}:8443", tls_name="{other}"), honest=connect("{web}:8443", tls_name="{web}"))''',
+                     lambda s, f: f["fronted"][0].endswith("200 Connection established")
+                     and not str(f["fronted"][2]).startswith("reply:") and str(f["honest"][2]).startswith("reply:")
+                     and _reasons(s).get(web) == "SNIMismatch"),
+        EgressAttack("a-name-resolving-to-the-api-server", f'''
+            report(rebind=connect("{rebind}:443"), kubernetes=connect("kubernetes.default.svc.cluster.local:443"),
+                   short=connect("kubernetes.default.svc:443"), address=connect("10.96.0.1:443"))''',
+                     lambda s, f: all(f[k][0].startswith("HTTP/1.1 403") for k in ("rebind", "kubernetes", "short",
+                                                                                   "address"))
+                     and "inside 10.96.0.0/16" in f["rebind"][1] and "inside 10.96.0.0/16" in f["kubernetes"][1]
+                     and "not allowed by CodeRunPolicy" in f["short"][1] and "names only" in f["address"][1]
+                     and _reasons(s).get(rebind) == "ProtectedAddress"),
+        EgressAttack("another-run-s-name-with-this-run-s-token", f'''
+            other_uid = sys.stdin.read().strip()
+            report(as_other=connect("{web}:8443", credentials=(other_uid, urllib.parse.unquote(PROXY.password))),
+                   forged=connect("{web}:8443", credentials=(PROXY.username, "v1.k1.e30.AAAA")))''',
+                     lambda s, f: f["as_other"][0].startswith("HTTP/1.1 407") and f["forged"][0].startswith("HTTP/1.1 407"),
+                     stdin=lambda earlier: earlier["metadata"]["uid"]),
+        EgressAttack("a-finished-run-s-credential", f'''
+            user, _, token = sys.stdin.read().strip().partition(":")
+            report(reused=connect("{web}:8443", credentials=(user, token)))''',
+                     lambda s, f: f["reused"][0].startswith("HTTP/1.1 407"),
+                     stdin=lambda earlier: _credential_of(earlier)),
+        EgressAttack("absurd-and-injected-headers", f'''
+            big = ask("GET http://{web}:8080/ HTTP/1.1\\r\\nHost: x\\r\\nX-Big: " + "a" * 70000 + "\\r\\nAUTH\\r\\n\\r\\n")
+            crlf = ask("GET http://{web}%0d%0aX-Evil:%201:8080/ HTTP/1.1\\r\\nHost: x\\r\\nAUTH\\r\\n\\r\\n")
+            after = ask("GET http://{web}:8080/after HTTP/1.1\\r\\nHost: x\\r\\nAUTH\\r\\nConnection: close\\r\\n\\r\\n")
+            report(big=big[0], crlf=crlf[0], after=after[0])''',
+                     lambda s, f: " 200 " not in f["big"] and " 200 " not in f["crlf"] and " 200 " in f["after"]),
+        EgressAttack("a-flood-of-connections", f'''
+            held = []
+            for _ in range(100):
+                try:
+                    held.append(socket.create_connection((PROXY.hostname, PROXY.port), timeout=5))
+                except OSError:
+                    break
+            report(held=len(held), more=connect("{web}:8443")[0])''',
+                     lambda s, f: f["held"] >= 64 and f["more"].startswith("HTTP/1.1 403")),
+    ]
+
+
+def _reasons(status: dict) -> dict[str, str]:
+    return {h["host"]: h.get("reason") for h in (status.get("network") or {}).get("hosts") or ()}
+
+
+def _credential_of(run: dict) -> str:
+    """user:token of a run's proxy URL, as its input holds it (read with the test's rights, not a sandbox's)."""
+    return _INPUTS[run["metadata"]["uid"]]
+
+
+_INPUTS: dict[str, str] = {}
+
+
+def test_hostile_programs_are_contained_each_with_its_reason_while_a_canary_reaches_its_name(
+        operator, destinations, egress_namespace):
+    cluster, dest = operator, destinations
+    # A run whose credential the attackers are handed: it ends (revoked) before they use it.
+    earlier_name = cluster.create_run(egress_namespace, {"language": "python", "code": "print(1)", "limits": SMALL})
+    pod_input = wait_for(lambda: cluster.core.read_namespaced_config_map(f"{earlier_name}-input", egress_namespace),
+                         60, "the earlier run's input")
+    proxy_url = json.loads(pod_input.data["run.json"])["env"]["HTTPS_PROXY"]
+    earlier = cluster.wait_run(egress_namespace, earlier_name)
+    _INPUTS[earlier["metadata"]["uid"]] = proxy_url.split("//", 1)[1].rsplit("@", 1)[0]
+    canary_code = python(FETCH, f'''
+        report(canary=fetch("https://{dest.name('web')}:8443/canary")[:2])''')
+    started: list[tuple[EgressAttack, str]] = []
+    canaries: list[str] = []
+    for attack in attacks(dest, cluster.node_ip()):
+        spec = {"language": "python", "code": python(RAW, attack.code), "limits": SMALL,
+                "files": [{"path": "ca.pem", "content": dest.ca}]}
+        if attack.stdin:
+            spec["stdin"] = attack.stdin(earlier)
+        started.append((attack, cluster.create_run(egress_namespace, spec)))
+        if len(started) % 3 == 0:  # a canary beside every few attacks; the node fits about six small runs
+            canaries.append(cluster.create_run(egress_namespace, {"language": "python", "code": canary_code,
+                                                                  "limits": SMALL,
+                                                                  "files": [{"path": "ca.pem", "content": dest.ca}]}))
+            for _, name in started[-3:]:
+                cluster.wait_run(egress_namespace, name, 240)
+    failures = []
+    for attack, name in started:
+        status = cluster.wait_run(egress_namespace, name, 240)["status"]
+        facts = facts_of(status)
+        try:
+            ok = status["reason"] == "Completed" and attack.check(status, facts)
+        except (KeyError, IndexError, TypeError) as e:
+            ok = f"{type(e).__name__}: {e}"
+        if ok is not True:
+            failures.append(f"{attack.id}: {status.get('reason')} {facts} {status.get('message', '')[:300]}")
+    assert not failures, "\n".join(failures)
+    for name in canaries:
+        status = cluster.wait_run(egress_namespace, name, 240)["status"]
+        assert facts_of(status)["canary"] == [200, f"hello from {dest.name('web')}:8443"], status
