@@ -184,9 +184,13 @@ def _answer(body: bytes, headers: Mapping[str, str]) -> PodAnswer:
             continue  # a line cut by the pod's cap
         if isinstance(record, dict):
             records.append(record)
-    number = lambda name: int(headers.get(name, "0")) if str(headers.get(name, "0")).isdigit() else 0  # noqa: E731
-    return PodAnswer(tuple(records), number("X-Coderun-Requests"), number("X-Coderun-Bytes-Sent"),
-                     number("X-Coderun-Bytes-Received"), number("X-Coderun-Dropped"))
+    return PodAnswer(tuple(records), _count(headers, "X-Coderun-Requests"), _count(headers, "X-Coderun-Bytes-Sent"),
+                     _count(headers, "X-Coderun-Bytes-Received"), _count(headers, "X-Coderun-Dropped"))
+
+
+def _count(headers: Mapping[str, str], name: str) -> int:
+    value = str(headers.get(name) or "0")
+    return int(value) if value.isdigit() and len(value) < 19 else 0
 
 
 def _target(port: Mapping[str, Any]) -> int:

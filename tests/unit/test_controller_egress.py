@@ -200,3 +200,18 @@ def test_the_signing_key_is_made_once_at_start_when_the_chart_asked_and_never_ov
     given.ensure_keys()
     assert not given.api.objects  # a Secret of the platform's own is never created
     assert ProxySettings.from_env({}) is None
+
+
+def test_a_log_the_api_server_refuses_leaves_the_run_s_end_as_it_was(env):
+    api, _, _, admin = env
+    admin.logs["10.88.0.21"] = [{"time": "2026-11-22T10:00:02Z", "host": "pypi.pkgs.svc.cluster.local", "port": 443,
+                                 "verdict": "allowed", "bytes_sent": 1, "bytes_received": 1}]
+
+    def quota(obj):
+        if obj["metadata"]["name"].endswith("-egress-log"):
+            raise api.Refused("configmaps is forbidden: exceeded quota", 403)
+    api.fail["create_or_get"] = quota
+    started(env)
+    status = terminate(env[:3])["status"]
+    assert status["reason"] == "Completed" and status["network"]["requests"] == 1
+    assert "logConfigMap" not in status["network"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec
@@ -15,6 +16,8 @@ from ..builders.egress import EgressAccess, credential_expiry, minted_expiry, ru
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
 from ..policy import Decision
+
+log = logging.getLogger("coderun")
 
 
 def ensure_namespace_default_deny(api, namespace: str) -> str | None:
@@ -63,12 +66,16 @@ def _input(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, egress
 
 
 def store_network_log(api, run: Mapping[str, Any], jsonl: str) -> str | None:
-    """The run's requests through the egress proxy in a ConfigMap owned by it; its name, or None when the name
-    is taken by an object that is not this run's (the status then names no log)."""
+    """The run's requests through the egress proxy in a ConfigMap owned by it; its name, or None when it cannot
+    be stored (the name is taken by an object that is not this run's, a quota): the status then names no log,
+    and the run ends as it would have."""
     configmap = build_network_log_configmap(run, jsonl)
-    if not_ours(api.create_or_get(configmap), run["metadata"]["uid"]):
+    try:
+        existing = api.create_or_get(configmap)
+    except api.Refused as refused:
+        log.warning("run %s: its egress log was not stored: %s", run["metadata"]["name"], refused)
         return None
-    return configmap["metadata"]["name"]
+    return None if not_ours(existing, run["metadata"]["uid"]) else configmap["metadata"]["name"]
 
 
 class ArtifactsConflict(Exception):
