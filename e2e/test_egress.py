@@ -319,13 +319,17 @@ def ask(request, credentials=None, tls_name=None):
     auth = base64.b64encode(f"{user}:{password}".encode()).decode()
     s = socket.create_connection((PROXY.hostname, PROXY.port), timeout=15)
     s.sendall(request.replace("AUTH", f"Proxy-Authorization: Basic {auth}").encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(65536)
-        if not chunk:
+    lines = []  # the answer's head, read byte by byte: what follows a CONNECT's head is the tunnel's
+    while not lines or lines[-1]:
+        line = b""
+        while not line.endswith(b"\n") and len(line) < 65536:
+            byte = s.recv(1)
+            if not byte:
+                break
+            line += byte
+        lines.append(line.decode(errors="replace").rstrip("\r\n"))
+        if not line:
             break
-        head += chunk
-    lines = head.split(b"\r\n\r\n")[0].decode(errors="replace").split("\r\n")
     refused = next((l.split(": ", 1)[1] for l in lines if l.lower().startswith("x-coderun-refused")), "")
     tunnel = None
     if tls_name and " 200 " in lines[0]:
