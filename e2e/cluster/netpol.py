@@ -159,14 +159,16 @@ def _rule_lines(pod: dict, direction: str, rule: dict, ns: str, pods: list[dict]
     plain, named = [p for p in ports if not _is_named(p)], [p for p in ports if _is_named(p)]
     out = []
     port_frags = port_matches(plain, None) if plain else ([""] if not ports else [])
-    out += [" ".join(filter(None, (a, p, "accept"))) for a in addr_matches for p in port_frags]
+    # `return`, not `accept`: an accept would end the forward hook, so a destination's ingress allowing the
+    # packet would skip its source's egress chain; NetworkPolicy wants both sides to allow it
+    out += [" ".join(filter(None, (a, p, "return"))) for a in addr_matches for p in port_frags]
     if named and direction == "Ingress":
-        out += [" ".join(filter(None, (a, p, "accept"))) for a in addr_matches for p in port_matches(named, pod)]
+        out += [" ".join(filter(None, (a, p, "return"))) for a in addr_matches for p in port_matches(named, pod)]
     elif named:  # egress to a named port: the number is the target pod's, so the rule names that pod
         for target in pods:
             ips = [ip for ip in target["ips"] if addrs is None or _contained(ip, addrs)]
             if ips:
-                out += [f"{a} {p} accept" for a in family_matches(field, ips) for p in port_matches(named, target)]
+                out += [f"{a} {p} return" for a in family_matches(field, ips) for p in port_matches(named, target)]
     return out
 
 

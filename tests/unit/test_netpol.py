@@ -81,8 +81,8 @@ def test_allowed_peer_pods_are_matched_in_each_family():
                    ingress=[{"from": [{"podSelector": {"matchLabels": {"role": "sandbox"}}}],
                              "ports": [{"port": 8080}]}])
     rules = netpol.render([SANDBOX, web], {}, [allow], CIDR)
-    assert chain(rules, "ingress_1") == ["ip saddr { 10.88.0.5 } tcp dport 8080 accept",
-                                         "ip6 saddr { fd00:88::5 } tcp dport 8080 accept",
+    assert chain(rules, "ingress_1") == ["ip saddr { 10.88.0.5 } tcp dport 8080 return",
+                                         "ip6 saddr { fd00:88::5 } tcp dport 8080 return",
                                          'counter drop comment "a/web ingress"']
 
 
@@ -93,8 +93,8 @@ def test_ipv6_ip_blocks_are_honoured_with_their_excepts():
     rules = netpol.render([SANDBOX], {}, [policy("a", "dns", {"matchLabels": {"role": "sandbox"}}, egress=egress)],
                           CIDR)
     body = chain(rules, "egress_0")
-    assert body[0] == "ip daddr { 192.0.2.0/24 } udp dport 53 accept"
-    v6 = re.match(r"ip6 daddr \{ (.*) \} udp dport 53 accept", body[1]).group(1).split(", ")
+    assert body[0] == "ip daddr { 192.0.2.0/24 } udp dport 53 return"
+    v6 = re.match(r"ip6 daddr \{ (.*) \} udp dport 53 return", body[1]).group(1).split(", ")
     import ipaddress
     nets = [ipaddress.ip_network(n) for n in v6]
     allowed, excluded = ipaddress.ip_network("2001:db8::/32"), ipaddress.ip_network("2001:db8:1::/48")
@@ -120,8 +120,8 @@ def test_egress_to_a_named_port_names_the_target_pod_in_its_own_families():
     egress = [{"to": [{"podSelector": {"matchLabels": {"role": "web"}}}], "ports": [{"port": "http"}]}]
     rules = netpol.render([SANDBOX, web], {}, [policy("a", "p", {"matchLabels": {"role": "sandbox"}},
                                                       egress=egress)], CIDR)
-    assert chain(rules, "egress_0")[:2] == ["ip daddr { 10.88.0.6 } tcp dport 8080 accept",
-                                            "ip6 daddr { fd00:88::6 } tcp dport 8080 accept"]
+    assert chain(rules, "egress_0")[:2] == ["ip daddr { 10.88.0.6 } tcp dport 8080 return",
+                                            "ip6 daddr { fd00:88::6 } tcp dport 8080 return"]
 
 
 def test_an_ip_claimed_by_two_pods_belongs_to_the_newest():
