@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +32,11 @@ def _kubectl_path() -> str:
     out = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/"
                           "kubernetes-$KUBERNETES_VERSION/kubectl"], cwd=REPO, capture_output=True, text=True)
     return out.stdout.strip()
+
+
+def parse_timestamp(value: str | None) -> datetime | None:
+    """A time as the API writes it (RFC 3339; Python 3.11 reads its Z)."""
+    return datetime.fromisoformat(value) if value else None
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -362,13 +368,14 @@ def spare_warm_namespaces(cluster):
 def namespace(cluster, request) -> str:
     """A fresh namespace for one test, labelled Pod Security `restricted` as the chart labels run namespaces."""
     marker = request.node.get_closest_marker("namespace_labels")
-    if WARM_MODE and not marker and not request.node.get_closest_marker("cold_only"):
+    warm = WARM_MODE and not request.node.get_closest_marker("cold_only")
+    if warm and not marker:
         name = request.getfixturevalue("spare_warm_namespaces").take(request.node.nodeid)
     else:
         name = _namespace_name(request.node.name)
-        cluster.core.create_namespace({"metadata": {"name": name, "labels": marker.args[0] if marker
-                                                    else NAMESPACE_LABELS}})
-        if WARM_MODE and not request.node.get_closest_marker("cold_only"):
+        labels = marker.args[0] if marker else NAMESPACE_LABELS
+        cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+        if warm:
             apply_warm_pool(cluster, name)
     yield name
     count_start_modes(cluster, name)

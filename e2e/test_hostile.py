@@ -22,7 +22,6 @@ import textwrap
 import threading
 import time
 import urllib.request
-from datetime import datetime
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,7 +30,8 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
-from conftest import NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wait_for
+from conftest import (NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, parse_timestamp,
+                      wait_for)
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
@@ -43,7 +43,7 @@ WARM_POOL_MILLICPU = WARM_POOL["size"] * (10 + OVERHEAD_MILLICPU) if WARM_MODE e
 BATCH_MILLICPU = 1500 - WARM_POOL_MILLICPU
 BATCH_GRACE = 60                # seconds past a batch's longest timeout before its stragglers count as stuck
 # seconds from create to Succeeded, each canary: the operator admits it within a second, but a cold sandbox started
-# beside a batch's pods and the pool's refill on the 2-core node took up to 21 s (containerd's RunPodSandbox 16 s)
+# beside a batch's pods and the pool's refill on the 2-core node took up to 26 s (containerd's RunPodSandbox 16 s)
 CANARY_WITHIN = 30.0
 CANARY_ADMITTED_WITHIN = 5.0    # seconds from create to its sandbox pod created (startTime): the operator's own share
 CANARY_PAUSE = 2.0              # between two canaries
@@ -61,7 +61,7 @@ FORGED_STDOUT = "FORGED-STDOUT"
 FORGED = json.dumps({"version": 1, "reason": "Completed", "exitCode": 0, "stdout": FORGED_STDOUT, "stderr": "",
                      "redactions": 0, "artifacts": [], "metrics": {"wallMillis": 1}})
 
-# The module's fixture runs the whole table (about 8-10 minutes on 2 cores) before its first test.
+# The module's fixture runs the whole table (5-6 minutes on 2 cores, 10-12 on a loaded machine) before its first test.
 pytestmark = pytest.mark.timeout(1500)
 
 PRELUDE = r'''
@@ -1195,7 +1195,7 @@ def _where_the_time_went(run: dict) -> dict:
     """A slow canary's breakdown: created -> sandbox pod (startTime) -> finished (completionTime), and the mode."""
     status = run["status"]
     stamps = [run["metadata"].get("creationTimestamp"), status.get("startTime"), status.get("completionTime")]
-    at = [datetime.fromisoformat(s.replace("Z", "+00:00")) if s else None for s in stamps]
+    at = [parse_timestamp(s) for s in stamps]
     gap = lambda a, b: round((b - a).total_seconds(), 1) if a and b else None  # noqa: E731
     return {"startMode": status.get("startMode"), "toPod": gap(at[0], at[1]), "podToEnd": gap(at[1], at[2]),
             "wallMillis": (status.get("metrics") or {}).get("wallMillis")}
@@ -1228,7 +1228,7 @@ def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) 
             created.append(h.id)
         except ApiException as e:
             result.refused[h.id] = e
-    deadline = max({**SMALL, **h.limits}["timeoutSeconds"] for h in batch) + BATCH_GRACE
+    within = max({**SMALL, **h.limits}["timeoutSeconds"] for h in batch) + BATCH_GRACE
 
     def all_terminal() -> bool:
         items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
@@ -1239,12 +1239,12 @@ def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) 
         return all(name in result.statuses for name in created)
 
     try:
-        wait_for(all_terminal, deadline, "a batch of hostile runs to finish", interval=0.5)
+        wait_for(all_terminal, within, "a batch of hostile runs to finish", interval=0.5)
     except AssertionError:
         for name in created:
             if name not in result.statuses:
                 status = cluster.get_run(ns, name).get("status") or {}
-                result.stuck[name] = (f"not terminal {deadline}s after creation: phase={status.get('phase')} "
+                result.stuck[name] = (f"not terminal {within}s after creation: phase={status.get('phase')} "
                                       f"reason={status.get('reason')} message={status.get('message')}")
                 cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
