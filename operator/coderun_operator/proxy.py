@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from http.client import HTTPException
 from typing import Any, Callable, Mapping
 
 from coderun.egress.credential import KEY_ID_PATTERN, MIN_KEY_BYTES, admin_bearer
@@ -65,15 +66,22 @@ Transport = Callable[[str, str, str, bytes | None], tuple[int, bytes, Mapping[st
 
 
 def http(method: str, url: str, bearer: str, body: bytes | None) -> tuple[int, bytes, Mapping[str, str]]:
-    """One call to a proxy pod, never through a proxy of the operator's own environment."""
+    """One call to a proxy pod, never through a proxy of the operator's own environment. An answer that is not
+    HTTP, or ends before its Content-Length (the pod went away), is an OSError like no answer at all: the pod
+    was not asked, which leaves the run's log incomplete and never fails the run."""
     request = urllib.request.Request(url, data=body, method=method, headers={
         "Authorization": f"Bearer {bearer}", "Content-Type": "application/json"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(request, timeout=ADMIN_TIMEOUT_SECONDS) as answer:
-            return answer.status, answer.read(MAX_LOG_BYTES + 1), dict(answer.headers)
+            data = answer.read(MAX_LOG_BYTES + 1)
+            if answer.length and len(data) <= MAX_LOG_BYTES:  # read() returns a body cut short without a word
+                raise ConnectionError(f"the answer ended {answer.length} bytes before its Content-Length")
+            return answer.status, data, dict(answer.headers)
     except urllib.error.HTTPError as refused:
         return refused.code, b"", {}
+    except HTTPException as e:  # BadStatusLine, LineTooLong ...: not OSErrors of their own
+        raise ConnectionError(f"not an HTTP answer: {type(e).__name__}: {str(e)[:100]}") from e
 
 
 def from_environment(api, env: Mapping[str, str]) -> "EgressProxy | None":
