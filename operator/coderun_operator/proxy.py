@@ -18,12 +18,12 @@ import binascii
 import json
 import logging
 import secrets
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass
-from http.client import HTTPException
+from http.client import HTTPConnection, HTTPException
 from typing import Any, Callable, Mapping
 
 from coderun.egress.credential import KEY_ID_PATTERN, MIN_KEY_BYTES, admin_bearer
@@ -36,8 +36,8 @@ log = logging.getLogger("coderun")
 
 CACHE_SECONDS = 60
 KEY_BYTES = 32
-ADMIN_TIMEOUT_SECONDS = 5
-MAX_LOG_BYTES = 2 * 1024 * 1024  # what one pod may hand back of one run (it keeps 1 MiB)
+END_RUN_SECONDS = 10  # a run's end at the proxy pods, both calls at every pod: one deadline for all
+MAX_LOG_BYTES = 2 * 1024 * 1024  # what one pod may hand back of one run (it keeps 1 MiB); never read past
 
 
 class ProxyUnavailable(Exception):
@@ -61,27 +61,68 @@ class ProxySettings:
                    env.get("CODERUN_EGRESS_KEY_ID") or "k1", env.get("CODERUN_EGRESS_KEYS_CREATE") == "true")
 
 
-# (method, url, bearer, body) -> (status, body, headers): the admin endpoint's transport, a fake in unit tests.
-Transport = Callable[[str, str, str, bytes | None], tuple[int, bytes, Mapping[str, str]]]
+# (method, url, bearer, body, deadline) -> (status, body, headers): the admin endpoint's transport, a fake in unit
+# tests. The deadline is a time.monotonic() value: the call is over by then, answered or not (an OSError).
+Transport = Callable[[str, str, str, bytes | None, float], tuple[int, bytes, Mapping[str, str]]]
 
 
-def http(method: str, url: str, bearer: str, body: bytes | None) -> tuple[int, bytes, Mapping[str, str]]:
-    """One call to a proxy pod, never through a proxy of the operator's own environment. An answer that is not
-    HTTP, or ends before its Content-Length (the pod went away), is an OSError like no answer at all: the pod
-    was not asked, which leaves the run's log incomplete and never fails the run."""
-    request = urllib.request.Request(url, data=body, method=method, headers={
-        "Authorization": f"Bearer {bearer}", "Content-Type": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def http(method: str, url: str, bearer: str, body: bytes | None,
+         deadline: float) -> tuple[int, bytes, Mapping[str, str]]:
+    """One call to a proxy pod, over by `deadline` whatever the pod does (a pod dripping its answer a byte at a
+    time included), never through a proxy of the operator's own environment. An answer that is not HTTP, ends
+    before its Content-Length (the pod went away), or is longer than MAX_LOG_BYTES (read no further: memory stays
+    bounded by that and http.client's limits on the head) is an OSError like no answer at all: the pod was not
+    asked, which leaves the run's log incomplete and never fails the run."""
+    target = urllib.parse.urlsplit(url)
+    connection = _DeadlineConnection(target.hostname, target.port, deadline)
     try:
-        with opener.open(request, timeout=ADMIN_TIMEOUT_SECONDS) as answer:
-            data = answer.read(MAX_LOG_BYTES + 1)
-            if answer.length and len(data) <= MAX_LOG_BYTES:  # read() returns a body cut short without a word
-                raise ConnectionError(f"the answer ended {answer.length} bytes before its Content-Length")
-            return answer.status, data, dict(answer.headers)
-    except urllib.error.HTTPError as refused:
-        return refused.code, b"", {}
+        connection.request(method, target.path, body=body, headers={
+            "Authorization": f"Bearer {bearer}", "Content-Type": "application/json"})
+        answer = connection.getresponse()
+        if (answer.length or 0) > MAX_LOG_BYTES:
+            raise ConnectionError(f"the answer's Content-Length {answer.length} is over {MAX_LOG_BYTES} bytes")
+        data = answer.read(MAX_LOG_BYTES + 1)
+        if len(data) > MAX_LOG_BYTES:
+            raise ConnectionError(f"the answer is longer than {MAX_LOG_BYTES} bytes: not read further")
+        if answer.length:  # read() returns a body cut short without a word
+            raise ConnectionError(f"the answer ended {answer.length} bytes before its Content-Length")
+        return answer.status, data, dict(answer.headers)
     except HTTPException as e:  # BadStatusLine, LineTooLong ...: not OSErrors of their own
         raise ConnectionError(f"not an HTTP answer: {type(e).__name__}: {str(e)[:100]}") from e
+    finally:
+        connection.close()
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the proxy pod did not answer in time")
+    return left
+
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose every send and receive waits only for what is left before its deadline: a socket timeout
+    alone bounds each operation, so a peer sending a byte now and then could hold the call for hours."""
+    deadline = 0.0
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        self.settimeout(_left(self.deadline))
+        return super().recv_into(buffer, nbytes, flags)
+
+    def sendall(self, data, flags=0):  # bounds the whole send since Python 3.5
+        self.settimeout(_left(self.deadline))
+        return super().sendall(data, flags)
+
+
+class _DeadlineConnection(HTTPConnection):
+    def __init__(self, host: str, port: int, deadline: float):
+        super().__init__(host, port)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        connected = socket.create_connection((self.host, self.port), _left(self.deadline))
+        self.sock = _DeadlineSocket(fileno=connected.detach())
+        self.sock.deadline = self.deadline
 
 
 def from_environment(api, env: Mapping[str, str]) -> "EgressProxy | None":
@@ -158,10 +199,11 @@ class EgressProxy:
     def end_run(self, uid: str, expires: int) -> tuple[list[PodAnswer], bool]:
         """At every ready proxy pod: revoke the run's credential, then take its records. The answers, and whether
         every pod answered both (a pod that did not: the credential's expiry is the bound, the log may lack its
-        share of the run's requests)."""
+        share of the run's requests). The pods share one deadline, END_RUN_SECONDS from now."""
         access, admin_port = self._read()
         pods = self.api.list_pods(access.route.namespace, dict(access.route.pod_labels))
         bearer, answers, complete = admin_bearer(access.key), [], True
+        deadline = time.monotonic() + END_RUN_SECONDS
         for pod in pods:
             address = (pod.get("status") or {}).get("podIP")
             if not address or not _ready(pod):
@@ -169,13 +211,14 @@ class EgressProxy:
                 continue
             base = f"http://{service_address(address, admin_port)}/runs/{uid}"
             try:
-                revoked, _, _ = self._transport("POST", f"{base}/revoke", bearer, json.dumps({"expires": expires}).encode())
-                status, body, headers = self._transport("GET", f"{base}/log", bearer, None)
+                revoked, _, _ = self._transport("POST", f"{base}/revoke", bearer,
+                                                json.dumps({"expires": expires}).encode(), deadline)
+                status, body, headers = self._transport("GET", f"{base}/log", bearer, None, deadline)
             except OSError as e:
                 log.warning("egress proxy pod %s: %s: %s", pod["metadata"]["name"], type(e).__name__, str(e)[:200])
                 complete = False
                 continue
-            if revoked != 204 or status != 200 or len(body) > MAX_LOG_BYTES:
+            if revoked != 204 or status != 200:
                 log.warning("egress proxy pod %s answered %s/%s", pod["metadata"]["name"], revoked, status)
                 complete = False
                 continue

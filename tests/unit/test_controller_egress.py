@@ -30,7 +30,7 @@ class Admin:
         self.logs: dict[str, list[dict]] = {}  # pod address -> records
         self.down: set[str] = set()
 
-    def __call__(self, method, url, bearer, body):
+    def __call__(self, method, url, bearer, body, deadline):
         assert bearer == admin_bearer(KEY)
         address = url.split("//")[1].split(":")[0]
         self.asked.append((method, url))
