@@ -20,6 +20,7 @@ import logging
 import secrets
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ log = logging.getLogger("coderun")
 CACHE_SECONDS = 60
 KEY_BYTES = 32
 END_RUN_SECONDS = 10  # a run's end at the proxy pods, both calls at every pod: one deadline for all
+LATE_SECONDS = 1  # beyond it, for a call that stopped at the deadline to hand back what it got
+MAX_PODS_AT_ONCE = 16
 MAX_LOG_BYTES = 2 * 1024 * 1024  # what one pod may hand back of one run (it keeps 1 MiB); never read past
 
 
@@ -199,31 +202,45 @@ class EgressProxy:
     def end_run(self, uid: str, expires: int) -> tuple[list[PodAnswer], bool]:
         """At every ready proxy pod: revoke the run's credential, then take its records. The answers, and whether
         every pod answered both (a pod that did not: the credential's expiry is the bound, the log may lack its
-        share of the run's requests). The pods share one deadline, END_RUN_SECONDS from now."""
+        share of the run's requests). The pods are asked at once, with one deadline END_RUN_SECONDS away: a pod
+        that has not answered by then counts as not asked, and the run's end waits for it no longer."""
         access, admin_port = self._read()
         pods = self.api.list_pods(access.route.namespace, dict(access.route.pod_labels))
-        bearer, answers, complete = admin_bearer(access.key), [], True
         deadline = time.monotonic() + END_RUN_SECONDS
+        complete, asking = True, {}
         for pod in pods:
             address = (pod.get("status") or {}).get("podIP")
             if not address or not _ready(pod):
                 complete = complete and not _serving(pod)  # a pod still starting served nobody
                 continue
-            base = f"http://{service_address(address, admin_port)}/runs/{uid}"
-            try:
-                revoked, _, _ = self._transport("POST", f"{base}/revoke", bearer,
-                                                json.dumps({"expires": expires}).encode(), deadline)
-                status, body, headers = self._transport("GET", f"{base}/log", bearer, None, deadline)
-            except OSError as e:
-                log.warning("egress proxy pod %s: %s: %s", pod["metadata"]["name"], type(e).__name__, str(e)[:200])
-                complete = False
-                continue
-            if revoked != 204 or status != 200:
-                log.warning("egress proxy pod %s answered %s/%s", pod["metadata"]["name"], revoked, status)
-                complete = False
-                continue
-            answers.append(_answer(body, headers))
-        return answers, complete
+            asking[pod["metadata"]["name"]] = f"http://{service_address(address, admin_port)}/runs/{uid}"
+        if not asking:
+            return [], complete
+        bearer, revocation = admin_bearer(access.key), json.dumps({"expires": expires}).encode()
+        pool = ThreadPoolExecutor(min(len(asking), MAX_PODS_AT_ONCE), thread_name_prefix="coderun-egress-admin")
+        try:
+            asked = {name: pool.submit(self._ask, name, base, bearer, revocation, deadline)
+                     for name, base in asking.items()}
+            answered, _ = wait(asked.values(), timeout=max(0.0, deadline - time.monotonic()) + LATE_SECONDS)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a call past the deadline is left to end on its own
+        for name in (name for name, future in asked.items() if future not in answered):
+            log.warning("egress proxy pod %s: no answer within %s s", name, END_RUN_SECONDS)
+        answers = [a for a in (future.result() for future in asked.values() if future in answered) if a is not None]
+        return answers, complete and len(answers) == len(asked)
+
+    def _ask(self, pod: str, base: str, bearer: str, revocation: bytes, deadline: float) -> PodAnswer | None:
+        """One pod's revocation, then its records of the run; None (logged) when it could not be asked."""
+        try:
+            revoked, _, _ = self._transport("POST", f"{base}/revoke", bearer, revocation, deadline)
+            status, body, headers = self._transport("GET", f"{base}/log", bearer, None, deadline)
+        except OSError as e:
+            log.warning("egress proxy pod %s: %s: %s", pod, type(e).__name__, str(e)[:200])
+            return None
+        if revoked != 204 or status != 200:
+            log.warning("egress proxy pod %s answered %s/%s", pod, revoked, status)
+            return None
+        return _answer(body, headers)
 
 
 def _answer(body: bytes, headers: Mapping[str, str]) -> PodAnswer:

@@ -4,12 +4,15 @@ and when it ends its credential is revoked at every ready proxy pod before its r
 its log ConfigMap."""
 import base64
 import json
+import threading
+import time
 
 import pytest
 
 from coderun.egress.credential import admin_bearer, verify
 from coderun.egress.rules import Rule
 from coderun_operator.controller import Controller
+from coderun_operator import proxy
 from coderun_operator.proxy import EgressProxy, ProxySettings
 from fake_k8s import FakeK8s
 from test_controller import NS, T0, Clock, frame_log, make_run, policy_object, submit, terminate
@@ -29,11 +32,13 @@ class Admin:
         self.asked: list[tuple[str, str]] = []
         self.logs: dict[str, list[dict]] = {}  # pod address -> records
         self.down: set[str] = set()
+        self.before = lambda method, address: None  # a test's hold on a call (it may ignore the deadline)
 
     def __call__(self, method, url, bearer, body, deadline):
         assert bearer == admin_bearer(KEY)
         address = url.split("//")[1].split(":")[0]
         self.asked.append((method, url))
+        self.before(method, address)
         if address in self.down:
             raise ConnectionRefusedError("connection refused")
         if method == "POST":
@@ -123,8 +128,9 @@ def test_at_the_end_each_ready_pod_revokes_then_hands_over_the_run_s_requests(en
                                  "verdict": "denied", "reason": "NotAllowed", "bytes_sent": 0, "bytes_received": 0}]
     started(env)
     status = terminate(env[:3])["status"]
-    assert [(m, url.rsplit("/", 1)[1]) for m, url in admin.asked] == [("POST", "revoke"), ("GET", "log")] * 2
-    assert admin.asked[0][1] == "http://10.88.0.21:3130/runs/uid-1/revoke"
+    for address in ("10.88.0.21", "10.88.0.22"):  # the pods are asked at once, each revoking first
+        assert [(m, url) for m, url in admin.asked if address in url] == [
+            ("POST", f"http://{address}:3130/runs/uid-1/revoke"), ("GET", f"http://{address}:3130/runs/uid-1/log")]
     assert (status["phase"], status["reason"]) == ("Succeeded", "Completed")
     assert status["message"].endswith("the egress proxy refused 1 request: evil.example:443 (NotAllowed); see "
                                       "status.network")
@@ -143,6 +149,40 @@ def test_a_proxy_pod_that_cannot_be_asked_makes_the_log_incomplete_not_the_run(e
     status = terminate(env[:3])["status"]
     assert status["reason"] == "Completed" and status["network"]["complete"] is False
     assert "logConfigMap" not in status["network"]  # nothing was logged
+
+
+def test_the_proxy_pods_are_asked_at_once(env):
+    api, _, _, admin = env
+    both = threading.Barrier(2, timeout=5)  # passes only while both pods are being asked
+
+    def together(method, address):
+        if method == "POST":
+            try:
+                both.wait()
+            except threading.BrokenBarrierError:
+                raise TimeoutError("asked one after the other") from None
+    admin.before = together
+    started(env)
+    assert terminate(env[:3])["status"]["network"]["complete"] is True
+
+
+def test_a_pod_that_never_answers_delays_the_run_s_end_by_the_deadline_at_most(env, monkeypatch):
+    api, _, _, admin = env
+    monkeypatch.setattr(proxy, "END_RUN_SECONDS", 0.5)
+    monkeypatch.setattr(proxy, "LATE_SECONDS", 0.2)
+    admin.logs["10.88.0.21"] = [{"time": "2026-11-22T10:00:02Z", "host": "pypi.pkgs.svc.cluster.local", "port": 443,
+                                 "verdict": "allowed", "bytes_sent": 1, "bytes_received": 1}]
+    released = threading.Event()
+    admin.before = lambda method, address: address == "10.88.0.22" and released.wait(10)  # deaf to the deadline
+    started(env)
+    began = time.monotonic()
+    try:
+        status = terminate(env[:3])["status"]
+    finally:
+        released.set()
+    assert time.monotonic() - began < 0.5 + 0.2 + 0.5
+    assert status["reason"] == "Completed" and status["network"]["complete"] is False
+    assert status["network"]["requests"] == 1  # the pod that answered, in time
 
 
 def test_a_run_over_its_budget_ends_egress_budget_exceeded(env):
