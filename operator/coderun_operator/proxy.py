@@ -140,6 +140,7 @@ class EgressProxy:
         self.api, self.settings, self._transport, self._clock = api, settings, transport, clock
         self._lock = threading.Lock()
         self._cached: tuple[float, EgressAccess, int] | None = None  # (read at, access, admin port)
+        self._refreshing = False  # a call is reading the stale cache's values again
 
     def ensure_keys(self) -> None:
         """The signing key's Secret, created with a random key when it is absent and the chart asked for that; the
@@ -162,11 +163,25 @@ class EgressProxy:
         return self._read()[0]
 
     def _read(self) -> tuple[EgressAccess, int]:
+        """The cached values, or read again outside the lock (the API reads may take their timeout, 30 s each):
+        once they are stale one call reads them while the others get the last good ones; a call finding nothing
+        cached reads for itself. A failed read raises to the call that made it; the next call tries again."""
         with self._lock:
-            if self._cached is None or self._clock() - self._cached[0] > CACHE_SECONDS:
-                access, admin_port = self._read_from_api()
+            cached = self._cached
+            if cached is not None and (self._refreshing or self._clock() - cached[0] <= CACHE_SECONDS):
+                return cached[1], cached[2]
+            refreshing = cached is not None
+            if refreshing:
+                self._refreshing = True
+        try:
+            access, admin_port = self._read_from_api()
+            with self._lock:
                 self._cached = (self._clock(), access, admin_port)
-            return self._cached[1], self._cached[2]
+            return access, admin_port
+        finally:
+            if refreshing:
+                with self._lock:
+                    self._refreshing = False
 
     def _read_from_api(self) -> tuple[EgressAccess, int]:
         s = self.settings

@@ -20,6 +20,7 @@ from test_controller import NS, T0, Clock, frame_log, make_run, policy_object, s
 KEY = b"s" * 32
 PROXY_NS = "coderun-system"
 SELECTOR = {"app.kubernetes.io/component": "egress-proxy"}
+SETTINGS = ProxySettings(PROXY_NS, "coderun-egress-proxy", "coderun-egress-proxy-keys", "k1")
 POLICY = {"egress": [{"host": "pypi.pkgs.svc.cluster.local", "ports": [{"port": 443}]},
                      {"cidr": "10.96.7.0/24", "ports": [{"port": 443}]}],
           "allowClusterEgress": True, "egressBudget": {"requests": 10}}
@@ -65,8 +66,7 @@ def env():
     api.objects[("Secret", PROXY_NS, "coderun-egress-proxy-keys")] = {"data": {"k1": base64.b64encode(KEY).decode()}}
     for name, ip in (("proxy-a", "10.88.0.21"), ("proxy-b", "10.88.0.22")):
         api.objects[("Pod", PROXY_NS, name)] = proxy_pod(name, ip)
-    settings = ProxySettings(PROXY_NS, "coderun-egress-proxy", "coderun-egress-proxy-keys", "k1")
-    ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, settings, transport=admin))
+    ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, SETTINGS, transport=admin))
     ctl.on_policy(policy_object(**POLICY), deleted=False)
     return api, clock, ctl, admin
 
@@ -183,6 +183,31 @@ def test_a_pod_that_never_answers_delays_the_run_s_end_by_the_deadline_at_most(e
     assert time.monotonic() - began < 0.5 + 0.2 + 0.5
     assert status["reason"] == "Completed" and status["network"]["complete"] is False
     assert status["network"]["requests"] == 1  # the pod that answered, in time
+
+
+def test_while_one_call_reads_the_proxy_s_service_again_the_others_get_the_last_good_one(env):
+    api, admin = env[0], env[3]
+    now = [0.0]
+    egress = EgressProxy(api, SETTINGS, transport=admin, clock=lambda: now[0])
+    last_good = egress.access()
+    now[0] += proxy.CACHE_SECONDS + 1
+    reading, released = threading.Event(), threading.Event()
+
+    def slow(namespace, name):  # the API server taking its time over the refresh
+        reading.set()
+        released.wait(10)
+    api.fail["read_service"] = slow
+    refresh = threading.Thread(target=egress.access)
+    refresh.start()
+    try:
+        assert reading.wait(5)
+        began = time.monotonic()
+        assert egress.access() == last_good and egress.end_run("uid-1", int(T0.timestamp()) + 60)[1] is True
+        assert time.monotonic() - began < 1
+    finally:
+        released.set()
+        refresh.join(5)
+    assert api.calls.count("read_service") == 2  # the first read and the one refresh
 
 
 def test_a_run_over_its_budget_ends_egress_budget_exceeded(env):
