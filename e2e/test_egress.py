@@ -115,9 +115,8 @@ def certificate(names: list[str]) -> tuple[str, str]:
         return cert.read_text(), key.read_text()
 
 
-@pytest.fixture(scope="module")
-def destinations(operator) -> Destinations:
-    cluster = operator
+def create_destinations(cluster) -> Destinations:
+    """The server pod, its Services and their names, in a namespace of their own (the caller deletes it)."""
     ns = f"e2e-egress-dest-{uuid.uuid4().hex[:5]}"
     cluster.core.create_namespace({"metadata": {"name": ns, "labels": DESTINATION_LABELS}})
     names = [f"{s}.{ns}.svc.cluster.local" for s in ("web", "pypi", "other")]
@@ -148,10 +147,16 @@ def destinations(operator) -> Destinations:
     def address(service: str, namespace: str = ns) -> str:
         return cluster.core.read_namespaced_service(service, namespace).spec.cluster_ip
 
-    yield Destinations(ns, cert, address("web"), address("pypi"),
-                       cluster.core.read_namespaced_pod("web", ns).status.pod_ip,
-                       address(PROXY_SERVICE, PROXY_NAMESPACE))
-    cluster.core.delete_namespace(ns, propagation_policy="Background")
+    return Destinations(ns, cert, address("web"), address("pypi"),
+                        cluster.core.read_namespaced_pod("web", ns).status.pod_ip,
+                        address(PROXY_SERVICE, PROXY_NAMESPACE))
+
+
+@pytest.fixture(scope="module")
+def destinations(operator) -> Destinations:
+    dest = create_destinations(operator)
+    yield dest
+    operator.core.delete_namespace(dest.namespace, propagation_policy="Background")
 
 
 def egress_policy(dest: Destinations, name: str = "default", **extra) -> dict:
