@@ -8,7 +8,7 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
-	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess
+	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
@@ -16,7 +16,7 @@ help:
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make test-egress - the egress proxy (squid and coderun's helpers) on loopback, no cluster"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -138,3 +138,8 @@ bench-attach: up-host
 # The leading operator's memory: a worst-case policy, 1,000 finished runs of 512 KiB output, then none.
 bench-memory: up
 	$(PY) e2e/bench/memory.py
+
+# The egress proxy's cost (the chart's proxy): runs with egress and without, a run's end to its status.network,
+# and the proxy's added latency per request inside a run.
+bench-egress: up
+	$(PY) e2e/bench/egress.py

@@ -1,0 +1,140 @@
+"""What the egress proxy costs, on the running local cluster as users install it (`make bench-egress`: the chart's
+operator and proxy). Its figures are not yet measured (docs/testing.md).
+
+  run: `print(1)` in a namespace whose policy allows hosts (the run's credential, its route to the proxy, the
+       proxy pods asked at its end) against the same run under the same policy without egress; and a run that
+       GETs one allowed name, so that its end writes a network log. One at a time, cold: created -> terminal
+       status, and the container's end -> terminal status (with egress, the status that carries status.network,
+       written once the log ConfigMap is: what asking the proxy pods adds to a run's end);
+  request: inside one run, GETs to an allowed in-cluster HTTP server through the proxy, by name, against the
+       same GETs straight to its pod (a cidr rule), each timed by the program: the proxy's added latency.
+
+Times come from the client's watches (e2e/bench/latency.py's Stopwatch) and the program's own clock. The
+destination server, its names and the policy are e2e/test_egress.py's. Prints p50, p90 and p99.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/bench/ (its neighbours)
+from latency import Stopwatch, summary  # noqa: E402
+from conftest import NAMESPACE_LABELS, Cluster  # noqa: E402
+from test_egress import FETCH, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
+from test_hostile import facts_of  # noqa: E402
+
+IDLE = "print(1)"
+# The program's GETs: one untimed first (the proxy's first lookup of the name), then `count` timed, each on a
+# connection of its own (urllib's way) and a path of its own (nothing served from a cache).
+GETS = '''
+import urllib.request
+def timed_gets(opener, url, count):
+    try:
+        opener.open(url + "?warm", timeout=15).read()
+        times = []
+        for i in range(count):
+            start = time.perf_counter()
+            with opener.open("%s?%d" % (url, i), timeout=15) as answer:
+                answer.read()
+            times.append(time.perf_counter() - start)
+        return times
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, str(e)[:300])
+'''
+
+
+def timed_runs(cluster: Cluster, stopwatch: Stopwatch, namespace: str, code: str,
+               n: int) -> tuple[list[float], list[float], list[dict]]:
+    """N runs of `code`, one at a time: created -> terminal status, the container's end -> terminal status, and
+    their statuses."""
+    to_end, after_exit, statuses = [], [], []
+    for _ in range(n):
+        start = time.monotonic()
+        name = cluster.create_run(namespace, {"language": "python", "code": code, "limits": SMALL})
+        finished = stopwatch.wait(("run-finished", name), timeout=180)
+        status = cluster.get_run(namespace, name)["status"]
+        assert status["phase"] == "Succeeded", status
+        to_end.append(finished - start)
+        after_exit.append(finished - stopwatch.wait(("container-terminated", status["podName"])))
+        statuses.append(status)
+    return to_end, after_exit, statuses
+
+
+def gets_program(proxied: str, direct: str, count: int) -> str:
+    """A program that times `count` GETs of `proxied` through the proxy its environment names, then of `direct`
+    without a proxy, and reports each list of seconds, or what went wrong."""
+    return python(GETS, f'''
+        report(proxied=timed_gets(urllib.request.build_opener(), "{proxied}", {count}),
+               direct=timed_gets(urllib.request.build_opener(urllib.request.ProxyHandler({{}})), "{direct}",
+                                 {count}))''')
+
+
+def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, count: int) -> dict:
+    """One run's GETs through the proxy (by name, to the web Service) and straight to the web pod."""
+    code = gets_program(f"http://{dest.name('web')}:8080/bench", f"http://{dest.pod_ip}:8080/bench", count)
+    name = cluster.create_run(namespace, {"language": "python", "code": code,
+                                          "limits": {**SMALL, "timeoutSeconds": 120}})
+    stopwatch.wait(("run-finished", name), timeout=300)
+    status = cluster.get_run(namespace, name)["status"]
+    assert status["phase"] == "Succeeded", status
+    return facts_of(status)
+
+
+def new_namespace(cluster: Cluster, policy: dict) -> str:
+    namespace = f"bench-egress-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_namespace({"metadata": {"name": namespace, "labels": NAMESPACE_LABELS}})
+    apply_policy(cluster, namespace, policy)
+    return namespace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=20, help="sequential runs, with egress and without")
+    parser.add_argument("--requests", type=int, default=50, help="GETs timed inside the run, each way")
+    args = parser.parse_args()
+    cluster = Cluster()
+    dest = create_destinations(cluster)
+    with_egress = egress_policy(dest)
+    with_egress["spec"]["egress"].append({"cidr": f"{dest.pod_ip}/32", "ports": [{"port": 8080}]})  # direct
+    without_egress = egress_policy(dest)
+    del without_egress["spec"]["egress"]
+    one_get = python(FETCH, f'''
+        report(got=fetch("http://{dest.name('web')}:8080/bench")[:2])''')
+    namespaces = [new_namespace(cluster, with_egress), new_namespace(cluster, without_egress)]
+    try:
+        egress_watch, plain_watch = Stopwatch(namespaces[0]), Stopwatch(namespaces[1])
+        idle = timed_runs(cluster, egress_watch, namespaces[0], IDLE, args.n)
+        plain = timed_runs(cluster, plain_watch, namespaces[1], IDLE, args.n)
+        fetching = timed_runs(cluster, egress_watch, namespaces[0], one_get, args.n)
+        gets = request_times(cluster, egress_watch, namespaces[0], dest, args.requests)
+    finally:
+        for namespace in (*namespaces, dest.namespace):
+            cluster.core.delete_namespace(namespace, propagation_policy="Background")
+    assert all(s["stdout"] == "1\n" and s["network"]["complete"] for s in idle[2]), [s["network"] for s in idle[2]]
+    assert all(s["stdout"] == "1\n" and "network" not in s for s in plain[2])
+    assert all(facts_of(s)["got"][0] == 200 and s["network"]["complete"] and s["network"].get("logConfigMap")
+               for s in fetching[2]), [(facts_of(s), s["network"]) for s in fetching[2]]
+    print(f"one at a time, cold, gVisor, {SMALL['cpu']} CPU / {SMALL['memory']}; a policy allowing "
+          f"{dest.name('web')}:8080 and others, and the same policy without egress")
+    print(summary(f"{IDLE}, no egress: created -> terminal", plain[0]))
+    print(summary(f"{IDLE}, egress: created -> terminal", idle[0]))
+    print(summary("one GET, egress: created -> terminal", fetching[0]))
+    print(summary(f"{IDLE}, no egress: container ended -> status", plain[1]))
+    print(summary(f"{IDLE}, egress: container ended -> status", idle[1]))
+    print(summary("one GET, egress: container ended -> status", fetching[1]))
+    print(f"{args.requests} GETs inside one run, each timed by the program")
+    for way in ("proxied", "direct"):
+        times = gets.get(way)
+        print(summary(f"  {way}: GET -> whole answer", times) if isinstance(times, list)
+              else f"  {way}: {times or 'no report'}")
+    if all(isinstance(gets.get(way), list) for way in ("proxied", "direct")):
+        added = statistics.median(gets["proxied"]) - statistics.median(gets["direct"])
+        print(f"  the proxy's added latency per request (p50 - p50): {added * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
