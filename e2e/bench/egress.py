@@ -18,12 +18,11 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/bench/ (its neighbours)
-from latency import Stopwatch, summary  # noqa: E402
-from conftest import NAMESPACE_LABELS, Cluster  # noqa: E402
+from latency import Stopwatch, new_namespace, summary  # noqa: E402
+from conftest import Cluster  # noqa: E402
 from test_egress import FETCH, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
 from test_hostile import facts_of  # noqa: E402
 
@@ -84,13 +83,6 @@ def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, 
     return facts_of(status)
 
 
-def new_namespace(cluster: Cluster, policy: dict) -> str:
-    namespace = f"bench-egress-{uuid.uuid4().hex[:6]}"
-    cluster.core.create_namespace({"metadata": {"name": namespace, "labels": NAMESPACE_LABELS}})
-    apply_policy(cluster, namespace, policy)
-    return namespace
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=20, help="sequential runs, with egress and without")
@@ -104,8 +96,10 @@ def main() -> None:
     del without_egress["spec"]["egress"]
     one_get = python(FETCH, f'''
         report(got=fetch("http://{dest.name('web')}:8080/bench")[:2])''')
-    namespaces = [new_namespace(cluster, with_egress), new_namespace(cluster, without_egress)]
+    namespaces = [new_namespace(cluster.core), new_namespace(cluster.core)]
     try:
+        apply_policy(cluster, namespaces[0], with_egress)
+        apply_policy(cluster, namespaces[1], without_egress)
         egress_watch, plain_watch = Stopwatch(namespaces[0]), Stopwatch(namespaces[1])
         idle = timed_runs(cluster, egress_watch, namespaces[0], IDLE, args.n)
         plain = timed_runs(cluster, plain_watch, namespaces[1], IDLE, args.n)
