@@ -20,9 +20,9 @@ import logging
 import secrets
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 import time
 import urllib.parse
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from http.client import HTTPConnection, HTTPException
 from typing import Any, Callable, Mapping
@@ -39,7 +39,7 @@ CACHE_SECONDS = 60
 KEY_BYTES = 32
 END_RUN_SECONDS = 10  # a run's end at the proxy pods, both calls at every pod: one deadline for all
 LATE_SECONDS = 1  # beyond it, for a call that stopped at the deadline to hand back what it got
-MAX_PODS_AT_ONCE = 16
+MAX_PODS_AT_ONCE = 16  # threads asking the proxy pods at one run's end (the chart's default is 2 pods)
 MAX_LOG_BYTES = 2 * 1024 * 1024  # what one pod may hand back of one run (it keeps 1 MiB); never read past
 
 
