@@ -43,12 +43,13 @@ def write_id_maps(uid: int, gid: int) -> None:
 def enter_user_namespace() -> bool:
     """As PID 1, before anything else: move the runner into a user namespace of its own, with its own ids mapped,
     so it may make the program's PID and mount namespaces without privilege, and stays in the program's user
-    namespace (it can still read the program's /proc entries to count its processes and open files). False if
+    namespace (it can still read the program's /proc entries to count its processes and open files); and into a
+    mount namespace that namespace owns, where it may mount the scratch's tmpfs (mount_capped_scratch). False if
     the runtime refuses (a seccomp profile that denies unshare): the program then runs beside the runner."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 and libc.unshare(CLONE_NEWUSER) != 0:
         return False
     write_id_maps(uid, gid)  # while still dumpable: the maps of a non-dumpable process are root's
     return True
