@@ -12,6 +12,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,6 +32,11 @@ def _kubectl_path() -> str:
     out = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/"
                           "kubernetes-$KUBERNETES_VERSION/kubectl"], cwd=REPO, capture_output=True, text=True)
     return out.stdout.strip()
+
+
+def parse_timestamp(value: str | None) -> datetime | None:
+    """A time as the API writes it (RFC 3339; Python 3.11 reads its Z)."""
+    return datetime.fromisoformat(value) if value else None
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -284,17 +291,26 @@ def _namespace_name(node_name: str) -> str:
 # CODERUN_E2E_WARM=1 (`make test-e2e-warm`): every test namespace gets a `default` CodeRunPolicy that is the
 # built-in policy plus a warm pool, and the fixture waits for the pool, so the suite's runs take warm pods.
 WARM_MODE = os.environ.get("CODERUN_E2E_WARM") == "1"
-WARM_POOL = {"size": 2, "cpuRequest": "50m"}
+# 10m: a waiting pod reserves 60m with the RuntimeClass overhead, so this pool and the next test's (made ahead,
+# see SpareWarmNamespaces) reserve less together (480m) than a pool of 50m pods alone did, and a 1-core cold run
+# still fits the 2-core node beside them.
+WARM_POOL = {"size": 2, "cpuRequest": "10m"}
 START_MODES: defaultdict[str, int] = defaultdict(int)
 
 
 def apply_warm_pool(cluster, namespace: str, warm_pool: dict | None = None, ready: int | None = None,
-                    **spec) -> None:
+                    wait: bool = True, **spec) -> None:
     """A `default` policy like the built-in one (admission Record) with a warm pool; waits for `ready` pods."""
     warm_pool = warm_pool or WARM_POOL
     cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
         "spec": {"admission": "Record", "warmPool": warm_pool, **spec}})
+    if wait:
+        wait_for_pool(cluster, namespace, warm_pool, ready)
+
+
+def wait_for_pool(cluster, namespace: str, warm_pool: dict | None = None, ready: int | None = None) -> None:
+    warm_pool = warm_pool or WARM_POOL
     languages = len(warm_pool.get("languages") or ("python", "javascript"))
     wait_for(lambda: pool_ready(cluster, namespace) >= (warm_pool["size"] * languages if ready is None else ready),
              120, f"the warm pool of {namespace}")
@@ -309,17 +325,58 @@ def pool_ready(cluster, namespace: str, language: str | None = None) -> int:
                and p.status.container_statuses[0].state.running)
 
 
+NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}
+
+
+class SpareWarmNamespaces:
+    """Warm mode's test namespaces, one made ahead: while a test runs, the next test's namespace and pool start,
+    so a test waits for its pool only when the last test was shorter than a pool's start (about 11 s under load,
+    once per test before this). The spare left at the end is deleted with the session."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self._maker = ThreadPoolExecutor(1, thread_name_prefix="spare-namespace")
+        self._next: Future | None = None
+
+    def _make(self) -> str:
+        name = f"e2e-warm-{uuid.uuid4().hex[:8]}"
+        self.cluster.core.create_namespace({"metadata": {"name": name, "labels": NAMESPACE_LABELS}})
+        apply_warm_pool(self.cluster, name, wait=False)
+        return name
+
+    def take(self, test: str) -> str:
+        name = (self._next or self._maker.submit(self._make)).result()
+        self._next = self._maker.submit(self._make)
+        self.cluster.core.patch_namespace(name, {"metadata": {"annotations": {"coderun.io/e2e-test": test[:200]}}})
+        wait_for_pool(self.cluster, name)
+        return name
+
+    def close(self) -> None:
+        if self._next and not self._next.exception():
+            self.cluster.core.delete_namespace(self._next.result(), propagation_policy="Background")
+        self._maker.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spare_warm_namespaces(cluster):
+    spares = SpareWarmNamespaces(cluster)
+    yield spares
+    spares.close()
+
+
 @pytest.fixture
 def namespace(cluster, request) -> str:
     """A fresh namespace for one test, labelled Pod Security `restricted` as the chart labels run namespaces."""
-    name = _namespace_name(request.node.name)
-    labels = {"pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}
     marker = request.node.get_closest_marker("namespace_labels")
-    if marker:
-        labels = marker.args[0]
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
-    if WARM_MODE and not request.node.get_closest_marker("cold_only"):
-        apply_warm_pool(cluster, name)
+    warm = WARM_MODE and not request.node.get_closest_marker("cold_only")
+    if warm and not marker:
+        name = request.getfixturevalue("spare_warm_namespaces").take(request.node.nodeid)
+    else:
+        name = _namespace_name(request.node.name)
+        labels = marker.args[0] if marker else NAMESPACE_LABELS
+        cluster.core.create_namespace({"metadata": {"name": name, "labels": labels}})
+        if warm:
+            apply_warm_pool(cluster, name)
     yield name
     count_start_modes(cluster, name)
     cluster.core.delete_namespace(name, propagation_policy="Background")

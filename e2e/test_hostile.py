@@ -30,18 +30,22 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
-from conftest import TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, wait_for
+from conftest import (NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, parse_timestamp,
+                      wait_for)
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
 OVERHEAD_MILLICPU = 50          # the gvisor RuntimeClass's podFixed cpu, counted by the scheduler
 # Warm mode (CODERUN_E2E_WARM=1): the suite's pool, each waiting pod reserving its cpuRequest plus the overhead.
-WARM_POOL = {"size": 4, "cpuRequest": "50m", "languages": ["python"]}
-WARM_POOL_MILLICPU = WARM_POOL["size"] * (50 + OVERHEAD_MILLICPU) if WARM_MODE else 0
+WARM_POOL = {"size": 4, "cpuRequest": "10m", "languages": ["python"]}
+WARM_POOL_MILLICPU = WARM_POOL["size"] * (10 + OVERHEAD_MILLICPU) if WARM_MODE else 0
 # Requests of one batch: leaves room on a 2-core node for the canary (300m) and, in warm mode, the pool.
 BATCH_MILLICPU = 1500 - WARM_POOL_MILLICPU
 BATCH_GRACE = 60                # seconds past a batch's longest timeout before its stragglers count as stuck
-CANARY_WITHIN = 20.0            # seconds from create to Succeeded, each canary
+# seconds from create to Succeeded, each canary: the operator admits it within a second, but a cold sandbox started
+# beside a batch's pods and the pool's refill on the 2-core node took up to 26 s (containerd's RunPodSandbox 16 s)
+CANARY_WITHIN = 30.0
+CANARY_ADMITTED_WITHIN = 5.0    # seconds from create to its sandbox pod created (startTime): the operator's own share
 CANARY_PAUSE = 2.0              # between two canaries
 MIN_CANARIES = 5
 HEALTH_WITHIN = 1.0
@@ -56,6 +60,9 @@ SECRETS = (AWS, GHP)
 FORGED_STDOUT = "FORGED-STDOUT"
 FORGED = json.dumps({"version": 1, "reason": "Completed", "exitCode": 0, "stdout": FORGED_STDOUT, "stderr": "",
                      "redactions": 0, "artifacts": [], "metrics": {"wallMillis": 1}})
+
+# The module's fixture runs the whole table (5-6 minutes on 2 cores, 10-12 on a loaded machine) before its first test.
+pytestmark = pytest.mark.timeout(1500)
 
 PRELUDE = r'''
 import ctypes, errno, json, os, resource, signal, socket, stat, struct, sys, time
@@ -1184,6 +1191,16 @@ def _watch_health(healthz: str, stop: threading.Event, out: list) -> None:
         stop.wait(0.25)
 
 
+def _where_the_time_went(run: dict) -> dict:
+    """A slow canary's breakdown: created -> sandbox pod (startTime) -> finished (completionTime), and the mode."""
+    status = run["status"]
+    stamps = [run["metadata"].get("creationTimestamp"), status.get("startTime"), status.get("completionTime")]
+    at = [parse_timestamp(s) for s in stamps]
+    gap = lambda a, b: round((b - a).total_seconds(), 1) if a and b else None  # noqa: E731
+    return {"startMode": status.get("startMode"), "toPod": gap(at[0], at[1]), "podToEnd": gap(at[1], at[2]),
+            "wallMillis": (status.get("metrics") or {}).get("wallMillis")}
+
+
 def _canaries(cluster, namespace: str, stop: threading.Event, out: list) -> None:
     spec = {"language": "python", "code": "print(6*7)",
             "limits": {"cpu": "250m", "memory": "128Mi", "timeoutSeconds": 10}}
@@ -1193,11 +1210,12 @@ def _canaries(cluster, namespace: str, stop: threading.Event, out: list) -> None
         started = time.monotonic()
         try:
             cluster.create_run(namespace, spec, name=name)
-            status = cluster.wait_run(namespace, name, timeout=120)["status"]
+            run = cluster.wait_run(namespace, name, timeout=120)
+            status = run["status"]
             out.append((name, status.get("phase"), status.get("reason"), status.get("stdout"),
-                        round(time.monotonic() - started, 1)))
+                        round(time.monotonic() - started, 1), _where_the_time_went(run)))
         except Exception as e:  # noqa: BLE001 - recorded and asserted by the canary test
-            out.append((name, "error", repr(e)[:300], None, round(time.monotonic() - started, 1)))
+            out.append((name, "error", repr(e)[:300], None, round(time.monotonic() - started, 1), {}))
         stop.wait(CANARY_PAUSE)
 
 
@@ -1210,7 +1228,7 @@ def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) 
             created.append(h.id)
         except ApiException as e:
             result.refused[h.id] = e
-    deadline = max({**SMALL, **h.limits}["timeoutSeconds"] for h in batch) + BATCH_GRACE
+    within = max({**SMALL, **h.limits}["timeoutSeconds"] for h in batch) + BATCH_GRACE
 
     def all_terminal() -> bool:
         items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
@@ -1221,12 +1239,12 @@ def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) 
         return all(name in result.statuses for name in created)
 
     try:
-        wait_for(all_terminal, deadline, "a batch of hostile runs to finish", interval=0.5)
+        wait_for(all_terminal, within, "a batch of hostile runs to finish", interval=0.5)
     except AssertionError:
         for name in created:
             if name not in result.statuses:
                 status = cluster.get_run(ns, name).get("status") or {}
-                result.stuck[name] = (f"not terminal {deadline}s after creation: phase={status.get('phase')} "
+                result.stuck[name] = (f"not terminal {within}s after creation: phase={status.get('phase')} "
                                       f"reason={status.get('reason')} message={status.get('message')}")
                 cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
 
@@ -1245,8 +1263,7 @@ def _run_batch(cluster, result: SuiteResult, batch: list[Hostile], header: str) 
 def hostile(operator) -> SuiteResult:
     cluster = operator
     namespace = f"e2e-hostile-{int(time.time()) % 100000}"
-    cluster.core.create_namespace({"metadata": {"name": namespace, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
+    cluster.core.create_namespace({"metadata": {"name": namespace, "labels": NAMESPACE_LABELS}})
     if WARM_MODE:  # a pool whose pods have the suite's SMALL limits, so its runs (not those asking more) go warm
         apply_warm_pool(cluster, namespace, WARM_POOL, defaults={k: v for k, v in SMALL.items() if k != "timeoutSeconds"})
     result = SuiteResult(namespace=namespace)
@@ -1345,8 +1362,11 @@ def test_no_run_ended_in_a_platform_reason(hostile: SuiteResult):
 def test_a_canary_kept_succeeding_in_normal_time(hostile: SuiteResult):
     canaries = hostile.canaries
     assert len(canaries) >= MIN_CANARIES, canaries
-    bad = [c for c in canaries if c[1:4] != ("Succeeded", "Completed", "42\n") or c[4] >= CANARY_WITHIN]
-    assert not bad, f"{len(bad)}/{len(canaries)} canaries failed or took >= {CANARY_WITHIN}s: {bad}"
+    bad = [c for c in canaries if c[1:4] != ("Succeeded", "Completed", "42\n") or c[4] >= CANARY_WITHIN
+           or c[5].get("toPod") is None or c[5]["toPod"] >= CANARY_ADMITTED_WITHIN]
+    print("slowest canaries:", *sorted(canaries, key=lambda c: -c[4])[:5], sep="\n  ")
+    assert not bad, (f"{len(bad)}/{len(canaries)} canaries failed, took >= {CANARY_WITHIN}s, or waited "
+                     f">= {CANARY_ADMITTED_WITHIN}s for their sandbox pod: {bad}")
 
 
 def test_the_operator_answered_healthz_within_one_second_throughout(hostile: SuiteResult):

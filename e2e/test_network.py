@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import NAMESPACE_LABELS, wait_for
 
 PYTHON_IMAGE = "coderun.local/sandbox-python:v2"
 NETPOL_TABLE = "coderun-netpol"
@@ -267,8 +267,7 @@ def metadata_reachable_from_node() -> bool:
 
 # ------------------------------------------------------------------------------------------ cluster helpers
 def create_namespace(cluster, name: str) -> None:
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
+    cluster.core.create_namespace({"metadata": {"name": name, "labels": NAMESPACE_LABELS}})
 
 
 def deny_all(cluster, namespace: str) -> None:

@@ -5,7 +5,6 @@ import json
 import socket
 import threading
 import time
-from datetime import datetime
 
 import pytest
 from kubernetes.client.rest import ApiException
@@ -13,7 +12,7 @@ from kubernetes.client.rest import ApiException
 from coderun.api.coderunpolicy import POLICY_PLURAL, spec_digest
 from coderun.api.models import GROUP, VERSION, CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
-from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, wait_for
+from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, parse_timestamp, wait_for
 
 def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": spec}
@@ -85,7 +84,7 @@ def test_the_policys_ttl_deletes_a_finished_run_on_time(operator, namespace):
     name = operator.create_run(namespace, {"language": "python", "code": "print(1)", "policyRef": "short-lived"})
     status = status_of(operator.wait_run(namespace, name))
     assert status["phase"] == "Succeeded" and status["decision"]["ttlSecondsAfterFinished"] == 5, status
-    finished = datetime.fromisoformat(status["completionTime"].replace("Z", "+00:00")).timestamp()
+    finished = parse_timestamp(status["completionTime"]).timestamp()
 
     def gone():
         try:
@@ -158,18 +157,20 @@ def test_kubectl_apply_refuses_a_costly_pattern_and_cluster_egress_naming_the_fi
 
 
 def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(operator, namespace):
-    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3})
+    # a quarter of a core each, so three sandboxes fit the node at once and the cap (not the node) is what holds
+    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m"}})
     names = [f"q-{i:02d}" for i in range(20)]
     for name in names:  # one by one: the creation order is the names' order
         operator.create_run(namespace, {"language": "python", "code": "import time\ntime.sleep(1.5)\nprint('ok')"},
                             name=name)
     # A policy changed while runs wait does not change what they were admitted with.
-    apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"memory": "300Mi"}})
+    apply_policy(operator, namespace, "default",
+                 {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m", "memory": "300Mi"}})
     runs = [operator.wait_run(namespace, name, timeout=240) for name in names]
     statuses = [status_of(r) for r in runs]
     assert all(s["phase"] == "Succeeded" for s in statuses), [(s.get("reason"), s.get("message")) for s in statuses]
-    started = [datetime.fromisoformat(s["startTime"].replace("Z", "+00:00")) for s in statuses]
-    finished = [datetime.fromisoformat(s["completionTime"].replace("Z", "+00:00")) for s in statuses]
+    started = [parse_timestamp(s["startTime"]) for s in statuses]
+    finished = [parse_timestamp(s["completionTime"]) for s in statuses]
     for moment in started:
         overlapping = [n for n, a, b in zip(names, started, finished) if a <= moment < b]
         assert len(overlapping) <= 3, (f"{overlapping} had a sandbox at once",

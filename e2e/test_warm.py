@@ -18,7 +18,7 @@ import pytest
 
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, VERSION
-from conftest import PodCensus, apply_warm_pool, pool_ready, wait_for
+from conftest import NAMESPACE_LABELS, PodCensus, apply_warm_pool, pool_ready, wait_for
 
 POD_LOGS = Path("/var/log/pods")
 
@@ -83,8 +83,7 @@ def comparable(status: dict, case: str = "") -> dict:
 def cold_twin(cluster, namespace: str, warm_pool: dict, **policy):
     """A namespace beside `namespace` with the same policy but no pool; `namespace` gets the pool."""
     cold_ns = f"{namespace}-cold"
-    cluster.core.create_namespace({"metadata": {"name": cold_ns, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted", "coderun.io/e2e": "true"}}})
+    cluster.core.create_namespace({"metadata": {"name": cold_ns, "labels": NAMESPACE_LABELS}})
     try:
         cluster.custom.create_namespaced_custom_object(GROUP, VERSION, cold_ns, POLICY_PLURAL, {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},

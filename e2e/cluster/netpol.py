@@ -225,13 +225,15 @@ def _policy_types(spec: dict) -> list[str]:
 
 def pod_entry(obj: dict) -> dict | None:
     """What the enforcer keeps of a pod; None for a pod that has no traffic of its own to police: host
-    network, no IP yet, terminating (its IP may soon be another pod's), or finished."""
+    network, no IP yet, or finished. A terminating pod still runs through its grace period (an operator hands
+    its Lease over then, over the network) and keeps its policy until its containers have ended, as Calico and
+    Cilium keep an endpoint until its sandbox is gone; should its IP go to a newer pod, the newer one wins."""
     meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    if spec.get("hostNetwork") or meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+    if spec.get("hostNetwork") or status.get("phase") in ("Succeeded", "Failed"):
         return None
     statuses = status.get("containerStatuses") or []
-    if spec.get("restartPolicy") == "Never" and statuses and all((s.get("state") or {}).get("terminated")
-                                                                 for s in statuses):
+    ended = statuses and all((s.get("state") or {}).get("terminated") for s in statuses)
+    if ended and (spec.get("restartPolicy") == "Never" or meta.get("deletionTimestamp")):
         return None  # every container ended and none restarts: finished, though the phase lags ~1 s
     ips = [p["ip"] for p in status.get("podIPs") or () if p.get("ip")] or \
         ([status["podIP"]] if status.get("podIP") else [])

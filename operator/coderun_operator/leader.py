@@ -24,7 +24,9 @@ from . import k8s
 
 LEASE_SECONDS = 15
 RENEW_SECONDS = 2
-RENEW_DEADLINE_SECONDS = 10  # below LEASE_SECONDS: the leader gives up before a standby may take over
+# A leader that has not renewed for this long gives up: one more attempt (a pause, a read and a write, each
+# bounded by the Lease's request timeout) could end only after a standby may take over.
+RENEW_DEADLINE_SECONDS = LEASE_SECONDS - RENEW_SECONDS - 2 * k8s.LEASE_REQUEST_TIMEOUT_SECONDS
 RETRY_SECONDS = 1
 LEADER_LABEL = "coderun.io/leader"  # on the leading replica's pod: the webhook Service selects it
 
@@ -159,7 +161,7 @@ class LeaderElector:
         """Hand the Lease over (best effort): called once this replica has stopped processing."""
         self._stop.set()
         if self._renewer is not None:
-            self._renewer.join(k8s.REQUEST_TIMEOUT_SECONDS)  # its last write must not race the release
+            self._renewer.join(2 * k8s.LEASE_REQUEST_TIMEOUT_SECONDS)  # its last write must not race the release
         if not self.leading:
             return
         self.leading = False

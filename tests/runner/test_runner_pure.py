@@ -331,3 +331,30 @@ def test_a_deleted_file_is_told_by_its_link_count_or_its_mark(tmp_path):
     other.write_text("y")
     assert is_unlinked(str(other) + " (deleted)", info)  # the name was reused by another file
     assert not is_unlinked(str(tmp_path / "plain"), info)
+
+
+def test_at_the_deadline_the_program_is_frozen_before_the_last_count(tmp_path):
+    """The deadline's count of /tmp sees a program that no longer runs: a flood beside it could stretch the count,
+    and the run, far past the deadline at a low CPU limit."""
+    from coderun.sandbox.runner.child import run_child
+    from coderun.sandbox.runner.limits import Guards
+
+    class Recording(Guards):
+        states: list[str] = []
+
+        def child_limits(self) -> None:  # the host's test process: no filter, rlimits or namespaces
+            pass
+
+        def due(self, now: float) -> bool:  # only the deadline's count
+            return False
+
+        def check(self, now: float, final: bool = False):
+            with open(f"/proc/{self.session}/stat") as f:
+                self.states.append(f.read().rsplit(")", 1)[1].split()[0])
+            return None
+
+    guards = Recording(str(tmp_path), None, 100, 100, None, is_pid1=False)
+    outcome = run_child(["python3", "-c", "while True: pass"], str(tmp_path), {"PATH": "/usr/bin:/bin"}, None,
+                        timeout_seconds=0.5, output_bytes=1024, flood_bytes=4096, is_pid1=False, guards=guards)
+    assert outcome.runner_kill_reason == protocol.TIMEOUT
+    assert Recording.states[0] == "T", Recording.states  # stopped, then killed

@@ -164,13 +164,15 @@ def test_pod_entry_keeps_every_pod_ip_normalised():
 
 
 @pytest.mark.parametrize("change", [
-    {"metadata__deletionTimestamp": "2026-01-01T00:00:00Z"},
+    {"metadata__deletionTimestamp": "2026-01-01T00:00:00Z",
+     "status__containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 0}}}],
+     "spec__restartPolicy": "Always"},
     {"status__phase": "Succeeded"},
     {"status__phase": "Failed"},
     {"status__containerStatuses": [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]},
     {"spec__hostNetwork": True},
     {"status__podIP": None, "status__podIPs": None},
-], ids=["terminating", "succeeded", "failed", "containers-ended", "host-network", "no-ip"])
+], ids=["terminated", "succeeded", "failed", "containers-ended", "host-network", "no-ip"])
 def test_pods_without_traffic_of_their_own_are_forgotten(change):
     assert netpol.pod_entry(raw_pod(**change)) is None
 
@@ -246,10 +248,14 @@ def test_watch_events_are_applied_and_a_clean_end_resumes_from_the_last_version(
     assert list(state.pods) == ["a/p9"]
 
 
-def test_an_event_that_makes_a_pod_terminating_removes_it():
+def test_a_terminating_pod_keeps_its_policy_until_its_containers_end():
+    """Its grace period is when an operator hands its Lease over: cut off then, the handover waited 30 s."""
     state = netpol.State()
-    netpol.apply_event(state, state.pods, {"type": "ADDED", "object": raw_pod()}, netpol.pod_entry)
-    assert "a/p" in state.pods
-    netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": raw_pod(
-        metadata__deletionTimestamp="2026-01-01T00:00:00Z")}, netpol.pod_entry)
+    netpol.apply_event(state, state.pods, {"type": "ADDED", "object": raw_pod(spec__restartPolicy="Always")},
+                       netpol.pod_entry)
+    terminating = raw_pod(spec__restartPolicy="Always", metadata__deletionTimestamp="2026-01-01T00:00:00Z")
+    netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": terminating}, netpol.pod_entry)
+    assert state.pods["a/p"]["ips"] == ["10.88.0.5", "fd00:88::5"]
+    terminating["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]
+    netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": terminating}, netpol.pod_entry)
     assert state.pods == {}

@@ -14,7 +14,7 @@ import time
 
 from .capture import READ_CHUNK, StreamCapture
 from .limits import Guards
-from .processes import kill_all_other_processes, kill_process_group
+from .processes import kill_all_other_processes, kill_process_group, stop_process_group
 from .protocol import DISK_LIMIT_EXCEEDED, OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
 # Once the child is gone, how long to keep reading pipes that an escaped
@@ -114,6 +114,9 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                     kill_process_group(proc.pid)
                 elif not exited_at and now >= deadline:
                     # A limit met by then is what stopped the program (e.g. a fork bomb that starved us of CPU).
+                    # The program is frozen first: a file flood running on beside the last count would stretch
+                    # it, and the run, far past the deadline at a low CPU limit (a 120 s run ended at 192 s).
+                    stop_process_group(proc.pid)
                     broken = guards.check(now) if guards is not None else None
                     runner_kill_reason, limit = broken or (TIMEOUT, None)
                     kill_process_group(proc.pid)

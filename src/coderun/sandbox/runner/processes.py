@@ -8,8 +8,17 @@ import time
 
 
 def kill_process_group(pgid: int) -> None:
+    signal_process_group(pgid, signal.SIGKILL)
+
+
+def stop_process_group(pgid: int) -> None:
+    """Freeze the group (it is killed next, never resumed)."""
+    signal_process_group(pgid, signal.SIGSTOP)
+
+
+def signal_process_group(pgid: int, sig: int) -> None:
     try:
-        os.killpg(pgid, signal.SIGKILL)
+        os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 
