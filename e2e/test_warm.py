@@ -62,7 +62,13 @@ WHERE_AND_WHEN = ("startMode", "podName", "startTime", "completionTime", "metric
                   "cacheKey")
 # A write past the disk limit meets two enforcers, RLIMIT_FSIZE (EFBIG, the program's own error) and the runner's
 # disk walk (SIGKILL), and which comes first is a race on either path; the reason and the limit are the same.
-RACING = {"disk": ("exitCode", "signal", "error", "stderr", "stderrBytes", "stderrSha256", "conditions")}
+# Past the memory limit the node's OOM killer takes the program's process (the runner survives to report it, with
+# its empty output) or the whole sandbox (nothing left to report), whichever it picks; seen: cold runs the first,
+# warm ones the second, on the same node. Reason, signal, exit code and message are the same either way.
+RACING = {"disk": ("exitCode", "signal", "error", "stderr", "stderrBytes", "stderrSha256", "conditions"),
+          "oom": tuple(f"{stream}{part}" for stream in ("stdout", "stderr")
+                       for part in ("", "Bytes", "Sha256", "Truncated"))
+                 + ("artifacts", "artifactsSkipped", "redactions")}
 
 
 def comparable(status: dict, case: str = "") -> dict:
