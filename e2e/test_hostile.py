@@ -697,7 +697,12 @@ PROGRAMS: list[Hostile] = [
             held.append(f)
         time.sleep(30)
         report(written=32)''',
-            "DiskLimitExceeded", prompt_disk, limits={"timeoutSeconds": 15}),
+            # /tmp's tmpfs refuses the page past the limit (ENOSPC): the program's write fails and it exits, and
+            # its unlinked files go with it, so the runner finds /tmp under the limit again: the kernel's refusal
+            # is the containment, and the program's own error says so
+            {"DiskLimitExceeded", "NonZeroExit"}, lambda s, f: prompt_disk(s, f) and (
+                s["reason"] == "DiskLimitExceeded" or "No space left" in (s.get("error") or {}).get("message", "")),
+            limits={"timeoutSeconds": 15}),
     Hostile("workdir-fill", r'''
         for i in range(8):
             with open(f"fill{i}.bin", "wb") as f:
