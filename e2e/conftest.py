@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
@@ -40,8 +41,8 @@ def parse_timestamp(value: str | None) -> datetime | None:
 
 
 def millicpu(quantity: str) -> int:
-    """A CPU quantity ("250m", "1", "1.5") in millicores."""
-    return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
+    """A CPU quantity ("250m", "1", "1.5") in millicores, parsed as the operator parses quantities."""
+    return int(parse_quantity(quantity) * 1000)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
