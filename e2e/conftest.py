@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
@@ -37,6 +38,11 @@ def _kubectl_path() -> str:
 def parse_timestamp(value: str | None) -> datetime | None:
     """A time as the API writes it (RFC 3339; Python 3.11 reads its Z)."""
     return datetime.fromisoformat(value) if value else None
+
+
+def millicpu(quantity: str) -> int:
+    """A CPU quantity ("250m", "1", "1.5") in millicores, parsed as the operator parses quantities."""
+    return int(parse_quantity(quantity) * 1000)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
@@ -73,6 +79,18 @@ class Cluster:
     def node_ip(self) -> str:
         node = self.core.list_node().items[0]
         return next(a.address for a in node.status.addresses if a.type == "InternalIP")
+
+    def free_millicpu(self) -> int:
+        """The node's allocatable CPU less what its unfinished pods request (their RuntimeClass overhead too), as
+        the scheduler counts it: the room a suite may fill without its pods waiting on each other."""
+        node = self.core.list_node().items[0]
+        taken = 0
+        for pod in self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node.metadata.name}").items:
+            if pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            requests = [(c.resources.requests or {}).get("cpu") for c in pod.spec.containers if c.resources]
+            taken += sum(millicpu(r) for r in requests if r) + millicpu((pod.spec.overhead or {}).get("cpu") or "0")
+        return millicpu(node.status.allocatable["cpu"]) - taken
 
     # ---- pods
     def create_pod(self, namespace: str, name: str, command: list[str], runtime_class: str | None = "gvisor",

@@ -1,8 +1,9 @@
 """The hostile suite: programs an attacker (or a confused model) would write, each run for real as a CodeRun,
 each checked for containment AND for an accurate terminal phase/reason.
 
-How it runs: the table is cut into batches that fit the node beside one canary (limits are requests, and a
-2-core node holds five 250m sandboxes plus the canary); all runs of a batch are created, then the suite waits
+How it runs: the table is cut into batches that fit the node's free room beside one canary (limits are requests:
+on the 2-core node beside the operator's replicas, five 250m sandboxes plus the canary); all runs of a batch are
+created, then the suite waits
 for all of them, then for their pods to be gone, then starts the next batch. Meanwhile:
 - a benign canary (print(6*7)) is created again and again and must succeed, each time, within CANARY_WITHIN;
 - a thread polls the operator's /healthz, which must answer every time within HEALTH_WITHIN;
@@ -30,8 +31,8 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
-from conftest import (NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, parse_timestamp,
-                      wait_for)
+from conftest import (NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, millicpu,
+                      parse_timestamp, wait_for)
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
@@ -39,8 +40,10 @@ OVERHEAD_MILLICPU = 50          # the gvisor RuntimeClass's podFixed cpu, counte
 # Warm mode (CODERUN_E2E_WARM=1): the suite's pool, each waiting pod reserving its cpuRequest plus the overhead.
 WARM_POOL = {"size": 4, "cpuRequest": "10m", "languages": ["python"]}
 WARM_POOL_MILLICPU = WARM_POOL["size"] * (10 + OVERHEAD_MILLICPU) if WARM_MODE else 0
-# Requests of one batch: leaves room on a 2-core node for the canary (300m) and, in warm mode, the pool.
+# Requests of one batch at most; the fixture takes less where the node has less room beside what runs there
+# already (the operator's replicas), the canary and, in warm mode, the pool.
 BATCH_MILLICPU = 1500 - WARM_POOL_MILLICPU
+CANARY_MILLICPU = 250 + OVERHEAD_MILLICPU
 BATCH_GRACE = 60                # seconds past a batch's longest timeout before its stragglers count as stuck
 # seconds from create to Succeeded, each canary: the operator admits it within a second, but a cold sandbox started
 # beside a batch's pods and the pool's refill on the 2-core node took up to 26 s (containerd's RunPodSandbox 16 s)
@@ -697,7 +700,12 @@ PROGRAMS: list[Hostile] = [
             held.append(f)
         time.sleep(30)
         report(written=32)''',
-            "DiskLimitExceeded", prompt_disk, limits={"timeoutSeconds": 15}),
+            # /tmp's tmpfs refuses the page past the limit (ENOSPC): the program's write fails and it exits, and
+            # its unlinked files go with it, so the runner finds /tmp under the limit again: the kernel's refusal
+            # is the containment, and the program's own error says so
+            {"DiskLimitExceeded", "NonZeroExit"}, lambda s, f: prompt_disk(s, f) and (
+                s["reason"] == "DiskLimitExceeded" or "No space left" in (s.get("error") or {}).get("message", "")),
+            limits={"timeoutSeconds": 15}),
     Hostile("workdir-fill", r'''
         for i in range(8):
             with open(f"fill{i}.bin", "wb") as f:
@@ -1078,15 +1086,14 @@ def _phase_for(reason: str) -> str:
 
 
 def _millicpu(h: Hostile) -> int:
-    cpu = {**SMALL, **h.limits}["cpu"]
-    return (int(cpu[:-1]) if cpu.endswith("m") else int(float(cpu) * 1000)) + OVERHEAD_MILLICPU
+    return millicpu({**SMALL, **h.limits}["cpu"]) + OVERHEAD_MILLICPU
 
 
-def batches(programs: list[Hostile]) -> list[list[Hostile]]:
-    """Quick programs first, those that run to a deadline last, packed to BATCH_MILLICPU of requests each."""
+def batches(programs: list[Hostile], room: int = BATCH_MILLICPU) -> list[list[Hostile]]:
+    """Quick programs first, those that run to a deadline last, packed to `room` millicores of requests each."""
     out: list[list[Hostile]] = [[]]
     for h in sorted(programs, key=lambda x: x.slow):
-        if out[-1] and (sum(map(_millicpu, out[-1])) + _millicpu(h) > BATCH_MILLICPU
+        if out[-1] and (sum(map(_millicpu, out[-1])) + _millicpu(h) > room
                         or out[-1][-1].slow != h.slow):
             out.append([])
         out[-1].append(h)
@@ -1281,7 +1288,9 @@ def hostile(operator) -> SuiteResult:
         t.start()
     started = time.monotonic()
     try:
-        plan = batches(PROGRAMS)
+        room = min(BATCH_MILLICPU, cluster.free_millicpu() - CANARY_MILLICPU)
+        assert room >= max(map(_millicpu, PROGRAMS)), f"{room}m free beside the canary: too little for the table"
+        plan = batches(PROGRAMS, room)
         for batch in plan:
             _run_batch(cluster, result, batch, header)
         result.batches = len(plan)

@@ -51,3 +51,26 @@ def as_nobody():
         yield runner_in(base, owner=NOBODY, interpreter=SYSTEM_PYTHON), drop
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+USER_MOUNT_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.getuid(), os.getgid()
+assert libc.unshare(0x10000000 | 0x20000) == 0, "unshare"
+for name, content in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+    fd = os.open(f"/proc/self/{name}", os.O_WRONLY); os.write(fd, content.encode()); os.close(fd)
+assert libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, b"nr_inodes=8,size=8192") == 0, "mount"
+"""
+
+
+@pytest.fixture(scope="session")
+def user_mounts():
+    """Skip where an unprivileged process may not mount a tmpfs in a user namespace of its own (the pod's gVisor
+    allows it; so does Linux unless unprivileged user namespaces are turned off)."""
+    if os.geteuid() != 0 or not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip("needs root to drop to an unprivileged uid")
+    probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                            SYSTEM_PYTHON, "-I", "-c", USER_MOUNT_PROBE], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"no tmpfs in an unprivileged user namespace here: {probe.stderr.decode().strip()[-200:]}")

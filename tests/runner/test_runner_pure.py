@@ -10,11 +10,12 @@ import pytest
 
 from coderun.sandbox.runner import protocol, seccomp
 from coderun.sandbox.runner.capture import StreamCapture, trim_partial_utf8
+from coderun.sandbox.runner.confinement import capped_scratch_options
 from coderun.sandbox.runner.child import ChildOutcome, cgroup_reports_oom_kill, oom_kill_count
 from coderun.sandbox.runner.errors import parse_python_error
 from coderun.sandbox.runner.frame import classify, encode_frame, failure_frame, termination_summary
 from coderun.sandbox.runner.inputs import InvalidInput, parse_run_spec, resolve_inside, validate_relative_path
-from coderun.sandbox.runner.limits import WALK_HELD_DIRS, is_unlinked, scratch_usage
+from coderun.sandbox.runner.limits import WALK_HELD_DIRS, is_unlinked, scratch_usage, tmpfs_usage
 from coderun.sandbox.runner.main import parse_args
 
 TB = "Traceback (most recent call last):"
@@ -196,6 +197,27 @@ def test_sandbox_limits_default_when_absent():
     assert (spec["diskBytes"], spec["memoryBytes"], spec["maxInodes"], spec["maxProcesses"]) == (None, None, 16384, 128)
     spec = parse_run_spec(minimal_run_json(diskBytes=1 << 20, memoryBytes=1 << 27, maxInodes=10, maxProcesses=1))
     assert (spec["diskBytes"], spec["memoryBytes"], spec["maxInodes"], spec["maxProcesses"]) == (1 << 20, 1 << 27, 10, 1)
+
+
+def test_the_scratch_tmpfs_is_asked_for_explicitly():
+    assert parse_run_spec(minimal_run_json())["scratchTmpfs"] is False
+    assert parse_run_spec(minimal_run_json(scratchTmpfs=True))["scratchTmpfs"] is True
+    with pytest.raises(InvalidInput, match="scratchTmpfs"):
+        parse_run_spec(minimal_run_json(scratchTmpfs="yes"))
+
+
+def test_the_scratch_tmpfs_holds_one_entry_and_one_page_past_the_caps():
+    # Its root is an inode too; full then means past the cap, as the walk reports it.
+    assert capped_scratch_options(500, None, 4096) == "nr_inodes=502,mode=1777"
+    assert capped_scratch_options(16384, 1 << 20, 4096) == "nr_inodes=16386,mode=1777,size=1052672"
+
+
+def test_tmpfs_usage_counts_pages_and_inodes_but_its_root():
+    # statvfs_result: bsize, frsize, blocks, bfree, bavail, files, ffree, favail, flag, namemax
+    full = os.statvfs_result((4096, 4096, 257, 0, 0, 502, 0, 0, 0, 255))
+    assert tmpfs_usage(full) == (257 * 4096, 501)
+    empty = os.statvfs_result((4096, 4096, 257, 257, 257, 502, 501, 501, 0, 255))
+    assert tmpfs_usage(empty) == (0, 0)
 
 
 @pytest.mark.parametrize("field, value", [

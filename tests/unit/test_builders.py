@@ -26,7 +26,8 @@ def test_pod_is_hardened_as_the_design_demands(run_body):
     sc = container["securityContext"]
     assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
     assert container["resources"]["requests"] == container["resources"]["limits"]
-    assert container["resources"]["limits"]["memory"] == "128Mi"
+    # the program's 128Mi and its /tmp's 64Mi: the runner keeps /tmp in a tmpfs capped at the disk limit
+    assert container["resources"]["limits"]["memory"] == "192Mi"
     assert spec["activeDeadlineSeconds"] > 7
     assert container["env"] == []
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in spec["volumes"]
@@ -67,6 +68,7 @@ def test_input_configmap_carries_code_stdin_files_and_instructions(run_body):
     assert cm["data"]["file-0"] == "x,y" and base64.b64decode(cm["binaryData"]["file-1"]) == b"\x00\x01"
     assert instructions["timeoutSeconds"] == 5 and instructions["floodBytes"] > instructions["outputBytes"]
     assert instructions["stdinKey"] == "stdin" and instructions["codeFile"] == "main.py"
+    assert instructions["scratchTmpfs"] is True and instructions["diskBytes"] == 64 * 1048576
 
 
 def test_network_policies_deny_everything(run_body):

@@ -171,6 +171,26 @@ def test_a_streamed_frame_without_this_claims_nonce_is_not_trusted(env):
     assert run["status"]["phase"] == "Succeeded" and run["status"]["stdout"] == "real\n"
 
 
+def test_a_program_sigkilled_from_outside_waits_for_the_container_to_say_whether_it_was_the_oom_killer(env):
+    """The node's OOM killer is seen only in the container's end state: a streamed SIGKILL the runner did not send
+    waits for it, so a warm run ends OOMKilled as its cold twin does."""
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = runner_answer(reason="Signaled", exitCode=None, signal=9, stdout="")
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["phase"] in ("Pending", "Running") and run["status"]["startMode"] == "Warm"
+    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
+    log, termination = frame_log(stdout="", nonce=sent_nonce(api, pod["metadata"]["name"]), reason="Signaled",
+                                 exitCode=None, signal=9)
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "OOMKilled", "exitCode": 0,
+                                                                     "message": termination}}
+    ctl.on_pod(pod, deleted=False)
+    status = api.run(NS, run["metadata"]["name"])["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "OOMKilled"), status
+
+
 def test_a_pod_someone_else_fed_first_never_answers_for_the_run(env):
     """A user allowed to attach in the namespace fed a waiting pod their own input: its runner ran that, with
     their nonce. The run's claim recorded another digest, so the run starts cold instead of taking that result."""

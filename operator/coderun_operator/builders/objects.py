@@ -81,6 +81,9 @@ def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | No
         "memoryBytes": int(parse_quantity(limits.memory)),
         "maxProcesses": policy.max_processes,
         "maxInodes": policy.max_inodes,
+        # /tmp a tmpfs whose kernel refuses the entry and the page past the caps, at any CPU (the pod's memory
+        # holds its bytes: sandbox_memory)
+        "scratchTmpfs": True,
         "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
                       "maxTotalBytes": policy.artifact_max_total_bytes},
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],
@@ -143,6 +146,13 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
     }
 
 
+def sandbox_memory(limits) -> str:
+    """The pod's memory: the program's, plus its /tmp, which the runner keeps in a tmpfs capped at the disk
+    limit (its pages are memory). A program is OOMKilled only once it holds more than limits.memory itself."""
+    total = int(parse_quantity(limits.memory) + parse_quantity(limits.disk))
+    return f"{total // 1048576}Mi" if total % 1048576 == 0 else str(total)
+
+
 def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
     """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch off."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
@@ -162,7 +172,7 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
     input_mount = {"name": "input", "mountPath": INPUT_MOUNT}
     if "configMap" in input_volume:
         input_mount["readOnly"] = True  # else left out, as the API server leaves out a false one
-    resources = {"cpu": limits.cpu, "memory": limits.memory, "ephemeral-storage": ephemeral}
+    resources = {"cpu": limits.cpu, "memory": sandbox_memory(limits), "ephemeral-storage": ephemeral}
     drop_all = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}

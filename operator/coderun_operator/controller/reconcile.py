@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from signal import SIGKILL
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
@@ -418,6 +419,10 @@ class Controller:
             frame = parse_streamed_frame(text, nonce)
         except FrameError as e:
             log.warning("run %s: %s; waiting for the pod's log", run["metadata"]["name"], e)
+            return
+        if frame.reason == Reason.SIGNALED and frame.signal == SIGKILL and not frame.oomKilled:
+            # A SIGKILL the runner did not send is most often the node's OOM killer (gVisor's cgroupfs keeps no
+            # OOM count for the runner to read): only the container's end says so, as it does for a cold run.
             return
         pod = self.store.pod(run["metadata"]["uid"])
         if pod is None or pod["metadata"]["name"] != pod_name:

@@ -69,7 +69,8 @@ class Limits(ApiModel):
     cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description="CPU limit (quantity, e.g. '1' or 500m).",
                             json_schema_extra=_quantity_range("50m", "64", "500m"))
     disk: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
-        "Size of the writable /tmp (emptyDir sizeLimit and ephemeral-storage limit), e.g. 64Mi."),
+        "Size of the writable /tmp, e.g. 64Mi: a tmpfs the sandbox's kernel caps at this size (ENOSPC past it), "
+        "held in memory, so the sandbox pod's memory limit is limits.memory plus this."),
         json_schema_extra=_quantity_range("1Mi", "100Gi", "64Mi"))
     output_bytes: int | None = Field(None, ge=1024, le=MAX_OUTPUT_BYTES, description=(
         "Bytes of stdout and of stderr kept in the status (each). Beyond it the stream is truncated "

@@ -1,5 +1,6 @@
 """What keeps the program from the runner: the runner's own user namespace and non-dumpable flag, and the program's
-PID and mount namespaces under an init of ours that mirrors its exit status."""
+PID and mount namespaces under an init of ours that mirrors its exit status; and the tmpfs whose kernel caps the
+scratch dir's inodes and bytes."""
 
 from __future__ import annotations
 
@@ -43,15 +44,44 @@ def write_id_maps(uid: int, gid: int) -> None:
 def enter_user_namespace() -> bool:
     """As PID 1, before anything else: move the runner into a user namespace of its own, with its own ids mapped,
     so it may make the program's PID and mount namespaces without privilege, and stays in the program's user
-    namespace (it can still read the program's /proc entries to count its processes and open files). False if
+    namespace (it can still read the program's /proc entries to count its processes and open files); and into a
+    mount namespace that namespace owns, where it may mount the scratch's tmpfs (mount_capped_scratch). False if
     the runtime refuses (a seccomp profile that denies unshare): the program then runs beside the runner."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(CLONE_NEWUSER) != 0:
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0 and libc.unshare(CLONE_NEWUSER) != 0:
         return False
     write_id_maps(uid, gid)  # while still dumpable: the maps of a non-dumpable process are root's
     return True
+
+
+def capped_scratch_options(max_inodes: int, disk_bytes: int | None, page_size: int) -> str:
+    """The scratch tmpfs's options: room for its root and one entry past the cap, and one page past the disk
+    limit (or the tmpfs's default, half the memory, without one), so that a full tmpfs is a cap passed, as the
+    walk would report it, and the next file or page is refused (ENOSPC)."""
+    options = [f"nr_inodes={max_inodes + 2}", "mode=1777"]
+    if disk_bytes is not None:
+        options.append(f"size={disk_bytes + page_size}")
+    return ",".join(options)
+
+
+def mount_capped_scratch(scratch_dir: str, max_inodes: int, disk_bytes: int | None) -> bool:
+    """As PID 1 in our own namespaces (enter_user_namespace), before anything is written there: mount over the
+    scratch dir a tmpfs whose kernel (gVisor's Sentry, or Linux) refuses the entry or page past the caps when
+    it is made, however little CPU the runner gets to look, and whose statfs counts them (see Guards). Its
+    bytes are memory: they count against the pod's memory limit, not the volume's. The program's mount
+    namespace is a copy of ours: the runner still reads what it writes there (its artifacts), and it cannot
+    lift the caps (no capability after exec, and the syscall filter refuses mount, umount and unshare).
+    False where it is refused (no namespaces of ours, a kernel without user mounts): the walk then counts."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = capped_scratch_options(max_inodes, disk_bytes, os.sysconf("SC_PAGE_SIZE"))
+    try:
+        os.makedirs(scratch_dir, exist_ok=True)
+    except OSError:
+        return False
+    return libc.mount(b"tmpfs", os.fsencode(scratch_dir), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()) == 0
 
 
 def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None) -> None:

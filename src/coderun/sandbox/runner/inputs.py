@@ -113,11 +113,16 @@ def parse_run_spec(raw: dict) -> dict:
         checked_files.append({"path": path, "key": key})
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
     disk, memory = raw.get("diskBytes"), raw.get("memoryBytes")
+    scratch_tmpfs = raw.get("scratchTmpfs", False)
+    _require(isinstance(scratch_tmpfs, bool), "run.json: scratchTmpfs must be true or false")
     return {
         "diskBytes": None if disk is None else _limit(disk, "diskBytes", MAX_DISK_BYTES),
         "memoryBytes": None if memory is None else _limit(memory, "memoryBytes", MAX_DISK_BYTES),
         "maxInodes": _limit(raw.get("maxInodes", DEFAULT_MAX_INODES), "maxInodes", MAX_INODES),
         "maxProcesses": _limit(raw.get("maxProcesses", DEFAULT_MAX_PROCESSES), "maxProcesses", MAX_PROCESSES),
+        # The scratch dir a tmpfs of the runner's whose kernel enforces maxInodes and diskBytes (see
+        # confinement.mount_capped_scratch): its bytes are then memory, so the operator asks for it.
+        "scratchTmpfs": scratch_tmpfs,
         "language": raw.get("language"),
         "command": command,
         "codeFile": code_file,

@@ -171,6 +171,12 @@ def scratch_usage(root: str, max_inodes: int, with_bytes: bool = True,
     return walk.used, walk.inodes
 
 
+def tmpfs_usage(info: os.statvfs_result) -> tuple[int, int]:
+    """(bytes allocated, inodes) of the scratch's own tmpfs (confinement.mount_capped_scratch) from its statfs: its
+    pages, those of deleted but open files too, and its inodes but its root, as the walk counts them."""
+    return (info.f_blocks - info.f_bfree) * info.f_frsize, info.f_files - info.f_ffree - 1
+
+
 def is_unlinked(target: str, info: os.stat_result) -> bool:
     """gVisor keeps st_nlink at 1 for a deleted file that is still open; the link's " (deleted)" mark, checked
     against the path itself (a file may be named so), tells it there."""
@@ -226,11 +232,16 @@ def lower_rlimit(which: int, value: int) -> None:
 class Guards:
     """The sandbox's own limits, checked while the program runs and once more when it is gone: /tmp bytes
     and inodes (the kubelet would evict only a minute later), the process count, and the termination log
-    (a host file outside disk accounting that belongs to the runner)."""
+    (a host file outside disk accounting that belongs to the runner).
+
+    With scratch_capped (the scratch dir is the runner's capped tmpfs) its kernel refuses what passes the caps
+    and a statfs reads the counts: no walk, and nothing a starved runner can miss. Else the tree is walked."""
 
     def __init__(self, scratch_dir: str, disk_bytes: int | None, max_inodes: int, max_processes: int,
-                 termination_fd: int | None, is_pid1: bool, input_dir: str | None = None):
+                 termination_fd: int | None, is_pid1: bool, input_dir: str | None = None,
+                 scratch_capped: bool = False):
         self.scratch_dir, self.disk_bytes, self.max_inodes = scratch_dir, disk_bytes, max_inodes
+        self.scratch_capped = scratch_capped
         self.input_dir = input_dir
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
@@ -293,13 +304,17 @@ class Guards:
         verdict = self._at_process_cap(pids)
         if verdict:
             return verdict
-        used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
+        counted = self._tmpfs_usage()
+        if counted is not None:
+            (used, inodes), with_bytes = counted, True
+        else:
+            used, inodes = scratch_usage(self.scratch_dir, self.max_inodes, with_bytes, self.disk_bytes)
         self.near_limit = 2 * inodes > self.max_inodes or (
             with_bytes and self.disk_bytes is not None and 2 * used > self.disk_bytes)
         if inodes > self.max_inodes:
             return DISK_LIMIT_EXCEEDED, {"kind": "inodes", "limit": self.max_inodes, "observed": inodes}
         if with_bytes and self.disk_bytes is not None:
-            if used <= self.disk_bytes:  # else over the limit already: no need to look further
+            if used <= self.disk_bytes and counted is None:  # else over already, or the tmpfs counted them
                 used += unlinked_open_bytes(pids, self.scratch_dir)
             if used > self.disk_bytes:
                 return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
@@ -316,5 +331,14 @@ class Guards:
             return None
         return PROCESS_LIMIT_EXCEEDED, {"kind": "processes", "limit": self.max_processes, "observed": len(pids)}
 
+    def _tmpfs_usage(self) -> tuple[int, int] | None:
+        if not self.scratch_capped:
+            return None
+        try:
+            return tmpfs_usage(os.statvfs(self.scratch_dir))
+        except OSError:
+            return None
+
     def disk_used(self) -> int:
-        return scratch_usage(self.scratch_dir, self.max_inodes)[0]
+        counted = self._tmpfs_usage()
+        return counted[0] if counted is not None else scratch_usage(self.scratch_dir, self.max_inodes)[0]

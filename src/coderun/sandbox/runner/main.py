@@ -11,7 +11,7 @@ import types
 
 from .artifacts import collect_artifacts
 from .child import OOM_EVIDENCE_WAIT_SECONDS, cgroup_reports_oom_kill, child_environment, child_metrics, run_child
-from .confinement import enter_user_namespace, make_undumpable
+from .confinement import enter_user_namespace, make_undumpable, mount_capped_scratch
 from .errors import V8_HEAP_EXHAUSTED
 from .frame import encode_frame, failure_frame, result_frame, termination_summary
 from .inputs import InputIncomplete, InvalidInput, load_run_spec, materialise_inputs, read_stdin_input
@@ -24,11 +24,17 @@ from .protocol import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_I
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
 
 
-def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None) -> dict:
+def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
+            own_namespaces: bool = False) -> dict:
     # Absolute, because the program's cwd is the work dir.
     work, outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
+    scratch_dir = os.path.dirname(work)
+    scratch_capped = False
     try:
         spec = load_run_spec(args.input)
+        # Before the inputs are laid out there: they count against the caps, as the walk counts them.
+        scratch_capped = own_namespaces and spec["scratchTmpfs"] and mount_capped_scratch(
+            scratch_dir, spec["maxInodes"], spec["diskBytes"])
         materialise_inputs(spec, args.input, work)
         stdin_path = None
         if spec["stdinKey"] is not None:
@@ -37,14 +43,13 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
                 raise InvalidInput(f"input key {spec['stdinKey']!r} is missing")
     except InvalidInput as exc:
         return failure_frame(INVALID_INPUT, str(exc))
-    scratch_dir = os.path.dirname(work)
     home_dir = os.path.join(scratch_dir, "home")
     os.makedirs(home_dir, exist_ok=True)
     os.makedirs(outputs, exist_ok=True)
     env = child_environment(spec["env"], scratch_dir, home_dir, outputs,
                             spec["memoryBytes"] if spec["language"] == "javascript" else None)
     guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
-                    is_pid1, os.path.abspath(args.input))
+                    is_pid1, os.path.abspath(args.input), scratch_capped)
     try:
         outcome = run_child(spec["command"], work, env, stdin_path,
                             spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
@@ -134,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     started_at_millis = int(time.time() * 1000)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     is_pid1 = os.getpid() == 1
+    own_namespaces = False
     if is_pid1:
-        enter_user_namespace()
+        own_namespaces = enter_user_namespace()
         make_undumpable()
     for name in SHIELDED_SIGNALS:
         signal.signal(getattr(signal, name), lambda number, _frame: None)
@@ -146,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         started_at_millis = int(time.time() * 1000)  # the program's start-up begins now, not at the pod's
     if frame is None:
         try:
-            frame = execute(args, is_pid1, termination_fd)
+            frame = execute(args, is_pid1, termination_fd, own_namespaces)
         except Exception as exc:  # the frame must still be printed
             frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
     frame["startedAtMillis"] = started_at_millis

@@ -11,9 +11,22 @@ def kill_process_group(pgid: int) -> None:
     signal_process_group(pgid, signal.SIGKILL)
 
 
+# How long to wait for a stop to land on our child: a SIGSTOP takes effect when its target next runs.
+STOP_WAIT_SECONDS = 0.5
+
+
 def stop_process_group(pgid: int) -> None:
-    """Freeze the group (it is killed next, never resumed)."""
+    """Freeze the group (it is killed next, never resumed) and wait, briefly, until its leader (our child) has
+    stopped or exited, so that what is counted next no longer moves."""
     signal_process_group(pgid, signal.SIGSTOP)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:  # WNOWAIT: the stop or exit stays for the waits that follow
+            if os.waitid(os.P_PID, pgid, os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return
+        except OSError:  # not our child (or gone): nothing to wait for
+            return
+        time.sleep(0.001)
 
 
 def signal_process_group(pgid: int, sig: int) -> None:
