@@ -330,6 +330,9 @@ def test_the_readme_installs_with_its_own_values_file(helm, tmp_path):
     assert policy_from_object(policy).runtimes["python"].image.endswith("@sha256:" + "0" * 64)
     deployment, = of_component(objects, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"].endswith("@sha256:" + "0" * 64)
+    proxy, = of_component(objects, "Deployment", "egress-proxy")  # the proxy image the README has them push
+    assert {c["image"] for c in proxy["spec"]["template"]["spec"]["containers"]} == {
+        "registry.example.com/coderun/egress-proxy@sha256:" + "0" * 64}
 
 
 def test_the_egress_proxy_is_hardened_and_holds_no_api_token(helm):

@@ -20,8 +20,9 @@ def test_the_import_contracts_hold():
 
 def test_operator_holds_the_operator_and_does_not_shadow_the_standard_library():
     top = REPO / "operator"
-    assert {p.name for p in top.iterdir() if p.name != "__pycache__"} == {"Dockerfile", "requirements.txt",
-                                                                          "coderun_operator"}
+    # The images users build: the operator's, and the egress proxy's beside it (squid, which the chart runs).
+    assert {p.name for p in top.iterdir() if p.name != "__pycache__"} == {
+        "Dockerfile", "egress-proxy.Dockerfile", "requirements.txt", "coderun_operator"}
     assert not (top / "__init__.py").exists()
     # With the repository root first on the path (as `python -m pytest` puts it), `operator` is still the stdlib's.
     probe = subprocess.run([sys.executable, "-c", "import operator; print(operator.add(2, 3), operator.__file__)"],
