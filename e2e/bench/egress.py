@@ -1,5 +1,5 @@
 """What the egress proxy costs, on the running local cluster as users install it (`make bench-egress`: the chart's
-operator and proxy). Its figures are not yet measured (docs/testing.md).
+operator and proxy). Its figures are in docs/testing.md.
 
   run: `print(1)` in a namespace whose policy allows hosts (the run's credential, its route to the proxy, the
        proxy pods asked at its end) against the same run under the same policy without egress; and a run that
