@@ -232,7 +232,8 @@ class HostOperator:
 
 class ChartOperator:
     """The chart's operator (e2e/install.sh): the leading replica's endpoints, every replica's log."""
-    namespace, selector = "coderun-system", "app.kubernetes.io/instance=coderun"
+    # The operator's pods alone: the egress proxy's share the release's other labels.
+    namespace, selector = "coderun-system", "app.kubernetes.io/instance=coderun,app.kubernetes.io/component=operator"
 
     def __init__(self, cluster: "Cluster"):
         self.cluster = cluster

@@ -62,7 +62,7 @@ install() {
     fi
     sleep 0.2
   done
-  "$KUBECTL" -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE" --tail 30 >&2 || true
+  "$KUBECTL" -n "$NAMESPACE" logs -l "app.kubernetes.io/instance=$RELEASE,app.kubernetes.io/component=operator" --tail 30 >&2 || true
   echo "install.sh: no replica became leader within 60 s" >&2; exit 1
 }
 

@@ -24,7 +24,7 @@ from coderun.api.models import GROUP, PLURAL, VERSION
 from conftest import OPERATOR_MODE, REPO, ChartOperator, PodCensus, wait_for
 
 NAMESPACE, RELEASE = "coderun-system", "coderun"
-SELECTOR = f"app.kubernetes.io/instance={RELEASE}"
+SELECTOR = ChartOperator.selector  # the operator replicas, not the egress proxy's pods
 SMALL = {"cpu": "250m", "memory": "128Mi", "timeoutSeconds": 60}
 
 

@@ -27,7 +27,7 @@ from policy_memory import budget_filling_patterns  # noqa: E402  (its neighbour:
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
-OPERATOR_NAMESPACE, SELECTOR = "coderun-system", "app.kubernetes.io/instance=coderun"
+OPERATOR_NAMESPACE, SELECTOR = "coderun-system", "app.kubernetes.io/instance=coderun,app.kubernetes.io/component=operator"
 STREAM_BYTES = 256 * 1024
 CODE = f"import sys\nsys.stdout.write('o' * {STREAM_BYTES})\nsys.stderr.write('e' * {STREAM_BYTES})\n"
 
