@@ -6,6 +6,7 @@ The wheel and sdist are built here as `make dist` builds them, but without build
 build and setuptools), so no index is needed."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -132,9 +133,13 @@ def test_the_light_install_has_no_operator_dependencies_and_its_operator_command
     assert line.endswith(" missing): pip install 'coderun[operator]'")
 
 
-def test_the_chart_states_the_packages_version():
+def test_the_chart_and_the_docs_state_the_packages_version():
     chart = yaml.safe_load((REPO / "charts" / "coderun" / "Chart.yaml").read_text())
     assert (chart["version"], chart["appVersion"]) == (VERSION, VERSION)
+    # The install lines name what `make dist` writes: coderun-VERSION-py3-none-any.whl, coderun-VERSION.tgz, ...
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        named = set(re.findall(r"coderun(?:-operator)?-(\d+\.\d+\.\d+)", page.read_text()))
+        assert named <= {VERSION}, f"{page.name} names {named - {VERSION}}, the version is {VERSION}"
 
 
 def test_the_packaged_chart_lints(helm, tmp_path):
