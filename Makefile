@@ -8,7 +8,8 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
-	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress
+	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
+	dist dist-python dist-chart dist-image
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
@@ -16,6 +17,7 @@ help:
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make test-egress - the egress proxy (squid and coderun's helpers) on loopback, no cluster"
+	@echo "make dist   - into dist/: the wheel and sdist, the packaged chart, the operator image as an OCI archive"
 	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress"
 
 venv: $(VENV)/.installed
@@ -37,6 +39,27 @@ operator-lock:
 	"$$tmp/venv/bin/pip" install -q --only-binary=:all: -r "$$tmp/requirements.txt"; \
 	{ sed -n '/^#/p' operator/requirements.txt; "$$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f; } \
 	  > "$$tmp/operator.txt"; mv "$$tmp/operator.txt" operator/requirements.txt
+
+# What a release ships, into dist/: the wheel and sdist (python -m build, isolated: setuptools from PyPI), the chart
+# as helm packages it, the operator image as an OCI archive (docker load, skopeo copy oci-archive:…). The version is
+# coderun.__version__ (Chart.yaml states the same; tests/unit/test_packaging.py checks both and what the first two
+# hold). dist-image builds without Docker or a registry (e2e/images/build.sh, as the local cluster does: root and
+# debootstrap, minutes the first time) in the cluster's image cache, so after `make up` it is a copy.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/coderun/__init__.py)
+dist: dist-python dist-chart dist-image
+	@ls -l dist
+
+dist-python: venv
+	rm -f dist/coderun-*.whl dist/coderun-*.tar.gz
+	$(PY) -m build --outdir dist .
+
+dist-chart: helm
+	rm -f dist/coderun-*.tgz
+	$(HELM) package charts/coderun --destination dist
+
+dist-image:
+	mkdir -p dist
+	archive=$$(bash e2e/images/build.sh operator | tail -n 1) && cp "$$archive" dist/coderun-operator-$(VERSION).oci.tar
 
 # helm, built from its Go module into the cache like the cluster's binaries (the chart tests render with it).
 helm:

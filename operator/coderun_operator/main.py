@@ -15,11 +15,14 @@ import time
 
 import kopf
 
+from coderun import __version__
+
 from . import handlers, health, leader, metrics
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="coderun-operator", description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every event")
     parser.add_argument("-d", "--debug", action="store_true", help="log kopf's internals too")
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")

@@ -16,6 +16,7 @@ from typing import Any, Sequence, TextIO
 import yaml
 from pydantic import ValidationError
 
+from . import __version__
 from .api.models import Limits
 from .api.reasons import Reason
 from .api.text import one_line
@@ -260,6 +261,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Run code in coderun's gVisor sandbox on Kubernetes.",
                                      epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, or in-cluster)")
     common.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")

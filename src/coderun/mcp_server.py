@@ -5,7 +5,6 @@ from RunRequest (the SDK's input model), rather than one re-derived from a funct
 """
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
@@ -14,6 +13,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
+from . import __version__
 from .client import AsyncCodeRunClient, CodeRunError, RunRejected, RunRequest, RunTimeout
 from .client.errors import describe_invalid
 from .tools import LIST_RUNTIMES, RUN_CODE, TOOL_INPUTS, input_schema, render_result, render_runtimes, \
@@ -22,13 +22,6 @@ from .tools import LIST_RUNTIMES, RUN_CODE, TOOL_INPUTS, input_schema, render_re
 INSTRUCTIONS = ("Runs code in an isolated gVisor sandbox on Kubernetes: no network, no secrets, bounded CPU, "
                 "memory and time. Call run_code with a complete program that prints what you need; read the exit "
                 "code, the error type and line, and fix the program when it fails.")
-
-
-def _version() -> str:
-    try:
-        return version("coderun")
-    except PackageNotFoundError:
-        return "0"
 
 
 async def call_tool(client: AsyncCodeRunClient, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
@@ -67,7 +60,7 @@ def build_server(client: AsyncCodeRunClient) -> Server:
         text, is_error = await call_tool(client, params.name, params.arguments or {})
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
 
-    return Server("coderun", version=_version(), instructions=INSTRUCTIONS, on_list_tools=on_list_tools,
+    return Server("coderun", version=__version__, instructions=INSTRUCTIONS, on_list_tools=on_list_tools,
                   on_call_tool=on_call_tool, get_tool_input_schema=schemas.get)
 
 

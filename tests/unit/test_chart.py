@@ -16,15 +16,6 @@ REPO = Path(__file__).parents[2]
 CHART = REPO / "charts" / "coderun"
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    found = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/helm-$HELM_VERSION"
-                            "/helm"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-    if not Path(found).exists():  # `make test-unit` builds it first; a bare pytest builds it here (cached after)
-        subprocess.run(["bash", "e2e/cluster/build-binaries.sh", "helm"], cwd=REPO, check=True)
-    return found
-
-
 def template(helm: str, *args: str, check: bool = True) -> list[dict] | subprocess.CompletedProcess:
     result = subprocess.run([helm, "template", "coderun", str(CHART), "-n", "coderun-system", *args],
                             capture_output=True, text=True)

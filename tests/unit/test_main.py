@@ -5,7 +5,7 @@ import sys
 import kopf
 import pytest
 
-from coderun_operator import main
+from coderun_operator import command, main
 
 
 @pytest.mark.parametrize("argv, verbose", [([], False), (["--verbose"], True)])
@@ -42,3 +42,12 @@ def test_kopfs_logging_flags_pass_through(monkeypatch):
     main.main()
     assert configured[0]["log_format"] == kopf.LogFormat.JSON
     assert (configured[0]["log_prefix"], configured[0]["log_refkey"]) == (False, "k8s")
+
+
+def test_with_the_operator_extra_installed_an_import_error_is_not_disguised_as_a_missing_extra(monkeypatch):
+    """The missing-extra line is for a light install (tests/unit/test_packaging.py runs one); here every requirement
+    of the extra is installed, so a broken import keeps its traceback."""
+    assert command.missing_operator_extra() == []
+    monkeypatch.setitem(sys.modules, "coderun_operator.main", None)  # importing it raises ModuleNotFoundError
+    with pytest.raises(ModuleNotFoundError):
+        command.main()

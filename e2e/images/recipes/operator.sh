@@ -5,14 +5,14 @@
 # Two layers of caching (see build.sh): the base (debootstrap, then the third-party dependencies that
 # pyproject.toml names for the package and its `operator` extra, from PyPI at the versions
 # operator/requirements.txt pins) is keyed by those two files through BASE_INPUTS; the image on top of it (the coderun package itself, built as a wheel from exactly
-# the files in RECIPE_INPUTS) by pyproject.toml, README.md and every file under src/coderun and operator/coderun_operator. So an edit to
+# the files in RECIPE_INPUTS) by pyproject.toml, README.md, LICENSE and every file under src/coderun and operator/coderun_operator. So an edit to
 # the code rebuilds the image in seconds; a change to the dependencies rebuilds the base.
 #
 # Byte-code is compiled at build time as unchecked-hash .pyc (precompile_python in ../debian.sh says why).
 IMAGE_REF=coderun.local/operator:v1
 VENV=/opt/coderun/venv
 BASE_INPUTS=(pyproject.toml operator/requirements.txt)
-mapfile -t RECIPE_INPUTS < <(cd "$REPO" && printf '%s\n' pyproject.toml README.md &&
+mapfile -t RECIPE_INPUTS < <(cd "$REPO" && printf '%s\n' pyproject.toml README.md LICENSE &&
     find src/coderun operator/coderun_operator -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort)
 MKIMAGE_ARGS=(--entrypoint "[\"$VENV/bin/coderun-operator\"]" --user 65532:65532 --workdir /tmp
     --env "PATH=$VENV/bin:/usr/local/bin:/usr/bin:/bin" --env LANG=C.UTF-8
