@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 import threading
 import time
 from datetime import datetime, timezone
@@ -530,7 +531,8 @@ def _add_global_flags(parser: argparse.ArgumentParser, default: Any, outputs: Se
 
 
 def _command(commands: Any, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
-    sub = commands.add_parser(name, help=help, description=description or help[:1].upper() + help[1:] + ".",
+    description = textwrap.fill(description or help[:1].upper() + help[1:] + ".", 100)  # the formatter is raw
+    sub = commands.add_parser(name, help=help, description=description,
                               epilog=exit_codes_help(name), formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_global_flags(sub, argparse.SUPPRESS, OUTPUTS.get(name))
     sub.set_defaults(command_parser=sub)
