@@ -1,4 +1,4 @@
-"""`coderun` as a person or a shell script uses it: exit codes, --file, output, cleanup."""
+"""`coderun` as a person or a shell script uses it: exit codes, --file, output, cleanup, kubectl's ways."""
 import json
 import os
 import random
@@ -42,7 +42,7 @@ def test_run_on_a_csv_file_and_the_run_is_deleted_afterwards(cli, tmp_path):
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) == pytest.approx(sum(values))
     listed = cli("list")
-    assert listed.returncode == 0 and listed.stdout.splitlines()[1:] == []
+    assert (listed.returncode, listed.stdout) == (0, "") and listed.stderr.startswith("No resources found in")
 
 
 def test_keep_then_get_logs_list_and_delete(cli):
@@ -54,22 +54,43 @@ def test_keep_then_get_logs_list_and_delete(cli):
     got = cli("get", name, "-o", "yaml")
     assert got.returncode == 0 and "exitCode: 3" in got.stdout
     logs = cli("logs", name)
-    assert logs.stdout == "out\n"
+    assert (logs.returncode, logs.stdout) == (3, "out\n")  # logs exits as the run did
     assert name in cli("list", "-l", "team=a", "--mine").stdout
     assert name not in cli("list", "-l", "team=b").stdout
-    assert cli("delete", name).returncode == 0
+    assert cli("-o", "name", "list", "-l", "team=a").stdout == f"coderun.coderun.io/{name}\n"  # -o before the command
+    deleted = cli("delete", f"coderun.coderun.io/{name}")
+    assert (deleted.returncode, deleted.stdout) == (0, f'coderun.coderun.io "{name}" deleted\n')
+    assert cli("delete", name).returncode == 1  # NotFound, as kubectl
+    assert cli("delete", name, "--ignore-not-found").returncode == 0
+
+
+def test_logs_follow_waits_for_a_run_still_going(cli):
+    gave_up = cli("run", "-c", "import time\ntime.sleep(4)\nprint('done')", "--keep", "--wait-timeout", "1s",
+                  "-l", "t=follow")
+    assert gave_up.returncode == 5 and "gave up waiting" in gave_up.stderr
+    name = cli("list", "-l", "t=follow", "-o", "name").stdout.strip()
+    followed = cli("logs", "-f", name, "--wait-timeout", "2m")
+    assert (followed.returncode, followed.stdout) == (0, "done\n"), followed.stderr
 
 
 @pytest.mark.parametrize("args,exit_code,summary", [
     (["-c", "print(1)", "--memory", "4Gi"], 3, "rejected (PolicyDenied, policy rule maximums.memory)"),
     (["-c", "print(1)", "--language", "ruby"], 3, "policy rule runtimes"),
     (["-c", "import time\ntime.sleep(30)", "--timeout", "1"], 124, "timed out after 1s"),
-    (["-c", "import time\ntime.sleep(30)", "--timeout", "20", "--wait-timeout", "1"], 5, "gave up waiting"),
+    (["-c", "import time\ntime.sleep(30)", "--timeout", "20s", "--wait-timeout", "1"], 5, "gave up waiting"),
 ])
 def test_platform_outcomes_have_their_own_exit_codes(cli, args, exit_code, summary):
     done = cli("run", *args)
     assert done.returncode == exit_code, done.stderr
     assert summary in done.stderr.splitlines()[-1]
+
+
+def test_policy_refusal_at_creation_is_a_rejected_status_with_o_json(cli):
+    done = cli("run", "-c", "print(1)", "--memory", "4Gi", "-o", "json")
+    assert done.returncode == 3, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["phase"], result["reason"], result["policyRule"]) == ("Rejected", "PolicyDenied", "maximums.memory")
+    assert result["message"]
 
 
 def test_kubectl_plugin_entry_point_is_the_same_cli():

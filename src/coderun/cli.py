@@ -1,62 +1,115 @@
-"""`coderun` and `kubectl coderun`: run a script in the sandbox and exit with its exit code.
+"""`coderun` and `kubectl coderun`: run a script in the sandbox and exit with its exit code; get, list, read and
+delete runs the way kubectl does.
 
 Thin over the SDK: argument parsing and printing here, decisions in small pure functions (exit_code_for,
-summary_line, parse_file_arg) that the unit tests cover.
+summary_line, parse_duration, run_name, runs_table, terminal_text) that the unit tests cover. Everything that
+can be refused without the cluster is refused before the kubeconfig is read (check_args), so a usage error
+exits 2 with the usage wherever the CLI runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import re
 import sys
+import textwrap
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence, TextIO
 
+import shtab
 import yaml
 from pydantic import ValidationError
 
 from . import __version__
-from .api.models import Limits
+from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, Limits
 from .api.reasons import Reason
-from .api.text import one_line
-from .client import CodeRunClient, CodeRunError, PolicyDenied, RunRequest, RunResult, RunTimeout, file_input
+from .api.text import one_line, printable
+from .client import (CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout,
+                     file_input)
 from .client.errors import describe_invalid
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
 from .tools import outcome_line, render_runtimes
 
 # Exit codes. A program's own exit code passes through unchanged (0-255), so these can collide with it;
-# -o json tells them apart when that matters.
-EXIT_USAGE = 2             # bad arguments or unreadable local files
+# `run -o json` and `get -o json` tell them apart when that matters.
+EXIT_NOT_FOUND = 1         # get, logs, delete, runtimes --policy: no such object (kubectl's code for NotFound)
+EXIT_USAGE = 2             # bad arguments or unreadable local files, refused before the kubeconfig is read
 EXIT_REJECTED = 3          # the policy or the spec check refused the run (phase Rejected)
 EXIT_PLATFORM = 4          # the platform failed (pod deleted, unschedulable, internal error) or the API did
-EXIT_WAIT_TIMEOUT = 5      # --wait-timeout ran out before the run finished (the run is deleted unless --keep)
+EXIT_NOT_FINISHED = 5      # the run had not finished: --wait-timeout ran out (logs: or no --wait was given)
 EXIT_OUTPUT_LIMIT = 6      # the program flooded its output and was stopped (OutputLimitExceeded)
 EXIT_TIMEOUT = 124         # the program hit its own time limit (like coreutils timeout)
 EXIT_OOM = 137             # the program ran out of memory (128 + SIGKILL, like a shell)
 EXIT_INTERRUPTED = 130     # Ctrl-C
+EXIT_BROKEN_PIPE = 141     # stdout's reader went away (`coderun list | head`), like a shell's SIGPIPE
 
-EXIT_CODES_HELP = f"""exit codes of `run`:
-  0-255  the program's own exit code
-  {EXIT_USAGE}      bad arguments or an unreadable local file
-  {EXIT_REJECTED}      rejected by policy or spec check (PolicyDenied, InvalidSpec)
-  {EXIT_PLATFORM}      platform or API failure (PodDeleted, Unschedulable, InternalError, API unreachable)
-  {EXIT_WAIT_TIMEOUT}      --wait-timeout ran out before the run finished
-  {EXIT_OUTPUT_LIMIT}      output flood stopped (OutputLimitExceeded)
-  {EXIT_TIMEOUT}    the program's own time limit (--timeout) was hit
-  {EXIT_OOM}    out of memory (--memory)
-  128+N  killed by signal N
-  A program's exit code can collide with these; `-o json` shows reason and exitCode."""
+RESULT_COMMANDS = ("run", "logs")    # exit with the run's outcome
+ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "completion", "mcp")
+API_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes")  # `mcp` serves: its failures are its own
+# (code, meaning, the commands that exit with it): the one source of every --help epilog and of docs/agents.md.
+EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
+    ("0-255", "the program's own exit code (0: it succeeded)", RESULT_COMMANDS),
+    ("0", "done", ("get", "list", "delete", "runtimes", "completion", "mcp")),
+    (str(EXIT_NOT_FOUND), "no such run (runtimes: no such policy), as kubectl's NotFound",
+     ("get", "logs", "delete", "runtimes")),
+    (str(EXIT_USAGE), "bad arguments or an unreadable local file, said before any configuration is read",
+     ALL_COMMANDS),
+    (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec)", RESULT_COMMANDS),
+    (str(EXIT_PLATFORM), "platform or API failure (PodDeleted, Unschedulable, InternalError; no usable "
+                         "kubeconfig, API unreachable or refusing)", API_COMMANDS),
+    (str(EXIT_NOT_FINISHED), "the run had not finished: --wait-timeout ran out (logs: or no --wait)",
+     RESULT_COMMANDS),
+    (str(EXIT_OUTPUT_LIMIT), "output flood stopped (OutputLimitExceeded)", RESULT_COMMANDS),
+    (str(EXIT_TIMEOUT), "the program's own time limit (--timeout) was hit", RESULT_COMMANDS),
+    ("128+N", "killed by signal N", RESULT_COMMANDS),
+    (str(EXIT_INTERRUPTED), "interrupted (Ctrl-C)", API_COMMANDS),
+    (str(EXIT_OOM), "out of memory (--memory)", RESULT_COMMANDS),
+    (str(EXIT_BROKEN_PIPE), "the reader of our output went away (a closed pipe, as SIGPIPE)", ALL_COMMANDS),
+]
+COLLISION_NOTE = ("A program's exit code can collide with these; `run -o json` or `get NAME -o json` shows "
+                  "reason and exitCode.")
 
+
+def exit_codes_help(command: str | None = None) -> str:
+    """The epilog of `command`'s --help (of the top level when None: every code, with its commands)."""
+    rows = [(code, meaning if command else f"{meaning} [{', '.join(commands)}]")
+            for code, meaning, commands in EXIT_CODES if command is None or command in commands]
+    text = f"exit codes{f' of `{command}`' if command else ''}:\n" + "\n".join(
+        f"  {code:<6} {meaning}" for code, meaning in rows)
+    return text + ("\n" + COLLISION_NOTE if command in (None, *RESULT_COMMANDS) else "")
+
+
+def exit_codes_markdown() -> str:
+    """The table docs/agents.md carries (a unit test keeps the two equal)."""
+    return "\n".join(["| code | meaning | commands |", "| --- | --- | --- |"] + [
+        f"| {code} | {meaning} | {', '.join(commands)} |" for code, meaning, commands in EXIT_CODES])
+
+
+OUTPUTS = {"run": ("text", "json", "yaml"), "get": ("text", "json", "yaml"),
+           "list": ("text", "json", "yaml", "wide", "name")}
 LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".cjs": "javascript"}
+RESOURCE = f"{KIND.lower()}.{GROUP}"   # kubectl's -o name prefix: coderun.coderun.io/NAME
+_RESOURCE_ALIASES = {KIND.lower(), PLURAL, SHORT_NAME, RESOURCE, f"{PLURAL}.{GROUP}"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
+class UsageError(Exception):
+    pass
+
+
+# ---- pure decisions
 def exit_code_for(result: RunResult) -> int:
-    """The process exit code that mirrors a finished run."""
+    """The process exit code that mirrors a run (EXIT_NOT_FINISHED while it has not ended)."""
     if result.rejected:
         return EXIT_REJECTED
+    if not result.finished:
+        return EXIT_NOT_FINISHED
     special = {Reason.TIMEOUT: EXIT_TIMEOUT, Reason.OOM_KILLED: EXIT_OOM,
                Reason.OUTPUT_LIMIT_EXCEEDED: EXIT_OUTPUT_LIMIT}
     if result.reason in special:
@@ -70,7 +123,7 @@ def exit_code_for(result: RunResult) -> int:
 
 def summary_line(result: RunResult) -> str:
     """`coderun: run-x7k2p exit code 0 (Completed) · wall 96ms · total 2.2s`, one line for stderr."""
-    parts = [f"coderun: {result.name} {outcome_line(result)}"]
+    parts = [f"coderun: {result.name + ' ' if result.name else ''}{outcome_line(result)}"]
     if result.error:
         parts.append(f"{result.error.type}" + (f" at line {result.error.line}" if result.error.line else ""))
     metrics = result.metrics
@@ -87,6 +140,62 @@ def summary_line(result: RunResult) -> str:
     if result.cached_from:
         parts.append(f"cached from {result.cached_from}")
     return one_line(" · ".join(parts))  # names, types and messages come from the program or other callers
+
+
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:h|ms|m|s))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from a duration as kubectl takes them (90s, 5m, 1h, 1h30m, 1.5h, 500ms) or a plain number of
+    seconds (90, 2.5)."""
+    text = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    if not _DURATION.fullmatch(text):
+        raise ValueError(f"invalid duration {text!r}: use seconds (90) or a number with a unit: 90s, 5m, 1h, 1h30m")
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(text))
+
+
+def _argparse_type(convert):
+    """An argparse `type` whose ValueError message is the one argparse prints (after `argument --x:`)."""
+    def checked(text: str):
+        try:
+            return convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    checked.__name__ = convert.__name__
+    return checked
+
+
+@_argparse_type
+def program_seconds(text: str) -> int:
+    """--timeout: the program's own limit, whole seconds (the spec's timeoutSeconds)."""
+    seconds = parse_duration(text)
+    if seconds < 1 or seconds != int(seconds):
+        raise ValueError(f"{text!r} is not a whole number of seconds of at least 1 (e.g. 30, 90s, 5m)")
+    return int(seconds)
+
+
+@_argparse_type
+def wait_seconds(text: str) -> float:
+    """--wait-timeout: how long this CLI waits, any positive duration."""
+    seconds = parse_duration(text)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration (e.g. 90s, 5m)")
+    return seconds
+
+
+@_argparse_type
+def run_name(text: str) -> str:
+    """A run as kubectl names it: NAME, crun/NAME, coderun/NAME or coderun.coderun.io/NAME (what -o name prints)."""
+    resource, slash, name = text.rpartition("/")
+    if slash and resource.lower() not in _RESOURCE_ALIASES:
+        raise ValueError(f"{text!r} is not a CodeRun: give NAME, {SHORT_NAME}/NAME or {RESOURCE}/NAME")
+    if not name:
+        raise ValueError(f"{text!r} names no run")
+    return name
 
 
 def parse_file_arg(arg: str) -> tuple[str, Path]:
@@ -107,10 +216,117 @@ def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
     return labels
 
 
-class UsageError(Exception):
-    pass
+def human_age(seconds: float) -> str:
+    """kubectl's AGE column (HumanDuration): 42s, 5m3s, 17m, 3h12m, 20h, 2d4h, 45d, 3y20d."""
+    s = max(0, int(seconds))
+    minutes, hours, days = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if minutes < 10:
+        return f"{minutes}m" + (f"{s % 60}s" if s % 60 else "")
+    if minutes < 180:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h" + (f"{minutes % 60}m" if minutes % 60 else "")
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 192:
+        return f"{days}d" + (f"{hours % 24}h" if hours % 24 else "")
+    if days < 365 * 2:
+        return f"{days}d"
+    if days < 365 * 8:
+        return f"{days // 365}y" + (f"{days % 365}d" if days % 365 else "")
+    return f"{days // 365}y"
 
 
+def runs_table(results: Sequence[RunResult], *, now: datetime, wide: bool = False,
+               all_namespaces: bool = False) -> str:
+    """`coderun list`: the columns of `kubectl get crun` (NAMESPACE with -A; POD, START, POLICY with -o wide)."""
+    def age(result: RunResult) -> str:
+        if not result.created_at:
+            return "<unknown>"
+        created = datetime.fromisoformat(result.created_at.replace("Z", "+00:00"))
+        return human_age((now - created).total_seconds())
+
+    header = ["NAME", "PHASE", "REASON", "EXIT", "DURATION-MS", "AGE"] + (["POD", "START", "POLICY"] if wide else [])
+    rows = [header]
+    for r in results:
+        total = r.metrics.total_millis if r.metrics else None
+        row = [r.name, r.phase or "", r.reason or "", "" if r.exit_code is None else str(r.exit_code),
+               "" if total is None else str(total), age(r)]
+        if wide:
+            row += [r.pod_name or "", r.start_mode or "", r.policy or ""]
+        rows.append(row)
+    if all_namespaces:
+        rows = [["NAMESPACE"] + rows[0]] + [[r.namespace] + row for r, row in zip(results, rows[1:])]
+    rows = [[one_line(cell) for cell in row] for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) + all_namespaces)]
+    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def result_document(result: RunResult) -> dict[str, Any]:
+    """The camelCase result as `-o json|yaml` prints it; a run refused at creation has no name (none exists)."""
+    document = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if not result.name:
+        document.pop("name", None)
+        document.pop("labels", None)
+    return document
+
+
+def refused_at_creation(namespace: str, reason: str, message: str, rule: str | None = None) -> RunResult:
+    """The result of a run the API server refused to create (the policy's webhook, or the schema): Rejected,
+    like a run the operator refused, so `-o json` and the exit code read the same either way."""
+    return RunResult(name="", namespace=namespace, phase="Rejected", reason=reason, message=message,
+                     policy_rule=rule)
+
+
+# ---- terminal safety
+def terminal_text(text: str, stream: TextIO, raw: bool) -> str:
+    """What a program printed, made safe for `stream`: on a terminal every control and format character but
+    newline and tab is shown as a visible escape (ESC as \\x1b, CSI 0x9b, OSC 52 and 8, bidi overrides, CR,
+    BEL), so the program cannot drive the terminal; into a pipe or a file, or with --raw, unchanged."""
+    return text if raw or not stream.isatty() else printable(text)
+
+
+def _printable_document(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: _printable_document(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_document(v) for v in value]
+    return value
+
+
+def write_document(document: Any, output: str, out: TextIO, raw: bool = False) -> None:
+    """JSON escapes every control character itself (and everything outside ASCII); YAML writes bidi overrides
+    and NEL as they are, so on a terminal its strings are shown with visible escapes like the text output."""
+    if output == "json":
+        out.write(json.dumps(document, indent=2) + "\n")
+        return
+    if not raw and out.isatty():
+        document = _printable_document(document)
+    out.write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+
+
+def write_streams(result: RunResult, out: TextIO, err: TextIO, raw: bool = False) -> None:
+    """The program's stdout, then its stderr, each made safe for where it goes."""
+    out.write(terminal_text(result.stdout or "", out, raw))
+    out.flush()
+    err.write(terminal_text(result.stderr or "", err, raw))
+    if result.stderr and not result.stderr.endswith("\n"):
+        err.write("\n")
+
+
+def print_result(result: RunResult, output: str, out: TextIO, err: TextIO, raw: bool = False) -> None:
+    if output == "text":
+        write_streams(result, out, err, raw)
+        err.write(summary_line(result) + "\n")
+    else:
+        write_document(result_document(result), output, out, raw)
+
+
+# ---- reading the inputs
 def _read_local(path: Path | str, what: str) -> bytes:
     try:
         return sys.stdin.buffer.read() if str(path) == "-" else Path(path).read_bytes()
@@ -133,20 +349,26 @@ def build_request(args: argparse.Namespace) -> RunRequest:
     return RunRequest(code=code, language=language, files=files or None, stdin=stdin, timeout=args.timeout)
 
 
-def print_result(result: RunResult, output: str, out: TextIO, err: TextIO) -> None:
-    if output == "text":
-        out.write(result.stdout or "")
-        out.flush()
-        err.write(result.stderr or "")
-        if result.stderr and not result.stderr.endswith("\n"):
-            err.write("\n")
-        err.write(summary_line(result) + "\n")
-    else:
-        document = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        out.write(json.dumps(document, indent=2) + "\n" if output == "json"
-                  else yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+def check_args(args: argparse.Namespace) -> None:
+    """Everything that can be refused without the cluster, refused before connecting to it (UsageError), and
+    the inputs read and typed on `args`: -o for this command, labels, and for `run` the request and limits."""
+    output = getattr(args, "output", None)
+    if output is not None and output not in OUTPUTS.get(args.command, ()):
+        allowed = OUTPUTS.get(args.command)
+        raise UsageError(f"-o {output} does not apply to {args.command}" +
+                         (f" (choose from {', '.join(allowed)})" if allowed else ""))
+    args.output = output or "text"
+    if hasattr(args, "label"):
+        args.labels = parse_labels(args.label)
+    if args.command == "run":
+        try:
+            args.request = build_request(args)
+            args.limits = Limits(memory=args.memory, cpu=args.cpu)
+        except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
+            raise UsageError(f"invalid input: {describe_invalid(e)}") from e
 
 
+# ---- the commands
 class Progress:
     """A spinner with the run's phase and elapsed time on stderr, only when stderr is a terminal."""
 
@@ -181,22 +403,28 @@ class Progress:
 
 
 def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
-    request = build_request(args)
-    limits = Limits(memory=args.memory, cpu=args.cpu)
     try:
-        created = client.create(request.to_spec(limits), labels=parse_labels(args.label))
+        created = client.create(args.request.to_spec(args.limits), labels=args.labels)
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
-        print(one_line(f"coderun: rejected (PolicyDenied, policy rule {e.rule}): {e.message}"), file=sys.stderr)
-        return EXIT_REJECTED
+        refused = refused_at_creation(client.namespace, "PolicyDenied", e.message, e.rule)
+    except CodeRunError as e:
+        if e.status != 422:
+            raise
+        refused = refused_at_creation(client.namespace, "InvalidSpec", e.message)  # the CRD's schema or CEL rules
+    else:
+        refused = None
+    if refused is not None:
+        print_result(refused, args.output, sys.stdout, sys.stderr)
+        return exit_code_for(refused)
     try:
         with Progress(sys.stderr, created.name) as progress:
-            wait_timeout = args.wait_timeout or default_wait_seconds(request.timeout)
+            wait_timeout = args.wait_timeout or default_wait_seconds(args.request.timeout)
             result = client.wait(created.name, timeout=wait_timeout, on_update=progress.update)
-        print_result(result, args.output, sys.stdout, sys.stderr)
+        print_result(result, args.output, sys.stdout, sys.stderr, raw=args.raw)
         return exit_code_for(result)
     except RunTimeout as e:
         print(one_line(f"coderun: {e}"), file=sys.stderr)
-        return EXIT_WAIT_TIMEOUT
+        return EXIT_NOT_FINISHED
     except KeyboardInterrupt:
         print(f"coderun: interrupted; {created.name} " + ("kept" if args.keep else "deleted"), file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -210,40 +438,65 @@ def cmd_get(client: CodeRunClient, args: argparse.Namespace) -> int:
     if args.output == "text":
         print(summary_line(result))
     else:
-        print_result(result, args.output, sys.stdout, sys.stderr)
+        write_document(result_document(result), args.output, sys.stdout)
     return 0
 
 
 def cmd_logs(client: CodeRunClient, args: argparse.Namespace) -> int:
-    result = client.get(args.name)
-    sys.stdout.write(result.stdout or "")
-    sys.stderr.write(result.stderr or "")
-    return 0
+    if args.wait:
+        try:
+            with Progress(sys.stderr, args.name) as progress:
+                result = client.wait(args.name, timeout=args.wait_timeout or math.inf, on_update=progress.update)
+        except RunTimeout as e:
+            print(one_line(f"coderun: {e}"), file=sys.stderr)
+            return EXIT_NOT_FINISHED
+    else:
+        result = client.get(args.name)
+    if not result.finished:
+        print(one_line(f"coderun: {result.name} has not finished (phase {result.phase or 'Pending'}); its output "
+                       f"is in the status when it ends: wait for it with --wait"), file=sys.stderr)
+        return EXIT_NOT_FINISHED
+    write_streams(result, sys.stdout, sys.stderr, raw=args.raw)
+    if result.exit_code is None:  # the program did not exit by itself: say why (rejected, timeout, platform)
+        print(summary_line(result), file=sys.stderr)
+    return exit_code_for(result)
 
 
 def cmd_list(client: CodeRunClient, args: argparse.Namespace) -> int:
-    results = client.list(labels=parse_labels(args.label), mine=args.mine, all_namespaces=args.all_namespaces)
-    rows = [("NAMESPACE", "NAME", "PHASE", "REASON", "EXIT", "CREATED")] + [
-        tuple(one_line(cell) for cell in (r.namespace, r.name, r.phase or "", r.reason or "",
-                                          "" if r.exit_code is None else str(r.exit_code), r.created_at or ""))
-        for r in results]
-    if not args.all_namespaces:
-        rows = [row[1:] for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    results = client.list(labels=args.labels, mine=args.mine, all_namespaces=args.all_namespaces)
+    if args.output in ("json", "yaml"):
+        write_document({"items": [result_document(r) for r in results]}, args.output, sys.stdout)
+    elif args.output == "name":
+        for result in results:
+            print(f"{RESOURCE}/{one_line(result.name)}")
+    elif not results:
+        where = "any namespace" if args.all_namespaces else f"{client.namespace} namespace"
+        print(one_line(f"No resources found in {where}."), file=sys.stderr)  # kubectl's words
+    else:
+        print(runs_table(results, now=datetime.now(timezone.utc), wide=args.output == "wide",
+                         all_namespaces=args.all_namespaces))
     return 0
 
 
 def cmd_delete(client: CodeRunClient, args: argparse.Namespace) -> int:
-    missing = [name for name in args.names if not client.delete(name)]
-    for name in missing:
-        print(f"coderun: {name} not found", file=sys.stderr)
-    return 1 if missing else 0
+    missing = False
+    for name in args.names:
+        if client.delete(name):
+            print(f'{RESOURCE} "{name}" deleted')
+        elif not args.ignore_not_found:
+            print(f'coderun: {RESOURCE} "{name}" not found in namespace {one_line(client.namespace)}',
+                  file=sys.stderr)
+            missing = True
+    return EXIT_NOT_FOUND if missing else 0
 
 
 def cmd_runtimes(client: CodeRunClient, args: argparse.Namespace) -> int:
     print(render_runtimes(client.runtimes(policy=args.policy)))
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    print(shtab.complete(build_parser("coderun"), shell=args.shell))
     return 0
 
 
@@ -258,52 +511,110 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- the parser
+# Run names for completion come from the cluster: the shell runs `coderun list -o name` in the current context.
+RUN_NAMES = shtab.cmd("coderun list -o name 2>/dev/null | cut -d/ -f2-")
+
+
+def _add_global_flags(parser: argparse.ArgumentParser, default: Any, outputs: Sequence[str] | None) -> None:
+    """-n, --kubeconfig, --context (and -o where it applies) on the top level and on every command, as kubectl
+    takes them before or after the command. A command's copies default to SUPPRESS, so a value given before
+    the command is not overwritten by the command's default."""
+    group = parser.add_argument_group("global options (before or after the command)")
+    group.add_argument("-n", "--namespace", default=default,
+                       help="namespace (default: the kubeconfig context's, or in-cluster)")
+    group.add_argument("--kubeconfig", default=default,
+                       help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)").complete = shtab.FILE
+    group.add_argument("--context", default=default, help="kubeconfig context")
+    if outputs:
+        group.add_argument("-o", "--output", choices=outputs, default=argparse.SUPPRESS,
+                           help=f"output format: {', '.join(outputs)} (default text)")
+
+
+def _command(commands: Any, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    description = textwrap.fill(description or help[:1].upper() + help[1:] + ".", 100)  # the formatter is raw
+    sub = commands.add_parser(name, help=help, description=description,
+                              epilog=exit_codes_help(name), formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_global_flags(sub, argparse.SUPPRESS, OUTPUTS.get(name))
+    sub.set_defaults(command_parser=sub)
+    return sub
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Run code in coderun's gVisor sandbox on Kubernetes.",
-                                     epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=exit_codes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig context's, or in-cluster)")
-    common.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
-    common.add_argument("--context", help="kubeconfig context")
+    _add_global_flags(parser, None, sorted({o for outputs in OUTPUTS.values() for o in outputs}))
+    parser.set_defaults(command_parser=parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    raw_help = ("write the program's output as it is to a terminal too (by default control characters are shown "
+                "as escapes there, so the program cannot drive the terminal; pipes and files always get it as is)")
 
-    run = commands.add_parser("run", parents=[common], help="run a script and exit with its exit code",
-                              epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
-                              description="Prints the program's stdout, then its stderr (to stderr), then a "
-                                          "one-line summary (to stderr). The CodeRun is deleted afterwards "
-                                          "unless --keep.")
-    run.add_argument("script", nargs="?", help="the program file, or - to read it from standard input")
+    run = _command(commands, "run", "run a script and exit with its exit code",
+                   "Prints the program's stdout, then its stderr (to stderr), then a one-line summary (to stderr). "
+                   "The CodeRun is deleted afterwards unless --keep. Durations take seconds or a unit: 90, 90s, "
+                   "5m, 1h30m.")
+    run.add_argument("script", nargs="?",
+                     help="the program file, or - to read it from standard input").complete = shtab.FILE
     run.add_argument("-c", "--code", help="the program as a string instead of a file")
     run.add_argument("--language", help="runtime (default: from the file suffix, else python)")
     run.add_argument("--file", action="append", default=[], metavar="[DEST=]PATH",
-                     help="input file for the program (repeatable); lands as its base name unless DEST= is given")
-    run.add_argument("--stdin", metavar="FILE", help="file passed on the program's standard input (- for ours)")
-    run.add_argument("--timeout", type=int, help="seconds the program may run (its own limit, exit 124)")
+                     help="input file for the program (repeatable); lands as its base name unless DEST= is "
+                          "given").complete = shtab.FILE
+    run.add_argument("--stdin", metavar="FILE",
+                     help="file passed on the program's standard input (- for ours)").complete = shtab.FILE
+    run.add_argument("--timeout", type=program_seconds, metavar="DURATION",
+                     help="how long the program may run, whole seconds: 30, 90s, 5m (its own limit, exit 124)")
     run.add_argument("--memory", help="memory limit, e.g. 512Mi (exit 137 when exceeded)")
     run.add_argument("--cpu", help="CPU limit, e.g. 500m or 1")
-    run.add_argument("--wait-timeout", type=float, help="seconds to wait for the result (default: timeout + 120)")
+    run.add_argument("--wait-timeout", type=wait_seconds, metavar="DURATION",
+                     help="how long to wait for the result (default: --timeout + 2m; exit 5 when it runs out)")
     run.add_argument("-l", "--label", action="append", default=[], metavar="KEY=VALUE", help="label the run")
-    run.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
     run.add_argument("--keep", action="store_true", help="keep the CodeRun instead of deleting it afterwards")
+    run.add_argument("--raw", action="store_true", help=raw_help)
 
-    get = commands.add_parser("get", parents=[common], help="show a run's result")
-    get.add_argument("name")
-    get.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text")
-    logs = commands.add_parser("logs", parents=[common], help="print a run's stdout and stderr")
-    logs.add_argument("name")
-    listing = commands.add_parser("list", parents=[common], help="list runs")
+    get = _command(commands, "get", "show a run's result (text: the summary line)")
+    get.add_argument("name", type=run_name, help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = \
+        RUN_NAMES
+
+    logs = _command(commands, "logs", "print a run's stdout and stderr and exit with its exit code",
+                    "Prints the program's stdout, then its stderr (to stderr), and exits like `run` would have "
+                    "for this run. The output is in the run's status once it has ended: a run still going exits "
+                    "5 unless -f/--wait waits for it.")
+    logs.add_argument("name", type=run_name, help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = \
+        RUN_NAMES
+    logs.add_argument("-f", "--follow", "-w", "--wait", dest="wait", action="store_true",
+                      help="wait until the run ends, then print its output")
+    logs.add_argument("--wait-timeout", type=wait_seconds, metavar="DURATION",
+                      help="with --wait, give up after this long (exit 5; default: wait until the run ends)")
+    logs.add_argument("--raw", action="store_true", help=raw_help)
+
+    listing = _command(commands, "list", "list runs",
+                       "Lists runs with the columns of `kubectl get crun`; -o wide adds POD, START and POLICY, -o "
+                       "name prints coderun.coderun.io/NAME lines, -o json|yaml an object whose items are what "
+                       "`get -o json|yaml` prints.")
     listing.add_argument("-l", "--label", action="append", default=[], metavar="KEY=VALUE")
     listing.add_argument("--mine", action="store_true", help="only runs created by this CLI (coderun.io/client=cli)")
     listing.add_argument("-A", "--all-namespaces", action="store_true")
-    delete = commands.add_parser("delete", parents=[common], help="delete runs")
-    delete.add_argument("names", nargs="+", metavar="NAME")
-    runtimes = commands.add_parser("runtimes", parents=[common],
-                                   help="list the languages and limits the namespace's policy offers")
+
+    delete = _command(commands, "delete", "delete runs")
+    delete.add_argument("names", nargs="+", metavar="NAME", type=run_name,
+                        help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = RUN_NAMES
+    delete.add_argument("--ignore-not-found", action="store_true",
+                        help="a run that does not exist is not an error (exit 0)")
+
+    runtimes = _command(commands, "runtimes", "list the languages and limits the namespace's policy offers")
     runtimes.add_argument("--policy", help="a CodeRunPolicy by name (default: the namespace's `default`, "
                                            "else the built-in baseline)")
 
-    mcp = commands.add_parser("mcp", parents=[common], help="serve the run_code and list_runtimes MCP tools")
+    completion = _command(commands, "completion", "print a shell completion script",
+                          "Prints the completion script for the shell. Load it in the current shell with "
+                          "`source <(coderun completion bash)` (zsh: `source <(coderun completion zsh)` after "
+                          "compinit), or write it where your shell loads completions from. Run names are "
+                          "completed from `coderun list` in the kubeconfig's current context.")
+    completion.add_argument("shell", choices=shtab.SUPPORTED_SHELLS)
+
+    mcp = _command(commands, "mcp", "serve the run_code and list_runtimes MCP tools")
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on")
     mcp.add_argument("--port", type=int, default=8000, help="streamable-http: port to listen on")
@@ -312,26 +623,49 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 COMMANDS = {"run": cmd_run, "get": cmd_get, "logs": cmd_logs, "list": cmd_list, "delete": cmd_delete,
             "runtimes": cmd_runtimes}
+# Commands that name an object: a 404 there is the user's answer (exit 1, like kubectl), not a platform failure.
+NAMING_COMMANDS = {"get", "logs", "delete", "runtimes"}
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str) -> int:
+    """argparse's own form: the usage, then `PROG COMMAND: error: message`, exit 2."""
+    parser.print_usage(sys.stderr)
+    print(one_line(f"{parser.prog}: error: {message}"), file=sys.stderr)
+    return EXIT_USAGE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python would print a traceback at exit while flushing: point stdout at /dev/null first.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     prog = "kubectl coderun" if Path(sys.argv[0]).name.startswith("kubectl-") else "coderun"
-    args = build_parser(prog).parse_args(argv)
+    args = build_parser(prog).parse_args(argv)  # exits 2 itself on what argparse refuses
+    try:
+        check_args(args)
+    except UsageError as e:
+        return usage_error(args.command_parser, str(e))
+    if args.command == "completion":
+        return cmd_completion(args)
     if args.command == "mcp":
         return cmd_mcp(args)
     try:
         client = CodeRunClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context, client_name="cli")
         return COMMANDS[args.command](client, args)
-    except UsageError as e:
+    except RunNotFound as e:
         print(one_line(f"{prog}: {e}"), file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_NOT_FOUND if args.command in NAMING_COMMANDS else EXIT_PLATFORM
     except CodeRunError as e:
         print(one_line(f"{prog}: {e}"), file=sys.stderr)
-        # 422: the API server's schema or CEL rules refused the spec, a rejection like the policy's.
-        return EXIT_REJECTED if e.status == 422 else EXIT_PLATFORM
-    except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
-        print(f"{prog}: invalid input: {describe_invalid(e)}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_PLATFORM
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ def test_exit_code_mirrors_the_run(status, code):
 
 def test_distinct_platform_codes_are_documented_in_help():
     help_text = cli.build_parser("coderun").format_help()
-    for code in (cli.EXIT_REJECTED, cli.EXIT_PLATFORM, cli.EXIT_WAIT_TIMEOUT, cli.EXIT_TIMEOUT, cli.EXIT_OOM):
+    for code in (cli.EXIT_REJECTED, cli.EXIT_PLATFORM, cli.EXIT_NOT_FINISHED, cli.EXIT_TIMEOUT, cli.EXIT_OOM):
         assert f"\n  {code} " in help_text
-    assert len({cli.EXIT_REJECTED, cli.EXIT_PLATFORM, cli.EXIT_WAIT_TIMEOUT, cli.EXIT_OUTPUT_LIMIT,
-                cli.EXIT_TIMEOUT, cli.EXIT_OOM, cli.EXIT_USAGE}) == 7
+    assert len({cli.EXIT_NOT_FOUND, cli.EXIT_REJECTED, cli.EXIT_PLATFORM, cli.EXIT_NOT_FINISHED,
+                cli.EXIT_OUTPUT_LIMIT, cli.EXIT_TIMEOUT, cli.EXIT_OOM, cli.EXIT_USAGE}) == 8
 
 
 def test_summary_line_names_the_run_outcome_error_timings_and_truncation():
@@ -112,9 +112,11 @@ def test_progress_stays_silent_when_stderr_is_not_a_terminal():
 
 
 def test_bad_limits_exit_with_usage_and_a_one_line_message(capsys, monkeypatch):
-    monkeypatch.setattr(cli, "CodeRunClient", lambda *a, **k: object())
+    monkeypatch.setattr(cli, "CodeRunClient", lambda *a, **k: pytest.fail("no client for a usage error"))
     assert cli.main(["run", "-c", "print(1)", "--memory", "4 Gi"]) == cli.EXIT_USAGE
-    assert capsys.readouterr().err.startswith("coderun: invalid input: memory: String should match pattern")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("usage: coderun run ")
+    assert err[-1].startswith("coderun run: error: invalid input: memory: String should match pattern")
 
 
 def test_progress_shows_the_phase_on_a_terminal():
