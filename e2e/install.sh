@@ -47,10 +47,13 @@ install() {
   # The egress proxy may also reach pods of namespaces labelled as egress destinations: the e2e tests' in-cluster
   # web server and package index (e2e/test_egress.py), whose names a policy's cidr rule then allows.
   local destinations='[{"to": [{"namespaceSelector": {"matchLabels": {"coderun.io/egress-destination": "true"}}}]}]'
+  # The proxy asks little CPU here: the tests' requests are few, and the 2-core node's room is the sandboxes' (a
+  # pool beside a one-core cold run). The chart's defaults are for a cluster's traffic.
   # --force-conflicts: fields `kubectl apply` set (make up-host) are taken over by the release, not a conflict.
   "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" --force-conflicts \
     --set image.digest="$digest" --set egressProxy.image.digest="$proxy_digest" \
     --set-json "egressProxy.extraEgress=$destinations" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
+    --set egressProxy.resources.requests.cpu=20m --set egressProxy.adminResources.requests.cpu=5m \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
     --wait --timeout 180s "$@" >/dev/null
   local leader

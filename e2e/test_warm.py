@@ -118,7 +118,8 @@ def run_warm_and_cold(cluster, namespace: str, cold_ns: str, name: str, spec: di
 
 def test_a_warm_run_has_the_status_a_cold_run_has(cluster, operator, namespace):
     """The same programs in a namespace with a pool and in one without, under the same policy otherwise."""
-    with cold_twin(cluster, namespace, {"size": 2, "cpuRequest": "50m"}) as cold_ns:  # python and javascript
+    # python and javascript; the waiting pods reserve little, so a one-core cold twin fits beside them
+    with cold_twin(cluster, namespace, {"size": 2, "cpuRequest": "10m"}) as cold_ns:
         for name, spec in CASES:
             warm, _ = run_warm_and_cold(cluster, namespace, cold_ns, name, spec)
             if name in SEEN:
@@ -205,7 +206,10 @@ class AcceptedInputs:
 
 @pytest.mark.skipif(not POD_LOGS.is_dir(), reason="needs the kubelet's pod logs on this host (the local cluster)")
 def test_the_operator_killed_mid_claim_loses_no_run_and_runs_none_twice(cluster, operator, namespace):
-    apply_warm_pool(cluster, namespace, {"size": 6, "cpuRequest": "50m", "languages": ["python"]})
+    # Runs of a quarter core: six waiting pods beside the chart's replicas leave room for a run gone cold at
+    # a time, where a whole core's would wait for the pool to drain, which nothing here would ask it to.
+    apply_warm_pool(cluster, namespace, {"size": 6, "cpuRequest": "50m", "languages": ["python"]},
+                    defaults={"cpu": "250m"})
     census, accepted = PodCensus(cluster, namespace), AcceptedInputs(namespace)
     # Each program takes long enough (1.5 s) for its pod's log to be read while the pod exists.
     names = []
