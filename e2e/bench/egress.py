@@ -7,7 +7,8 @@ operator and proxy). Its figures are in docs/testing.md.
        status, and the container's end -> terminal status (with egress, the status that carries status.network,
        written once the log ConfigMap is: what asking the proxy pods adds to a run's end);
   request: inside one run, GETs to an allowed in-cluster HTTP server through the proxy, by name, against the
-       same GETs straight to its pod (a cidr rule), each timed by the program: the proxy's added latency.
+       same GETs straight to its pod (a cidr rule), each timed by the program: the proxy's added latency; then
+       one large download each way: its throughput.
 
 Times come from the client's watches (e2e/bench/latency.py's Stopwatch) and the program's own clock. The
 destination server, its names and the policy are e2e/test_egress.py's. Prints p50, p90 and p99.
@@ -43,6 +44,16 @@ def timed_gets(opener, url, count):
         return times
     except Exception as e:
         return "%s: %s" % (type(e).__name__, str(e)[:300])
+def timed_download(opener, url):
+    """Seconds to read the whole answer, 1 MiB at a time (nothing kept), and its size."""
+    try:
+        start, size = time.perf_counter(), 0
+        with opener.open(url, timeout=120) as answer:
+            while chunk := answer.read(1 << 20):
+                size += len(chunk)
+        return [time.perf_counter() - start, size]
+    except Exception as e:
+        return "%s: %s" % (type(e).__name__, str(e)[:300])
 '''
 
 
@@ -63,18 +74,22 @@ def timed_runs(cluster: Cluster, stopwatch: Stopwatch, namespace: str, code: str
     return to_end, after_exit, statuses
 
 
-def gets_program(proxied: str, direct: str, count: int) -> str:
+def gets_program(proxied: str, direct: str, count: int, download_bytes: int) -> str:
     """A program that times `count` GETs of `proxied` through the proxy its environment names, then of `direct`
-    without a proxy, and reports each list of seconds, or what went wrong."""
+    without a proxy, then one download of `download_bytes` each way, and reports the seconds, or what went
+    wrong."""
     return python(GETS, f'''
-        report(proxied=timed_gets(urllib.request.build_opener(), "{proxied}", {count}),
-               direct=timed_gets(urllib.request.build_opener(urllib.request.ProxyHandler({{}})), "{direct}",
-                                 {count}))''')
+        via_proxy, straight = urllib.request.build_opener(), urllib.request.build_opener(urllib.request.ProxyHandler({{}}))
+        report(proxied=timed_gets(via_proxy, "{proxied}/bench", {count}),
+               direct=timed_gets(straight, "{direct}/bench", {count}),
+               proxied_download=timed_download(via_proxy, "{proxied}/bytes/{download_bytes}"),
+               direct_download=timed_download(straight, "{direct}/bytes/{download_bytes}"))''')
 
 
-def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, count: int) -> dict:
-    """One run's GETs through the proxy (by name, to the web Service) and straight to the web pod."""
-    code = gets_program(f"http://{dest.name('web')}:8080/bench", f"http://{dest.pod_ip}:8080/bench", count)
+def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, count: int,
+                  download_bytes: int) -> dict:
+    """One run's GETs and download through the proxy (by name, to the web Service) and straight to the web pod."""
+    code = gets_program(f"http://{dest.name('web')}:8080", f"http://{dest.pod_ip}:8080", count, download_bytes)
     name = cluster.create_run(namespace, {"language": "python", "code": code,
                                           "limits": {**SMALL, "timeoutSeconds": 120}})
     stopwatch.wait(("run-finished", name), timeout=300)
@@ -86,7 +101,8 @@ def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=20, help="sequential runs, with egress and without")
-    parser.add_argument("--requests", type=int, default=50, help="GETs timed inside the run, each way")
+    parser.add_argument("--requests", type=int, default=100, help="GETs timed inside the run, each way")
+    parser.add_argument("--download-mib", type=int, default=50, help="one download's size, each way")
     args = parser.parse_args()
     cluster = Cluster()
     dest = create_destinations(cluster)
@@ -104,7 +120,7 @@ def main() -> None:
         idle = timed_runs(cluster, egress_watch, namespaces[0], IDLE, args.n)
         plain = timed_runs(cluster, plain_watch, namespaces[1], IDLE, args.n)
         fetching = timed_runs(cluster, egress_watch, namespaces[0], one_get, args.n)
-        gets = request_times(cluster, egress_watch, namespaces[0], dest, args.requests)
+        gets = request_times(cluster, egress_watch, namespaces[0], dest, args.requests, args.download_mib << 20)
     finally:
         for namespace in (*namespaces, dest.namespace):
             cluster.core.delete_namespace(namespace, propagation_policy="Background")
@@ -128,6 +144,11 @@ def main() -> None:
     if all(isinstance(gets.get(way), list) for way in ("proxied", "direct")):
         added = statistics.median(gets["proxied"]) - statistics.median(gets["direct"])
         print(f"  the proxy's added latency per request (p50 - p50): {added * 1000:.1f} ms")
+    print(f"one download of {args.download_mib} MiB inside the same run")
+    for way in ("proxied", "direct"):
+        got = gets.get(f"{way}_download")
+        print(f"  {way}: {got[1] / got[0] / (1 << 20):.1f} MiB/s ({got[0]:.2f} s, {got[1]} bytes)"
+              if isinstance(got, list) else f"  {way}: {got or 'no report'}")
 
 
 if __name__ == "__main__":
