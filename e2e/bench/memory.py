@@ -15,6 +15,7 @@ import argparse
 import json
 import re
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -23,25 +24,15 @@ from pathlib import Path
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[2]
-from policy_memory import budget_filling_patterns  # noqa: E402  (its neighbour: python puts e2e/bench on the path)
+sys.path.insert(1, str(REPO / "e2e"))  # e2e/, after e2e/bench/ (its neighbours)
+from policy_memory import budget_filling_patterns  # noqa: E402
+from conftest import ChartOperator, Cluster  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402
 
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
-OPERATOR_NAMESPACE, SELECTOR = "coderun-system", "app.kubernetes.io/instance=coderun,app.kubernetes.io/component=operator"
+OPERATOR_NAMESPACE = ChartOperator.namespace
 STREAM_BYTES = 256 * 1024
 CODE = f"import sys\nsys.stdout.write('o' * {STREAM_BYTES})\nsys.stderr.write('e' * {STREAM_BYTES})\n"
-
-
-def leader_metrics_url(core) -> str:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pods = [p for p in core.list_namespaced_pod(OPERATOR_NAMESPACE, label_selector=SELECTOR).items
-                if (p.metadata.labels or {}).get("coderun.io/leader") == "true" and p.status.pod_ip
-                and not p.metadata.deletion_timestamp]
-        if len(pods) == 1:
-            return f"http://{pods[0].status.pod_ip}:9108/metrics"
-        time.sleep(0.5)
-    raise SystemExit("no leading operator replica: run `make up` first")
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -94,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    url = leader_metrics_url(core)
+    url = ChartOperator(Cluster()).metrics_url()  # the leading replica's
     namespace = f"bench-memory-{uuid.uuid4().hex[:5]}"
     core.create_namespace({"metadata": {"name": namespace,
                                         "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})

@@ -531,6 +531,12 @@ def _add_global_flags(parser: argparse.ArgumentParser, default: Any, outputs: Se
                            help=f"output format: {', '.join(outputs)} (default text)")
 
 
+def _add_run_names(parser: argparse.ArgumentParser, dest: str = "name", **kwargs: Any) -> None:
+    """The positional run name(s) of get, logs and delete: kubectl's forms, completed from the cluster."""
+    parser.add_argument(dest, type=run_name, help="NAME, crun/NAME or coderun.coderun.io/NAME",
+                        **kwargs).complete = RUN_NAMES
+
+
 def _command(commands: Any, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
     description = textwrap.fill(description or help[:1].upper() + help[1:] + ".", 100)  # the formatter is raw
     sub = commands.add_parser(name, help=help, description=description,
@@ -574,15 +580,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help=raw_help)
 
     get = _command(commands, "get", "show a run's result (text: the summary line)")
-    get.add_argument("name", type=run_name, help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = \
-        RUN_NAMES
+    _add_run_names(get)
 
     logs = _command(commands, "logs", "print a run's stdout and stderr and exit with its exit code",
                     "Prints the program's stdout, then its stderr (to stderr), and exits like `run` would have "
                     "for this run. The output is in the run's status once it has ended: a run still going exits "
                     "5 unless -f/--wait waits for it.")
-    logs.add_argument("name", type=run_name, help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = \
-        RUN_NAMES
+    _add_run_names(logs)
     logs.add_argument("-f", "--follow", "-w", "--wait", dest="wait", action="store_true",
                       help="wait until the run ends, then print its output")
     logs.add_argument("--wait-timeout", type=wait_seconds, metavar="DURATION",
@@ -598,8 +602,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     listing.add_argument("-A", "--all-namespaces", action="store_true")
 
     delete = _command(commands, "delete", "delete runs")
-    delete.add_argument("names", nargs="+", metavar="NAME", type=run_name,
-                        help="NAME, crun/NAME or coderun.coderun.io/NAME").complete = RUN_NAMES
+    _add_run_names(delete, "names", nargs="+", metavar="NAME")
     delete.add_argument("--ignore-not-found", action="store_true",
                         help="a run that does not exist is not an error (exit 0)")
 
