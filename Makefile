@@ -135,8 +135,9 @@ test-e2e-chart: up
 test-e2e-warm: up
 	$(MAKE) --no-print-directory e2e-warm-passes
 
-# CI's command: the unit and runner tiers, the egress proxy on loopback, then on one `make up`: the e2e passes against the operator as users
-# install it, the README's `make demo` exactly as a newcomer runs it, then the warm passes.
+# CI's command: the unit and runner tiers, the egress proxy on loopback, then on one `make up`: the e2e passes
+# against the operator as users install it, the README's `make demo` exactly as a newcomer runs it, then the warm
+# passes.
 test: test-unit test-egress up
 	$(MAKE) --no-print-directory e2e-chart-passes
 	$(MAKE) --no-print-directory demo
