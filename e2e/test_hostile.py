@@ -3,10 +3,10 @@ each checked for containment AND for an accurate terminal phase/reason.
 
 How it runs: the table is cut into batches that fit the node's free room beside one canary (limits are requests:
 on the 2-core node beside the operator's replicas, five 250m sandboxes plus the canary); all runs of a batch are
-created, then the suite waits
-for all of them, then for their pods to be gone, then starts the next batch. Meanwhile:
+created, then the suite waits for all of them, then for their pods to be gone, then starts the next batch.
+Meanwhile:
 - a benign canary (print(6*7)) is created again and again and must succeed, each time, within CANARY_WITHIN;
-- a thread polls the operator's /healthz, which must answer every time within HEALTH_WITHIN;
+- a process of its own polls the operator's /healthz, which must answer every time within HEALTH_WITHIN;
 - TCP and UDP listeners on the node's own addresses record anything a sandbox manages to send to the node;
 and at the end the operator's log written during the suite must hold no Python traceback.
 
