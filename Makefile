@@ -7,9 +7,10 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds helm operator-lock test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
+.PHONY: help venv crds audit-protos helm operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
-	dist dist-python dist-chart dist-image
+	bench-concurrency bench-concurrency-stub bench-audit \
+	dist dist-python dist-chart dist-image manifest chart-readme
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
@@ -17,25 +18,31 @@ help:
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make test-egress - the egress proxy (squid and coderun's helpers) on loopback, no cluster"
+	@echo "make test-frameworks - coderun's tools in the real OpenAI Agents SDK, LangChain and LlamaIndex, no cluster"
 	@echo "make dist   - into dist/: the wheel and sdist, the packaged chart, the operator image as an OCI archive"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress"
+	@echo "make manifest [VALUES=my-values.yaml] [NAMESPACE=coderun-system] - dist/coderun.yaml, to install without Helm"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | audit-protos | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress | bench-audit | bench-concurrency | bench-concurrency-stub"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[operator,mcp,agent,test]'
+	$(PY) -m pip install -q -e '.[operator,mcp,agent,audit,test]'
 	touch $@
 
 crds: venv
 	$(PY) -m coderun.api.crd crds charts/coderun
+
+# The values table of charts/coderun/README.md, from the comments of values.yaml (a unit test fails when stale).
+chart-readme: venv
+	$(PY) charts/readme.py
 
 # Pins the operator image's dependencies (operator/requirements.txt) to what PyPI resolves today for
 # pyproject.toml's [operator] requirements, in a throwaway venv. Review the diff, then commit it.
 operator-lock:
 	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; python3 -m venv "$$tmp/venv"; \
 	python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	print(*p["dependencies"], *p["optional-dependencies"]["operator"], sep="\n")' > "$$tmp/requirements.txt"; \
+	print(*p["dependencies"], *p["optional-dependencies"]["operator"], *p["optional-dependencies"]["audit"], sep="\n")' > "$$tmp/requirements.txt"; \
 	"$$tmp/venv/bin/pip" install -q --only-binary=:all: -r "$$tmp/requirements.txt"; \
 	{ sed -n '/^#/p' operator/requirements.txt; "$$tmp/venv/bin/pip" freeze --exclude-editable | LC_ALL=C sort -f; } \
 	  > "$$tmp/operator.txt"; mv "$$tmp/operator.txt" operator/requirements.txt
@@ -56,6 +63,17 @@ dist-python: venv
 dist-chart: helm
 	rm -f dist/coderun-*.tgz
 	$(HELM) package charts/coderun --destination dist
+
+# The chart rendered into one file for `kubectl apply` where Helm is not used (docs/operations.md, Without Helm):
+# the CRDs, RBAC, Deployments, webhook and the rest, as `helm install` with the same values would create them. The
+# CodeRunPolicy kind counts as served, so a default policy is a plain object rather than an install hook.
+NAMESPACE ?= coderun-system
+MANIFEST ?= dist/coderun.yaml
+manifest: helm
+	mkdir -p $(dir $(MANIFEST))
+	$(HELM) template coderun charts/coderun -n $(NAMESPACE) --api-versions coderun.io/v1alpha1/CodeRunPolicy \
+	  $(if $(VALUES),-f $(VALUES)) > $(MANIFEST)
+	@echo "wrote $(MANIFEST): kubectl create namespace $(NAMESPACE) && kubectl apply --server-side -f $(MANIFEST)"
 
 dist-image:
 	mkdir -p dist
@@ -99,7 +117,22 @@ demo: up
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2
 
 test-unit: venv helm
-	$(PYTEST) tests --ignore=tests/egress
+	$(PYTEST) tests --ignore=tests/egress --ignore=tests/frameworks
+
+# The agent-framework adapters (coderun.tools.frameworks) with the real frameworks, in a venv of their own from
+# pyproject's extras: they add about 330 MB and 40 s to an install (llama-index-core alone 210 MB: numpy, nltk,
+# SQLAlchemy), which the unit tier and the operator do not need. No cluster and no model: a scripted model each.
+# The venv is kept outside the clone, keyed by pyproject.toml, so CI's fresh clones do not install it again; it
+# holds the frameworks (and a copy of coderun, which pytest's pythonpath puts the clone's src/ in front of).
+FRAMEWORKS_VENV := $(HOME)/.cache/coderun/venv-frameworks-$(shell sha256sum pyproject.toml | cut -c1-16)
+$(FRAMEWORKS_VENV)/.installed:
+	rm -rf $(FRAMEWORKS_VENV) && python3 -m venv $(FRAMEWORKS_VENV)
+	$(FRAMEWORKS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FRAMEWORKS_VENV)/bin/python -m pip install -q '.[openai-agents,langchain,llamaindex,test]'
+	touch $@
+
+test-frameworks: $(FRAMEWORKS_VENV)/.installed
+	$(FRAMEWORKS_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2 tests/frameworks
 
 # The egress proxy as a component: Debian's squid on loopback with coderun's squid.conf and helpers, in front of
 # the test's own servers; no cluster. As root it installs squid-openssl first (tests/egress/install-squid.sh).
@@ -110,14 +143,14 @@ test-e2e: up-host
 	$(PYTEST) e2e
 
 # The e2e tier against the operator as users install it (the image and the Helm chart, brought up once by
-# `make up`: CODERUN_E2E_UP tells the fixtures so), in passes: the modules that need the cluster as it is; then,
-# each alone, the hostile table (it fills the node and times a canary and /healthz throughout), the tests that
-# kill the leader, the chart's tests (they reinstall the chart). Modules do not run side by side: a run asks a
-# whole core by default, so on the 2-core node two modules' runs wait on each other in the scheduler.
+# `make up`: CODERUN_E2E_UP tells the fixtures so), in passes: the modules that need the cluster as it is, two
+# modules at a time (pytest-xdist, a module per worker: their tests are mostly waiting on pods, and each module's
+# own runs still run in order); then, each alone, the hostile table (it fills the node and times a canary and
+# /healthz throughout), the tests that kill the leader, the chart's tests (they reinstall the chart).
 CHART := CODERUN_E2E_OPERATOR=chart CODERUN_E2E_UP=1
 ALONE := e2e/test_hostile.py e2e/test_operator_restart.py e2e/test_warm.py e2e/test_helm.py
 e2e-chart-passes:
-	$(CHART) $(PYTEST) e2e $(addprefix --ignore=,$(ALONE))
+	$(CHART) $(PYTEST) -n 2 --dist loadfile e2e $(addprefix --ignore=,$(ALONE))
 	$(CHART) $(PYTEST) e2e/test_hostile.py
 	$(CHART) $(PYTEST) e2e/test_operator_restart.py e2e/test_warm.py
 	$(CHART) $(PYTEST) e2e/test_helm.py
@@ -135,10 +168,10 @@ test-e2e-chart: up
 test-e2e-warm: up
 	$(MAKE) --no-print-directory e2e-warm-passes
 
-# CI's command: the unit and runner tiers, the egress proxy on loopback, then on one `make up`: the e2e passes
-# against the operator as users install it, the README's `make demo` exactly as a newcomer runs it, then the warm
-# passes.
-test: test-unit test-egress up
+# CI's command: the unit and runner tiers, the tool adapters with their frameworks, the egress proxy on loopback,
+# then on one `make up`: the e2e passes against the operator as users install it, the README's `make demo` exactly
+# as a newcomer runs it, then the warm passes.
+test: test-unit test-frameworks test-egress up
 	$(MAKE) --no-print-directory e2e-chart-passes
 	$(MAKE) --no-print-directory demo
 	$(MAKE) --no-print-directory e2e-warm-passes
@@ -167,3 +200,17 @@ bench-memory: up
 # and the proxy's added latency per request inside a run.
 bench-egress: up
 	$(PY) e2e/bench/egress.py
+
+# The audit's cost: the same programs on gVisor with the trace session and without it (RuntimeClass
+# gvisor-untraced), cold, alternating.
+bench-audit: up
+	$(PY) e2e/bench/audit.py
+
+# The async SDK's concurrency curve: N concurrent run("print(1)") from one AsyncCodeRunClient, on the cluster.
+bench-concurrency: up
+	$(PY) e2e/bench/concurrency.py
+
+# The same without a cluster, on the unit tier's stub API server (each run 1 s): the client's own overhead, and the
+# sync client in asyncio.to_thread (the async client before issue 22) for comparison.
+bench-concurrency-stub: venv
+	$(PY) e2e/bench/concurrency.py --stub --threads

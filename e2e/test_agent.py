@@ -4,6 +4,7 @@ real output, computed from data made at test time, is what the final answer says
 import random
 import re
 
+import pytest
 from openai import OpenAI
 
 from coderun.agent import ANSWERED, Agent, AgentConfig
@@ -25,7 +26,12 @@ def answer_from_tool_output(request):
     return say(f"The total of the amount column is {stdout.strip()}.")
 
 
-def test_the_agent_recovers_from_a_scripted_bug(operator, namespace):
+@pytest.mark.parametrize("in_session", [False, True], ids=["runs", "session"])
+def test_the_agent_recovers_from_a_scripted_bug(operator, cluster, namespace, in_session):
+    if in_session:  # the task's attempts in one session, which its policy must allow
+        cluster.custom.create_namespaced_custom_object("coderun.io", "v1alpha1", namespace, "coderunpolicies", {
+            "apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+            "spec": {"sessions": {"allowed": True}, "defaults": {"cpu": "250m", "memory": "256Mi"}}})
     amounts = [round(random.uniform(1, 500), 2) for _ in range(25)]
     csv_text = "region,amount\n" + "".join(f"r{i % 4},{a}\n" for i, a in enumerate(amounts))
     steps = [
@@ -37,7 +43,7 @@ def test_the_agent_recovers_from_a_scripted_bug(operator, namespace):
     with ScriptedChatServer(steps) as model:
         llm = OpenAI(base_url=model.base_url, api_key="test", max_retries=0)
         runner = CodeRunClient(namespace, kubeconfig=str(KUBECONFIG), client_name="agent")
-        agent = Agent(runner, llm, AgentConfig(model="scripted", run_timeout_seconds=20))
+        agent = Agent(runner, llm, AgentConfig(model="scripted", run_timeout_seconds=20, session=in_session))
         outcome = agent.solve("What is the total of the amount column?", files={"sales.csv": csv_text})
 
     assert outcome.status == ANSWERED, outcome.detail
@@ -52,3 +58,9 @@ def test_the_agent_recovers_from_a_scripted_bug(operator, namespace):
     assert float(second.result.stdout) == expected
     assert outcome.answer == f"The total of the amount column is {second.result.stdout.strip()}."
     assert outcome.tokens_used > 0 and 0 < outcome.execution_seconds < 120
+    modes = {attempt.result.start_mode for attempt in outcome.attempts}
+    assert (modes == {"Session"}) if in_session else ("Session" not in modes), modes
+    if in_session:  # both attempts in one sandbox, deleted with the task
+        assert first.result.pod_name == second.result.pod_name
+        assert not cluster.custom.list_namespaced_custom_object("coderun.io", "v1alpha1", namespace,
+                                                                "coderunsessions")["items"]

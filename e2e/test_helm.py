@@ -1,7 +1,7 @@
 """coderun installed with its Helm chart on the real cluster, the way users install it: the operator image, two
 replicas with one leading, a CodeRun and the webhook through the in-cluster operator, the webhook's own
 certificate and its rotation, a sandbox with pod-network egress kept off the operator, `helm upgrade` with runs
-in flight, the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
+in flight (and JSON logs after it), the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
 
 The rest of the e2e suite runs the operator as a host process (`make up-host`, the code under test without an
 image build) unless CODERUN_E2E_OPERATOR=chart; this module installs the chart itself and gives the suite its
@@ -43,12 +43,13 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 AGENTS = "coderun-e2e-agents"  # a run namespace the chart creates, with its default policy
+RUN_NAMESPACE_VALUES = ("--set", "runNamespaces.create=true", "--set", f"runNamespaces.names={{{AGENTS}}}",
+                        "--set", "defaultPolicy.enabled=true")
 
 
 @pytest.fixture(scope="module")
 def chart(cluster):
-    install("--set", "runNamespaces.create=true", "--set", f"runNamespaces.names={{{AGENTS}}}",
-            "--set", "defaultPolicy.enabled=true", "--set", "defaultPolicy.spec.defaults.timeoutSeconds=9")
+    install(*RUN_NAMESPACE_VALUES, "--set", "defaultPolicy.spec.defaults.timeoutSeconds=9")
     yield cluster
     if os.environ.get("CODERUN_E2E_KEEP_CHART"):  # for a look at what the tests left
         return
@@ -131,6 +132,42 @@ def test_the_chart_made_a_restricted_run_namespace_with_its_default_policy(chart
     status = run["status"]
     assert (status["phase"], status["stdout"], status["policy"]) == ("Succeeded", "agents\n", "default"), status
     assert status["effectiveLimits"]["timeoutSeconds"] == 9  # the chart's defaultPolicy.spec
+
+
+def test_an_upgrade_changes_the_default_policy_in_place(chart):
+    """The chart's `default` policy is one of the release's objects, not a hook: an upgrade patches it (same uid,
+    so nothing is deleted under the runs that name it) and runs get the new spec."""
+    def policy() -> dict:
+        return chart.custom.get_namespaced_custom_object(GROUP, VERSION, AGENTS, POLICY_PLURAL, "default")
+    before = policy()
+    assert "helm.sh/hook" not in before["metadata"].get("annotations", {})  # adopted, or made with the release
+    install(*RUN_NAMESPACE_VALUES, "--set", "defaultPolicy.spec.defaults.timeoutSeconds=8")
+    after = policy()
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["spec"]["defaults"]["timeoutSeconds"] == 8
+    run = chart.wait_run(AGENTS, chart.create_run(AGENTS, {"language": "python", "code": "print('again')"}))
+    assert run["status"]["effectiveLimits"]["timeoutSeconds"] == 8, run["status"]
+
+
+def test_kubernetes_view_and_edit_roles_take_in_the_charts_coderun_roles(chart, namespace):
+    """Bound to Kubernetes' own `edit` a person runs code, bound to `view` reads runs and policies; neither
+    approves, writes policies or a run's status (docs/operations.md, Client RBAC)."""
+    for role in ("edit", "view"):
+        chart.kubectl("create", "rolebinding", f"e2e-{role}", f"--clusterrole={role}", f"--user=e2e-{role}",
+                      "-n", namespace)
+
+    def may(user: str, verb: str, resource: str, *more: str) -> bool:
+        answer = chart.kubectl("auth", "can-i", verb, resource, *more, "-n", namespace, "--as", user, check=False)
+        return answer.stdout.strip() == "yes"
+    # The aggregation controller folds the chart's roles in within moments of the install.
+    wait_for(lambda: may("e2e-edit", "create", "coderuns.coderun.io"), 30, "edit to take in coderun-edit")
+    wait_for(lambda: may("e2e-view", "list", "coderunpolicies.coderun.io"), 30, "view to take in coderun-view")
+    assert may("e2e-edit", "delete", "coderuns.coderun.io") and may("e2e-view", "watch", "coderuns.coderun.io")
+    assert not may("e2e-view", "create", "coderuns.coderun.io")
+    for user in ("e2e-edit", "e2e-view"):
+        assert not may(user, "approve", "coderuns.coderun.io")
+        assert not may(user, "create", "coderunpolicies.coderun.io")
+        assert not may(user, "patch", "coderuns.coderun.io", "--subresource=status")
 
 
 def test_the_in_cluster_webhook_refuses_what_an_enforcing_policy_denies(chart, namespace):
@@ -281,11 +318,17 @@ def test_helm_upgrade_with_runs_in_flight_loses_none(chart, namespace):
     creator = threading.Thread(target=create_during_upgrade)
     creator.start()
     before = {p.metadata.name for p in operator_pods(chart)}
-    install("--set", "operator.workers=6")  # a new pod template: every replica is replaced
+    # A new pod template: every replica is replaced, and now logs JSON (what a log pipeline asks for).
+    install("--set", "operator.workers=6", "--set", "operator.logFormat=json")
     creator.join()
     after = {p.metadata.name for p in operator_pods(chart)}
     assert not before & after, "helm upgrade did not replace the replicas"
     assert_all_true(chart, namespace, {**expected, **more}, census)
+    for pod in operator_pods(chart):  # every line of every replica, the standby's too, is one JSON object
+        lines = [line for line in chart.kubectl("logs", "-n", NAMESPACE, pod.metadata.name).stdout.splitlines()
+                 if line.strip()]
+        assert lines and all(line.startswith("{") and isinstance(json.loads(line), dict) for line in lines), \
+            (pod.metadata.name, [line for line in lines if not line.startswith("{")][:5])
 
 
 @pytest.mark.parametrize("how", ["deleted", "killed"])

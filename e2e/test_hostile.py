@@ -1302,8 +1302,10 @@ def hostile(operator) -> SuiteResult:
         t.start()
     started = time.monotonic()
     try:
-        room = min(BATCH_MILLICPU, cluster.free_millicpu() - CANARY_MILLICPU)
-        assert room >= max(map(_millicpu, PROGRAMS)), f"{room}m free beside the canary: too little for the table"
+        # The pods of the tests before (a warm pass's pools) may still be terminating: wait until they are gone.
+        need = max(map(_millicpu, PROGRAMS))
+        room = wait_for(lambda: (r := min(BATCH_MILLICPU, cluster.free_millicpu() - CANARY_MILLICPU)) >= need and r,
+                        120, f"{need}m of CPU free beside the canary for the table (earlier tests' pods to go)")
         plan = batches(PROGRAMS, room)
         for batch in plan:
             _run_batch(cluster, result, batch, header)

@@ -37,9 +37,10 @@ def test_every_name_of_a_coderun_resolves_to_one_resource(kubectl):
 
 def test_wait_describe_annotate_explain_and_delete_as_the_readme_writes_them(kubectl):
     kubectl("apply", "-f", str(EXAMPLE))
-    waited = kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "coderun/conversion-rate",
-                     "--timeout=120s", check=False)
+    waited = kubectl("wait", "--for=condition=Finished", "crun/conversion-rate", "--timeout=120s", check=False)
     assert waited.returncode == 0, waited.stderr
+    assert kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "coderun/conversion-rate",
+                   "--timeout=10s").returncode == 0
     assert kubectl("wait", "--for=condition=Complete", "crun/conversion-rate", "--timeout=10s").returncode == 0
     row = kubectl("get", "coderun", "conversion-rate").stdout.splitlines()
     assert row[0].split()[:3] == ["NAME", "PHASE", "REASON"] and row[1].split()[:3] == \
@@ -51,6 +52,7 @@ def test_wait_describe_annotate_explain_and_delete_as_the_readme_writes_them(kub
     assert got.stdout == "analytics"
     explained = kubectl("explain", "coderun.spec.limits").stdout
     assert "timeoutSeconds" in explained and "memory" in explained
+    assert "Finished" in kubectl("explain", "coderun.status.conditions").stdout  # every status field is described
     kubectl("delete", "coderun", "conversion-rate", "--wait=true", "--timeout=60s")
     assert kubectl("get", "coderun", "-o", "name").stdout.strip() == ""
 
@@ -64,3 +66,27 @@ def test_delete_all_coderuns_leaves_the_namespaces_policies(kubectl):
     assert "coderunpolicy" not in deleted
     assert kubectl("get", "coderunpolicy", "-o", "name").stdout.split() == ["coderunpolicy.coderun.io/default"]
 
+
+
+FAILING = """apiVersion: coderun.io/v1alpha1
+kind: CodeRun
+metadata:
+  name: divide
+spec:
+  language: python
+  code: print(1 / 0)
+"""
+
+
+def test_kubectl_wait_for_finished_returns_on_a_failed_run_too(kubectl):
+    """`kubectl wait --for=condition=Complete` never returns for a run that failed; Finished is True on every
+    outcome, so one wait serves any run (docs/api.md, Waiting with kubectl)."""
+    kubectl("apply", "-f", "-", input=FAILING)
+    waited = kubectl("wait", "--for=condition=Finished", "crun/divide", "--timeout=120s", check=False)
+    assert waited.returncode == 0, waited.stderr
+    ended = kubectl("get", "crun", "divide", "-o", "jsonpath={.status.phase}/{.status.reason}").stdout
+    assert ended == "Failed/NonZeroExit"
+    failed = kubectl("get", "crun", "divide", "-o", "jsonpath={.status.conditions[?(@.type=='Failed')].status}")
+    assert failed.stdout == "True"
+    # Complete stays absent: a wait on it runs out (a second is enough: the run has already ended).
+    assert kubectl("wait", "--for=condition=Complete", "crun/divide", "--timeout=1s", check=False).returncode != 0

@@ -15,14 +15,22 @@ from coderun.client import CodeRunClient, PolicyDenied
 from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, parse_timestamp, wait_for
 
 def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
+    """Create the policy, or replace its spec; return once the operator applies that generation to new runs."""
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": spec}
     try:
-        cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, body)
-    except Exception:  # noqa: BLE001 - exists: replace it
-        current = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name)
-        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        cluster.custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name, body)
-    time.sleep(1)  # the operator's watch delivers it; runs created after this see it
+        applied = cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, body)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        # a JSON patch of the spec alone: the operator writes the status meanwhile, so a whole-object replace
+        # with the resourceVersion read a moment before can conflict
+        applied = cluster.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, POLICY_PLURAL, name, [{"op": "replace", "path": "/spec", "value": spec}],
+            _content_type="application/json-patch+json")
+    generation = applied["metadata"]["generation"]
+    wait_for(lambda: (cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name)
+                      .get("status") or {}).get("observedGeneration", 0) >= generation,
+             30, f"the operator to apply generation {generation} of policy {name}", interval=0.1)
 
 
 def status_of(run: dict) -> dict:

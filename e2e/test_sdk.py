@@ -94,12 +94,57 @@ def test_files_stdin_and_artifact_bytes(client):
     assert client.artifacts(result) == {"blob.bin": bytes(range(256)) + b"ada"}
 
 
-def test_the_async_client_runs_concurrently(operator, namespace):
-    async_client = AsyncCodeRunClient(namespace, kubeconfig=str(KUBECONFIG))
+def test_the_async_client_runs_concurrently_reads_artifacts_and_cancels_a_wait(operator, namespace):
+    artifact = "import os; open(os.environ['CODERUN_OUTPUT_DIR'] + '/out.txt', 'w').write('async')"
 
-    async def both():
-        return await asyncio.gather(*(async_client.run(f"print({n} * 2)", limits={"cpu": "500m"}) for n in (3, 4)))
+    async def scenario():
+        async with AsyncCodeRunClient(namespace, kubeconfig=str(KUBECONFIG)) as client:
+            results = await asyncio.gather(*(client.run(f"print({n} * 2)", limits={"cpu": "500m"}) for n in (3, 4)),
+                                           client.run(artifact))
+            files = await client.artifacts(results[2])
+            slow = await client.run("import time; time.sleep(60)", timeout=90, wait=False)
+            seen = asyncio.Event()
+            waiting = asyncio.create_task(client.wait(slow.name, timeout=120, on_update=lambda r: seen.set()))
+            await asyncio.wait_for(seen.wait(), 30)  # it has listed the run and goes on to watch it
+            cancelled_at = asyncio.get_running_loop().time()
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            cancel_seconds = asyncio.get_running_loop().time() - cancelled_at
+            assert await client.delete(slow.name)
+            return results, files, cancel_seconds
 
-    results = asyncio.run(both())
-    assert [r.stdout for r in results] == ["6\n", "8\n"]
-    assert results[0].name != results[1].name
+    results, files, cancel_seconds = asyncio.run(scenario())
+    assert [r.stdout for r in results[:2]] == ["6\n", "8\n"]
+    assert len({r.name for r in results}) == 3
+    assert files == {"out.txt": b"async"}
+    assert cancel_seconds < 1
+
+def test_the_agent_role_example_is_all_an_agents_service_account_needs(cluster, operator, namespace):
+    """examples/agent-rbac.yaml applied as docs/operations.md says, the SDK authenticated as that ServiceAccount
+    (its own token, not the admin's): a run, its wait, its artifact, the policy's runtimes, list and delete all
+    work; listing ConfigMaps, writing a policy or the run's status do not."""
+    import copy
+
+    from kubernetes import client as kubernetes_client
+
+    from conftest import REPO
+    cluster.kubectl("apply", "-n", namespace, "-f", str(REPO / "examples" / "agent-rbac.yaml"))
+    token = cluster.kubectl("create", "token", "coderun-agent", "-n", namespace).stdout.strip()
+    configuration = copy.deepcopy(cluster.api.configuration)
+    configuration.cert_file = configuration.key_file = None
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    agent = CodeRunClient(namespace, api_client=kubernetes_client.ApiClient(configuration), client_name="e2e-agent")
+    result = agent.run("import os\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'a.txt'), 'w').write('hi')\n"
+                       "print(6 * 7)")
+    assert (result.phase, result.stdout) == ("Succeeded", "42\n"), result.message
+    assert agent.artifact(result, "a.txt") == b"hi"
+    assert {r.language for r in agent.runtimes()} and [r.name for r in agent.list(mine=True)] == [result.name]
+    assert agent.delete(result.name)
+    account = f"system:serviceaccount:{namespace}:coderun-agent"
+    for verb, resource, *subresource in [("list", "configmaps"), ("create", "coderunpolicies.coderun.io"),
+                                         ("patch", "coderuns.coderun.io", "--subresource=status"),
+                                         ("approve", "coderuns.coderun.io")]:
+        answer = cluster.kubectl("auth", "can-i", verb, resource, *subresource, "-n", namespace, "--as", account,
+                                 check=False)
+        assert answer.stdout.strip() == "no", (verb, resource, subresource)

@@ -8,7 +8,8 @@ operator and proxy). Its figures are in docs/testing.md.
        written once the log ConfigMap is: what asking the proxy pods adds to a run's end);
   request: inside one run, GETs to an allowed in-cluster HTTP server through the proxy, by name, against the
        same GETs straight to its pod (a cidr rule), each timed by the program: the proxy's added latency; then
-       one large download each way: its throughput.
+       one large download each way: its throughput; and the same direct GETs and download from a plain runc pod
+       (no gVisor, no proxy): what the sandbox's own network stack costs beside the proxy.
 
 Times come from the client's watches (e2e/bench/latency.py's Stopwatch) and the program's own clock. The
 destination server, its names and the policy are e2e/test_egress.py's. Prints p50, p90 and p99.
@@ -23,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/bench/ (its neighbours)
 from latency import Stopwatch, new_namespace, summary  # noqa: E402
-from conftest import Cluster  # noqa: E402
-from test_egress import FETCH, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
+from conftest import Cluster, wait_for  # noqa: E402
+from test_egress import FETCH, PYTHON_IMAGE, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
 from test_hostile import facts_of  # noqa: E402
 
 IDLE = "print(1)"
@@ -74,16 +75,17 @@ def timed_runs(cluster: Cluster, stopwatch: Stopwatch, namespace: str, code: str
     return to_end, after_exit, statuses
 
 
-def gets_program(proxied: str, direct: str, count: int, download_bytes: int) -> str:
-    """A program that times `count` GETs of `proxied` through the proxy its environment names, then of `direct`
-    without a proxy, then one download of `download_bytes` each way, and reports the seconds, or what went
-    wrong."""
+def gets_program(proxied: str | None, direct: str, count: int, download_bytes: int) -> str:
+    """A program that times `count` GETs of `proxied` through the proxy its environment names (unless None), then
+    of `direct` without a proxy, then one download of `download_bytes` each way, and reports the seconds, or what
+    went wrong."""
+    ways = {"direct": ("straight", direct)} | ({"proxied": ("via_proxy", proxied)} if proxied else {})
+    timed = ", ".join(f'{way}=timed_gets({opener}, "{url}/bench", {count}), '
+                      f'{way}_download=timed_download({opener}, "{url}/bytes/{download_bytes}")'
+                      for way, (opener, url) in sorted(ways.items(), reverse=True))
     return python(GETS, f'''
         via_proxy, straight = urllib.request.build_opener(), urllib.request.build_opener(urllib.request.ProxyHandler({{}}))
-        report(proxied=timed_gets(via_proxy, "{proxied}/bench", {count}),
-               direct=timed_gets(straight, "{direct}/bench", {count}),
-               proxied_download=timed_download(via_proxy, "{proxied}/bytes/{download_bytes}"),
-               direct_download=timed_download(straight, "{direct}/bytes/{download_bytes}"))''')
+        report({timed})''')
 
 
 def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, count: int,
@@ -96,6 +98,22 @@ def request_times(cluster: Cluster, stopwatch: Stopwatch, namespace: str, dest, 
     status = cluster.get_run(namespace, name)["status"]
     assert status["phase"] == "Succeeded", status
     return facts_of(status)
+
+
+def runc_times(cluster: Cluster, namespace: str, dest, count: int, download_bytes: int) -> dict:
+    """The same direct GETs and download from a plain pod: runc, no sandbox, no proxy (its namespace's NetworkPolicy
+    selects only sandbox pods)."""
+    code = gets_program(None, f"http://{dest.pod_ip}:8080", count, download_bytes)
+    cluster.core.create_namespaced_pod(namespace, {"metadata": {"name": "runc-bench"}, "spec": {
+        "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{"name": "bench", "image": PYTHON_IMAGE, "imagePullPolicy": "Never",
+                        "command": ["python3", "-c", code], "resources": {"limits": {"cpu": SMALL["cpu"],
+                                                                                    "memory": SMALL["memory"]}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}})
+    wait_for(lambda: cluster.core.read_namespaced_pod("runc-bench", namespace).status.phase in ("Succeeded", "Failed"),
+             300, "the runc pod's GETs")
+    return facts_of({"stdout": cluster.core.read_namespaced_pod_log("runc-bench", namespace)})
 
 
 def main() -> None:
@@ -121,6 +139,7 @@ def main() -> None:
         plain = timed_runs(cluster, plain_watch, namespaces[1], IDLE, args.n)
         fetching = timed_runs(cluster, egress_watch, namespaces[0], one_get, args.n)
         gets = request_times(cluster, egress_watch, namespaces[0], dest, args.requests, args.download_mib << 20)
+        runc = runc_times(cluster, namespaces[1], dest, args.requests, args.download_mib << 20)
     finally:
         for namespace in (*namespaces, dest.namespace):
             cluster.core.delete_namespace(namespace, propagation_policy="Background")
@@ -136,17 +155,18 @@ def main() -> None:
     print(summary(f"{IDLE}, no egress: container ended -> status", plain[1]))
     print(summary(f"{IDLE}, egress: container ended -> status", idle[1]))
     print(summary("one GET, egress: container ended -> status", fetching[1]))
-    print(f"{args.requests} GETs inside one run, each timed by the program")
-    for way in ("proxied", "direct"):
-        times = gets.get(way)
+    ways = {"proxied": gets, "direct": gets, "runc pod, direct": runc}
+    print(f"{args.requests} GETs inside one run (and a runc pod), each timed by the program")
+    for way, facts in ways.items():
+        times = facts.get(way.rpartition(" ")[2])
         print(summary(f"  {way}: GET -> whole answer", times) if isinstance(times, list)
               else f"  {way}: {times or 'no report'}")
     if all(isinstance(gets.get(way), list) for way in ("proxied", "direct")):
         added = statistics.median(gets["proxied"]) - statistics.median(gets["direct"])
         print(f"  the proxy's added latency per request (p50 - p50): {added * 1000:.1f} ms")
-    print(f"one download of {args.download_mib} MiB inside the same run")
-    for way in ("proxied", "direct"):
-        got = gets.get(f"{way}_download")
+    print(f"one download of {args.download_mib} MiB inside the same run (and the runc pod)")
+    for way, facts in ways.items():
+        got = facts.get(f"{way.rpartition(' ')[2]}_download")
         print(f"  {way}: {got[1] / got[0] / (1 << 20):.1f} MiB/s ({got[0]:.2f} s, {got[1]} bytes)"
               if isinstance(got, list) else f"  {way}: {got or 'no report'}")
 

@@ -6,6 +6,7 @@ For `print(1)`, one at a time, timed from the client's create call to what the c
   cold CodeRun (no pool): -> its sandbox pod exists; -> terminal status written;
   bare pod (the operator's own pod spec, no operator): -> container reported terminated;
   Job (the same pod as a Job's template): -> the Job controller's pod exists.
+Then runs in one CodeRunSession (its sandbox up already), each created once the one before has ended.
 Then a pool of 20 (cpuRequest 20m, so 20 fit on this 2-CPU node) takes 20 CodeRuns created at once, and the
 pool's refill: every pod created -> its runner running, and the pool back to 20 ready after the burst.
 Prints medians, p90s and p99s.
@@ -24,6 +25,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 
 from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
+from coderun.api.coderunsession import SESSION_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION, CodeRunSpec  # noqa: E402
 from coderun.api.reasons import TERMINAL_PHASES  # noqa: E402
 from coderun_operator.builders import build_input_configmap, build_pod  # noqa: E402
@@ -41,7 +43,8 @@ class Stopwatch:
         self.pool_ready: set[str] = set()  # unclaimed pool pods whose runner runs
         self.cond = threading.Condition()
         core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-        for target in (lambda: self._pods(core, namespace), lambda: self._runs(custom, namespace)):
+        for target in (lambda: self._pods(core, namespace), lambda: self._runs(custom, namespace),
+                       lambda: self._sessions(custom, namespace)):
             threading.Thread(target=target, daemon=True).start()
 
     def _mark(self, key: tuple[str, str]) -> None:
@@ -89,6 +92,12 @@ class Stopwatch:
             if (run.get("status") or {}).get("phase") in TERMINAL_PHASES:
                 self._mark(("run-finished", run["metadata"]["name"]))
 
+    def _sessions(self, custom, namespace):
+        for event in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION,
+                                          namespace, SESSION_PLURAL, timeout_seconds=3600):
+            if (event["object"].get("status") or {}).get("phase") == "Ready":
+                self._mark(("session-ready", event["object"]["metadata"]["name"]))
+
     def wait(self, key: tuple[str, str], timeout: float = 120) -> float:
         with self.cond:
             if not self.cond.wait_for(lambda: key in self.seen, timeout):
@@ -96,9 +105,10 @@ class Stopwatch:
             return self.seen[key]
 
 
-def create_run(custom, namespace: str, name: str, **limits) -> float:
+def create_run(custom, namespace: str, name: str, session: str | None = None, **limits) -> float:
     body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": name},
-            "spec": {"language": "python", "code": CODE, **({"limits": limits} if limits else {})}}
+            "spec": {"language": "python", "code": CODE, **({"limits": limits} if limits else {}),
+                     **({"session": session} if session else {})}}
     start = time.monotonic()
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     return start
@@ -131,6 +141,24 @@ def bench_warm(custom, stopwatch, namespace, n):
         to_result.append(stopwatch.wait(("run-finished", name)) - start)
         modes.append(finished_status(custom, namespace, name)["startMode"])
     return to_result, modes
+
+
+def bench_session(custom, stopwatch, namespace, n):
+    """Sequential runs in one session whose sandbox is Ready: created -> terminal status."""
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+        "spec": {"sessions": {"allowed": True}}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": "bench"},
+        "spec": {"language": "python"}})
+    stopwatch.wait(("session-ready", "bench"))
+    to_result = []
+    for i in range(n):
+        name = f"session-{i}"
+        start = create_run(custom, namespace, name, session="bench")
+        to_result.append(stopwatch.wait(("run-finished", name)) - start)
+        assert finished_status(custom, namespace, name)["startMode"] == "Session"
+    return to_result
 
 
 def bench_bare_pods(core, stopwatch, namespace, n):
@@ -217,7 +245,7 @@ def main() -> None:
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    cold_ns, warm_ns, burst_ns = new_namespace(core), new_namespace(core), None
+    cold_ns, warm_ns, session_ns, burst_ns = new_namespace(core), new_namespace(core), None, None
     try:
         stopwatch = Stopwatch(cold_ns)
         to_pod, cold = bench_cold(custom, stopwatch, cold_ns, args.n)
@@ -229,6 +257,9 @@ def main() -> None:
         apply_policy(custom, warm_ns, {"size": 3, "cpuRequest": "100m"})
         warm, warm_modes = bench_warm(custom, warm_watch, warm_ns, args.n)
         core.delete_namespace(warm_ns)
+        session_ns = new_namespace(core)
+        session = bench_session(custom, Stopwatch(session_ns), session_ns, args.n)
+        core.delete_namespace(session_ns)
         burst_ns = new_namespace(core)
         burst_watch = Stopwatch(burst_ns)
         created = time.monotonic()
@@ -238,13 +269,14 @@ def main() -> None:
         pod_ready = [burst_watch.seen[("pool-pod-ready", name)] - burst_watch.seen[("pod-created", name)]
                      for (kind, name) in list(burst_watch.seen) if kind == "pool-pod-ready"]
     finally:
-        for namespace in (cold_ns, warm_ns, burst_ns):
+        for namespace in (cold_ns, warm_ns, session_ns, burst_ns):
             if namespace:
                 core.delete_namespace(namespace, propagation_policy="Background", _request_timeout=30) \
                     if _exists(core, namespace) else None
     print(f"print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
     print(summary("warm CodeRun created -> terminal status", warm) +
           f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
+    print(summary("CodeRun in a session created -> terminal status", session))
     print(summary("cold CodeRun created -> terminal status", cold))
     print(summary("cold CodeRun created -> sandbox pod created", to_pod))
     print(summary("bare pod created -> container terminated", to_terminated))

@@ -26,6 +26,7 @@ DNS_SERVICE_IP=10.96.0.10  # the kube-dns Service, in front of CoreDNS on the no
 CLUSTER_DOMAIN=cluster.local
 API_PORT=6443
 POD_BRIDGE=cni-coderun0
+AUDIT_DIR=/run/coderun/audit  # the audit agent's socket and the trace session (the chart's hostPath)
 L2_TABLE=coderun-l2
 NODE_NAME=$(hostname)
 # Components in start order; `down` stops them in reverse.
@@ -195,6 +196,13 @@ setup_host() {
   {"type": "tuning", "sysctl": {"net.ipv6.conf.eth0.disable_ipv6": "1"}},
   {"type": "loopback"}]}
 EOF
+  # The audit's trace session (docs/audit.md): every sandbox's runsc connects to the audit agent's socket in
+  # this directory (the chart's DaemonSet mounts it). The session is written before any sandbox starts (the
+  # agent writes the same file when it starts); a sandbox started while no agent listens runs untraced.
+  mkdir -p "$AUDIT_DIR"
+  PYTHONPATH="$repo/src" python3 -c 'import json, sys; from coderun.audit.session import pod_init_config
+json.dump(pod_init_config(sys.argv[1] + "/sink.sock"), sys.stdout)' "$AUDIT_DIR" > "$AUDIT_DIR/pod-init.json.tmp"
+  mv "$AUDIT_DIR/pod-init.json.tmp" "$AUDIT_DIR/pod-init.json"
   cat > "$CLUSTER_DIR/runsc.toml" <<EOF
 binary_name = "$GVISOR_BIN/runsc"
 root = "/run/coderun/runsc"
@@ -202,7 +210,10 @@ root = "/run/coderun/runsc"
   platform = "$platform"
   debug-log = "$LOGS/runsc/"
   debug = "false"
+  pod-init-config = "$AUDIT_DIR/pod-init.json"
 EOF
+  # The same runsc without the trace session: the RuntimeClass gvisor-untraced, for the audit's cost benchmark.
+  grep -v '^  pod-init-config = ' "$CLUSTER_DIR/runsc.toml" > "$CLUSTER_DIR/runsc-untraced.toml"
   mkdir -p "$LOGS/runsc"
   cat > "$CLUSTER_DIR/containerd.toml" <<EOF
 version = 2
@@ -227,6 +238,11 @@ state = "$CLUSTER_DIR/containerd/state"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "$CLUSTER_DIR/runsc.toml"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc-untraced]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc-untraced.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$CLUSTER_DIR/runsc-untraced.toml"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$CLUSTER_DIR/cni/net.d"
@@ -415,6 +431,14 @@ metadata: {name: gvisor}
 handler: runsc
 # The gVisor sandbox (Sentry, Gofer) runs inside the pod's own cgroup: its cost is declared here,
 # so that a run's limits stay the run's.
+overhead:
+  podFixed: {memory: 64Mi, cpu: 50m}
+---
+# gVisor without the audit's trace session (e2e/bench/audit.py compares the two).
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: gvisor-untraced}
+handler: runsc-untraced
 overhead:
   podFixed: {memory: 64Mi, cpu: 50m}
 EOF

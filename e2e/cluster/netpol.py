@@ -283,13 +283,18 @@ def replace_store(state: State, store: dict, objects: Iterable[dict], to_entry: 
 
 
 def apply_event(state: State, store: dict, event: dict, to_entry: Callable[[dict], dict | None]) -> None:
+    """Most of a pod's events change nothing the rules use (its containers' states, its conditions): those wake
+    nobody, so the ruleset is rendered once per change that matters, not once per event."""
     obj = event["object"]
+    key = object_key(obj)
     entry = None if event["type"] == "DELETED" else to_entry(obj)
     with state.lock:
+        if store.get(key) == entry:
+            return
         if entry is None:
-            store.pop(object_key(obj), None)
+            store.pop(key, None)
         else:
-            store[object_key(obj)] = entry
+            store[key] = entry
     state.changed.set()
 
 

@@ -10,13 +10,16 @@ import os
 
 import kopf
 
-from . import k8s, proxy, runtime, webhook
+from . import audit, k8s, proxy, runtime, webhook
 from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .builders.names import LABEL_MANAGED_BY, LABEL_SANDBOX, MANAGER
 from .controller import Controller
 
-controller = Controller(proxy=proxy.from_environment(k8s, os.environ))
+controller = Controller(proxy=proxy.from_environment(k8s, os.environ),
+                        audit=audit.from_environment(k8s, os.environ),
+                        own_namespace=os.environ.get("POD_NAMESPACE", "coderun-system"))
 
 
 @kopf.on.startup()
@@ -42,6 +45,14 @@ def run_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
 @kopf.on.event(GROUP, VERSION, POLICY_PLURAL)
 def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
     controller.on_policy(dict(body), deleted=event["type"] == "DELETED")
+    # Written now rather than at the next tick: `kubectl wait --for=condition=Accepted` returns once it applies.
+    # (The webhook's path loads policies too, but never waits on this write.)
+    controller.policy_status.flush()
+
+
+@kopf.on.event(GROUP, VERSION, SESSION_PLURAL)
+def session_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+    controller.on_session(dict(body), deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true"})

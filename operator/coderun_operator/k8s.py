@@ -21,6 +21,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 
 from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from .metrics import API_REQUESTS
 
@@ -176,6 +177,13 @@ def claim_pod(namespace: str, name: str, patch: list[dict[str, Any]]) -> dict[st
         raise Transient(f"pod {name}: {type(e).__name__}: {str(e)[:200]}") from e
 
 
+def resize_pod_cpu(namespace: str, name: str, container: str, cpu: str) -> None:
+    """Raise a running pod's CPU request in place (pods/resize): the kubelet then gives it that share of the
+    node, or marks the resize pending when the node has no room (the pod runs on as it was)."""
+    body = {"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}}
+    _call(f"pod {name}", _core().patch_namespaced_pod_resize, name, namespace, body)
+
+
 class Attached:
     """A container's stdin and stdout through the API server (pods/attach over a WebSocket)."""
 
@@ -275,6 +283,12 @@ def list_policies() -> list[dict[str, Any]]:
     return list((listed or {}).get("items") or ())
 
 
+def patch_policy_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    """One merge patch of a CodeRunPolicy's /status; None if it is gone."""
+    return _call(f"the status of CodeRunPolicy {name}", _custom().patch_namespaced_custom_object_status, GROUP,
+                 VERSION, namespace, POLICY_PLURAL, name, {"status": status}, missing_ok=True)
+
+
 # ------------------------------------------------------------------------------------------ identity
 def read_admission_policy(name: str) -> dict[str, Any] | None:
     """A ValidatingAdmissionPolicy, None when it is not installed."""
@@ -335,6 +349,19 @@ def _create_or_replace(what: str, create: Callable, replace: Callable, namespace
         if isinstance(e.__cause__, ApiException) and e.__cause__.status == 409:
             raise Conflict(str(e)) from e
         raise
+
+
+# ------------------------------------------------------------------------------------------ sessions
+def get_session(namespace: str, name: str) -> dict[str, Any] | None:
+    """A CodeRunSession as the API server holds it; None when there is none (a run naming it is refused)."""
+    return _call(f"CodeRunSession {name}", _custom().get_namespaced_custom_object, GROUP,
+                 VERSION, namespace, SESSION_PLURAL, name, missing_ok=True)
+
+
+def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    """One merge patch of a CodeRunSession's /status (null removes a field); None if it is gone."""
+    return _call(f"the status of CodeRunSession {name}", _custom().patch_namespaced_custom_object_status, GROUP,
+                 VERSION, namespace, SESSION_PLURAL, name, {"status": status}, missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------ webhook TLS

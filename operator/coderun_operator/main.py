@@ -35,27 +35,33 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _run_kopf(args: argparse.Namespace, liveness: str) -> None:
-    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet,
-                   log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=args.log_prefix,
-                   log_refkey=args.log_refkey)
+def _run_kopf(liveness: str) -> None:
     kopf.run(clusterwide=True, standalone=True, liveness_endpoint=liveness)
 
 
 def main() -> None:
     args = _arguments(sys.argv[1:])
+    # Once, before the election: a standby's and the election's lines take the chosen format too (json for a log
+    # pipeline), not only kopf's.
+    kopf.configure(verbose=args.verbose, debug=args.debug, quiet=args.quiet,
+                   log_format=kopf.LogFormat[args.log_format.upper()], log_prefix=args.log_prefix,
+                   log_refkey=args.log_refkey)
     liveness = os.environ.get("CODERUN_LIVENESS", "http://0.0.0.0:8080/healthz")
     if os.environ.get("CODERUN_LEADER_ELECTION", "").lower() != "true":
         metrics.LEADER.set(1)  # the only replica
-        _run_kopf(args, liveness)
+        _run_kopf(liveness)
         return
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)-20s [%(levelname)-8s] %(message)s")
     namespace, pod = os.environ["POD_NAMESPACE"], os.environ["POD_NAME"]
+    lease = os.environ.get("CODERUN_LEASE_NAME", "coderun-operator")
+    # Before the probes answer: a replica that is ready has always said what it is (a rolling update can count a
+    # standby ready before its first read of the Lease returns).
+    logging.getLogger("coderun.leader").info("coderun-operator %s in pod %s: standby until it holds Lease %s/%s",
+                                             __version__, pod, namespace, lease)
     metrics.serve(handlers.controller.store.active_count)  # the standby's too: a scrape of either replica answers
     probes = health.Health(liveness.replace("0.0.0.0", "127.0.0.1"))
     health.serve(int(os.environ.get("CODERUN_HEALTH_PORT", "8081")), probes)
     leader.mark_own_pod(namespace, pod, leading=False)  # a restarted leader's container starts as a standby
-    elector = leader.LeaderElector(namespace, os.environ.get("CODERUN_LEASE_NAME", "coderun-operator"), pod,
+    elector = leader.LeaderElector(namespace, lease, pod,
                                    on_lost=leader.exit_now)
     # As PID 1 of its container the process ignores SIGTERM unless it handles it: a standby must stop at once
     # (kopf installs its own handlers once it runs).
@@ -65,9 +71,8 @@ def main() -> None:
     probes.lead()
     elector.renew_forever()
     leader.mark_own_pod(namespace, pod, leading=True)
-    logging.getLogger().handlers.clear()  # kopf installs its own; two would print every line twice
     try:
-        _run_kopf(args, liveness)
+        _run_kopf(liveness)
     finally:
         stopping = time.monotonic()
         logging.getLogger("coderun.leader").info("kopf has stopped; releasing the Lease")

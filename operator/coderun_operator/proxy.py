@@ -1,6 +1,7 @@
-"""The egress proxy as the operator uses it (docs/egress.md): where runs reach it and the key that signs their
-credentials (read from its Service and its Secret, kept a minute), and each ready proxy pod's admin endpoint,
-asked when a run ends: revoke the run's credential first, then fetch what the pod logged of the run.
+"""The egress proxy as the operator uses it (docs/egress.md): where its pods are and the key that signs runs'
+credentials (read from its Service and its Secret, kept a minute), the one ready pod each run is pinned to when
+it starts (read afresh), and each ready proxy pod's admin endpoint, asked when a run ends: revoke the run's
+credential first, then fetch what the pod logged of the run.
 
 The chart configures it through the environment; without CODERUN_EGRESS_PROXY there is no proxy and the policy
 loader refuses host rules (policy/egress.py).
@@ -13,30 +14,25 @@ loader refuses host rules (policy/egress.py).
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
-import secrets
-import socket
 import threading
 import time
-import urllib.parse
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from http.client import HTTPConnection, HTTPException
 from typing import Any, Callable, Mapping
 
 from coderun.egress.credential import KEY_ID_PATTERN, MIN_KEY_BYTES, admin_bearer
-from .builders.egress import EgressAccess, ProxyRoute, service_address
-from .builders.names import LABEL_MANAGED_BY, MANAGER
+from . import bounded_http
+from .bounded_http import Transport
+from .builders.egress import EgressAccess, ProxyRoute, is_ready, pinned, socket_address, uses_proxy
+from .key_secret import ensure_key, read_key
 from .policy.egress import PROXY_VARIABLE
 from .results.network import PodAnswer
 
 log = logging.getLogger("coderun")
 
 CACHE_SECONDS = 60
-KEY_BYTES = 32
 END_RUN_SECONDS = 10  # a run's end at the proxy pods, both calls at every pod: one deadline for all
 LATE_SECONDS = 1  # beyond it, for a call that stopped at the deadline to hand back what it got
 MAX_PODS_AT_ONCE = 16  # threads asking the proxy pods at one run's end (the chart's default is 2 pods)
@@ -64,68 +60,22 @@ class ProxySettings:
                    env.get("CODERUN_EGRESS_KEY_ID") or "k1", env.get("CODERUN_EGRESS_KEYS_CREATE") == "true")
 
 
-# (method, url, bearer, body, deadline) -> (status, body, headers): the admin endpoint's transport, a fake in unit
-# tests. The deadline is a time.monotonic() value: the call is over by then, answered or not (an OSError).
-Transport = Callable[[str, str, str, bytes | None, float], tuple[int, bytes, Mapping[str, str]]]
-
-
 def http(method: str, url: str, bearer: str, body: bytes | None,
          deadline: float) -> tuple[int, bytes, Mapping[str, str]]:
-    """One call to a proxy pod, over by `deadline` whatever the pod does (a pod dripping its answer a byte at a
-    time included), never through a proxy of the operator's own environment. An answer that is not HTTP, ends
-    before its Content-Length (the pod went away), or is longer than MAX_LOG_BYTES (read no further: memory stays
-    bounded by that and http.client's limits on the head) is an OSError like no answer at all: the pod was not
-    asked, which leaves the run's log incomplete and never fails the run."""
-    target = urllib.parse.urlsplit(url)
-    connection = _DeadlineConnection(target.hostname, target.port, deadline)
-    try:
-        connection.request(method, target.path, body=body, headers={
-            "Authorization": f"Bearer {bearer}", "Content-Type": "application/json"})
-        answer = connection.getresponse()
-        if (answer.length or 0) > MAX_LOG_BYTES:
-            raise ConnectionError(f"the answer's Content-Length {answer.length} is over {MAX_LOG_BYTES} bytes")
-        data = answer.read(MAX_LOG_BYTES + 1)
-        if len(data) > MAX_LOG_BYTES:
-            raise ConnectionError(f"the answer is longer than {MAX_LOG_BYTES} bytes: not read further")
-        if answer.length:  # read() returns a body cut short without a word
-            raise ConnectionError(f"the answer ended {answer.length} bytes before its Content-Length")
-        return answer.status, data, dict(answer.headers)
-    except HTTPException as e:  # BadStatusLine, LineTooLong ...: not OSErrors of their own
-        raise ConnectionError(f"not an HTTP answer: {type(e).__name__}: {str(e)[:100]}") from e
-    finally:
-        connection.close()
+    """One call to a proxy pod (bounded_http.call), reading no more than MAX_LOG_BYTES: a pod that cannot be asked
+    in time leaves the run's log incomplete and never fails the run."""
+    return bounded_http.call(method, url, bearer, body, deadline, MAX_LOG_BYTES)
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the proxy pod did not answer in time")
-    return left
-
-
-class _DeadlineSocket(socket.socket):
-    """A socket whose every send and receive waits only for what is left before its deadline: a socket timeout
-    alone bounds each operation, so a peer sending a byte now and then could hold the call for hours."""
-    deadline = 0.0
-
-    def recv_into(self, buffer, nbytes=0, flags=0):
-        self.settimeout(_left(self.deadline))
-        return super().recv_into(buffer, nbytes, flags)
-
-    def sendall(self, data, flags=0):  # bounds the whole send since Python 3.5
-        self.settimeout(_left(self.deadline))
-        return super().sendall(data, flags)
-
-
-class _DeadlineConnection(HTTPConnection):
-    def __init__(self, host: str, port: int, deadline: float):
-        super().__init__(host, port)
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        connected = socket.create_connection((self.host, self.port), _left(self.deadline))
-        self.sock = _DeadlineSocket(fileno=connected.detach())
-        self.sock.deadline = self.deadline
+def access_for(proxy: "EgressProxy | None", egress, run_uid: str | None = None) -> EgressAccess | None:
+    """How runs of a policy with these egress rules reach the proxy, and with `run_uid` the pod that run is pinned
+    to: None for a policy without host rules; ProxyUnavailable when it has some and no proxy is configured, the
+    proxy's Service or key is broken, or (for a run) none of its pods is ready."""
+    if not uses_proxy(egress):
+        return None
+    if proxy is None:
+        raise ProxyUnavailable("no egress proxy is configured, and the policy's runs reach its host rules through one")
+    return proxy.access() if run_uid is None else proxy.pinned(run_uid)
 
 
 def from_environment(api, env: Mapping[str, str]) -> "EgressProxy | None":
@@ -144,23 +94,27 @@ class EgressProxy:
 
     def ensure_keys(self) -> None:
         """The signing key's Secret, created with a random key when it is absent and the chart asked for that; the
-        proxy's pods start once it exists. Replicas racing: the first create wins, the others find it."""
+        proxy's pods start once it exists."""
         s = self.settings
-        if not s.create_keys or self.api.read_secret(s.namespace, s.keys_secret) is not None:
-            return
-        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                  "metadata": {"labels": {LABEL_MANAGED_BY: MANAGER}},
-                  "data": {s.key_id: base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()}}
-        try:
-            self.api.write_secret(s.namespace, s.keys_secret, secret, None)
-            log.info("egress proxy signing key created in Secret %s/%s", s.namespace, s.keys_secret)
-        except self.api.Conflict:
-            pass
+        if s.create_keys:
+            ensure_key(self.api, s.namespace, s.keys_secret, s.key_id, "egress proxy signing key")
 
     def access(self) -> EgressAccess:
         """The Service's address and the signing key, read again after CACHE_SECONDS (a rotated key, a new
         Service). ProxyUnavailable when either is missing; the API's Transient passes through."""
         return self._read()[0]
+
+    def pinned(self, uid: str) -> EgressAccess:
+        """The access of one run, pinned to one ready proxy pod (builders.egress.pinned), which alone sees and
+        counts its requests. The pods are listed afresh (a pod that stopped being ready is never chosen);
+        ProxyUnavailable when none is ready."""
+        access = self.access()
+        chosen = pinned(access, self.api.list_pods(access.route.namespace, dict(access.route.pod_labels)), uid)
+        if chosen is None:
+            s = self.settings
+            raise ProxyUnavailable(f"no pod of the egress proxy (the pods behind Service {s.namespace}/{s.service}) "
+                                   "is ready")
+        return chosen
 
     def _read(self) -> tuple[EgressAccess, int]:
         """The cached values, or read again outside the lock (the API reads may take their timeout, 30 s each):
@@ -190,25 +144,17 @@ class EgressProxy:
             raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} does not exist")
         spec = service.get("spec") or {}
         ports = {p.get("name"): p for p in spec.get("ports") or ()}
-        if not spec.get("clusterIP") or spec["clusterIP"] == "None" or not {"proxy", "admin"} <= set(ports) \
-                or not spec.get("selector"):
-            raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} needs a cluster IP, a "
-                                   "pod selector and ports named proxy and admin")
+        if not {"proxy", "admin"} <= set(ports) or not spec.get("selector"):
+            raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} needs a pod selector and "
+                                   "ports named proxy and admin")
         route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), _target(ports["proxy"]))
-        access = EgressAccess(service_address(spec["clusterIP"], ports["proxy"]["port"]), s.key_id,
-                              self._key(), route)
-        return access, _target(ports["admin"])
+        return EgressAccess(s.key_id, self._key(), route), _target(ports["admin"])
 
     def _key(self) -> bytes:
         s = self.settings
-        secret = self.api.read_secret(s.namespace, s.keys_secret)
-        if secret is None and s.create_keys:  # not made at start (the API server was away): now, then
-            self.ensure_keys()
-            secret = self.api.read_secret(s.namespace, s.keys_secret)
-        try:
-            key = base64.b64decode(((secret or {}).get("data") or {})[s.key_id], validate=True)
-        except (KeyError, binascii.Error, ValueError, TypeError):
-            key = b""
+        if s.create_keys and self.api.read_secret(s.namespace, s.keys_secret) is None:
+            self.ensure_keys()  # not made at start (the API server was away): now, then
+        key = read_key(self.api, s.namespace, s.keys_secret, s.key_id)
         if not KEY_ID_PATTERN.match(s.key_id) or len(key) < MIN_KEY_BYTES:
             raise ProxyUnavailable(f"the egress proxy's Secret {s.namespace}/{s.keys_secret} has no key {s.key_id!r} "
                                    f"of {MIN_KEY_BYTES} bytes or more")
@@ -225,10 +171,10 @@ class EgressProxy:
         complete, asking = True, {}
         for pod in pods:
             address = (pod.get("status") or {}).get("podIP")
-            if not address or not _ready(pod):
+            if not address or not is_ready(pod):
                 complete = complete and not _serving(pod)  # a pod still starting served nobody
                 continue
-            asking[pod["metadata"]["name"]] = f"http://{service_address(address, admin_port)}/runs/{uid}"
+            asking[pod["metadata"]["name"]] = f"http://{socket_address(address, admin_port)}/runs/{uid}"
         if not asking:
             return [], complete
         bearer, revocation = admin_bearer(access.key), json.dumps({"expires": expires}).encode()
@@ -279,11 +225,6 @@ def _count(headers: Mapping[str, str], name: str) -> int:
 def _target(port: Mapping[str, Any]) -> int:
     target = port.get("targetPort")
     return target if isinstance(target, int) else int(port["port"])
-
-
-def _ready(pod: Mapping[str, Any]) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or ())
 
 
 def _serving(pod: Mapping[str, Any]) -> bool:

@@ -51,15 +51,28 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, controller: Cont
 async def start(memo: kopf.Memo, controller: Controller) -> None:
     """The tick (a plain background loop rather than @kopf.timer: kopf puts a finalizer on every object that has
     a timer, and a finalizer would keep CodeRuns and their namespaces from being deleted while the operator is
-    down), the warm pool's refill loop, and the egress proxy's signing key (its pods wait for it)."""
-    if controller.proxy is not None:
-        try:
-            await asyncio.to_thread(controller.proxy.ensure_keys)
-        except (k8s.Transient, k8s.Refused) as e:  # the first run with host rules says so, naming the Secret
-            logging.getLogger("coderun").error("egress proxy signing key: %s", e)
+    down), the warm pool's refill loop, and the egress proxy's signing key and the audit agent's key (their pods wait
+    for them)."""
+    # Made at start, and again at each tick until made (the API server away, RBAC not yet bound): the proxy's and
+    # the agents' pods wait for them, and a run's end would otherwise be the next to try.
+    missing = {name: ensure for name, ensure in (
+        ("egress proxy signing key", controller.proxy and controller.proxy.ensure_keys),
+        ("audit agent key", controller.audit and controller.audit.ensure_key)) if ensure}
+
+    async def ensure_secrets() -> None:
+        for name, ensure in list(missing.items()):
+            try:
+                await asyncio.to_thread(ensure)
+                del missing[name]
+            except (k8s.Transient, k8s.Refused) as e:
+                logging.getLogger("coderun").error("%s: %s", name, e)
+    await ensure_secrets()
+
     async def tick_forever() -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)
+            if missing:
+                await ensure_secrets()
             try:
                 await asyncio.to_thread(controller.tick)
             except Exception as e:  # noqa: BLE001 - the loop must outlive any one pass

@@ -21,7 +21,12 @@ from .policy.load import InvalidPolicy, policy_from_object
 def review_run(run: Mapping[str, Any], ctl: Controller, userinfo: Mapping[str, Any]) -> str | None:
     """The message to refuse a new CodeRun with, or None to let it be created. Nothing is allowed on the
     built-in baseline before the namespace's policies are known: until every policy was listed once this
-    raises (the API server then applies the webhook's failurePolicy; the operator decides again anyway)."""
+    raises (the API server then applies the webhook's failurePolicy; the operator decides again anyway).
+    A run in a session is the session's policy's to judge, which the operator does when the run's turn comes (the
+    namespace's `default` may not be that policy, or not exist); the API server's session.coderun.io has already
+    checked who may use the session."""
+    if (run.get("spec") or {}).get("session"):
+        return None
     ctl.ensure_policies_listed()
     namespace = run["metadata"].get("namespace") or ""
     policies = ctl.store.policies(namespace)

@@ -26,15 +26,17 @@ import yaml
 from pydantic import ValidationError
 
 from . import __version__
+from .api.coderunsession import SESSION_KIND
 from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, Limits
 from .api.reasons import Reason
 from .api.text import one_line, printable
 from .client import (CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout,
                      file_input)
 from .client.errors import describe_invalid
+from .client.sessions import SessionInfo, session_spec
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
-from .tools import outcome_line, render_runtimes
+from .tools import outcome_line, render_runtimes, touched_line
 
 # Exit codes. A program's own exit code passes through unchanged (0-255), so these can collide with it;
 # `run -o json` and `get -o json` tell them apart when that matters.
@@ -50,14 +52,14 @@ EXIT_INTERRUPTED = 130     # Ctrl-C
 EXIT_BROKEN_PIPE = 141     # stdout's reader went away (`coderun list | head`), like a shell's SIGPIPE
 
 RESULT_COMMANDS = ("run", "logs")    # exit with the run's outcome
-ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "completion", "mcp")
-API_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes")  # `mcp` serves: its failures are its own
+ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "session", "completion", "mcp")
+API_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "session")  # `mcp` serves: its failures are its own
 # (code, meaning, the commands that exit with it): the one source of every --help epilog and of docs/agents.md.
 EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
     ("0-255", "the program's own exit code (0: it succeeded)", RESULT_COMMANDS),
-    ("0", "done", ("get", "list", "delete", "runtimes", "completion", "mcp")),
-    (str(EXIT_NOT_FOUND), "no such run (runtimes: no such policy), as kubectl's NotFound",
-     ("get", "logs", "delete", "runtimes")),
+    ("0", "done", ("get", "list", "delete", "runtimes", "session", "completion", "mcp")),
+    (str(EXIT_NOT_FOUND), "no such run (runtimes: no such policy; session: no such session), as kubectl's NotFound",
+     ("get", "logs", "delete", "runtimes", "session")),
     (str(EXIT_USAGE), "bad arguments or an unreadable local file, said before any configuration is read",
      ALL_COMMANDS),
     (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec)", RESULT_COMMANDS),
@@ -95,6 +97,7 @@ OUTPUTS = {"run": ("text", "json", "yaml"), "get": ("text", "json", "yaml"),
            "list": ("text", "json", "yaml", "wide", "name")}
 LANGUAGE_BY_SUFFIX = {".py": "python", ".js": "javascript", ".cjs": "javascript"}
 RESOURCE = f"{KIND.lower()}.{GROUP}"   # kubectl's -o name prefix: coderun.coderun.io/NAME
+SESSION_RESOURCE = f"{SESSION_KIND.lower()}.{GROUP}"
 _RESOURCE_ALIASES = {KIND.lower(), PLURAL, SHORT_NAME, RESOURCE, f"{PLURAL}.{GROUP}"}
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -321,6 +324,9 @@ def write_streams(result: RunResult, out: TextIO, err: TextIO, raw: bool = False
 def print_result(result: RunResult, output: str, out: TextIO, err: TextIO, raw: bool = False) -> None:
     if output == "text":
         write_streams(result, out, err, raw)
+        touched = touched_line(result.audit)
+        if touched:  # before the verdict: the last line stays what a script reads for how the run ended
+            err.write(f"coderun: {touched}\n")
         err.write(summary_line(result) + "\n")
     else:
         write_document(result_document(result), output, out, raw)
@@ -361,10 +367,20 @@ def check_args(args: argparse.Namespace) -> None:
     if hasattr(args, "label"):
         args.labels = parse_labels(args.label)
     if args.command == "run":
+        if args.session and (args.memory or args.cpu):
+            raise UsageError("--memory and --cpu are the session's, not a run's: give them to `coderun session "
+                             "create`")
         try:
             args.request = build_request(args)
             args.limits = Limits(memory=args.memory, cpu=args.cpu)
         except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
+            raise UsageError(f"invalid input: {describe_invalid(e)}") from e
+    if args.command == "session" and args.session_command == "create":
+        try:
+            args.session_spec = session_spec(args.language, policy=args.policy, keep_state=args.keep_state,
+                                             limits=Limits(memory=args.memory, cpu=args.cpu, disk=args.disk),
+                                             idle_timeout=args.idle_timeout, max_lifetime=args.max_lifetime)
+        except ValidationError as e:
             raise UsageError(f"invalid input: {describe_invalid(e)}") from e
 
 
@@ -403,8 +419,11 @@ class Progress:
 
 
 def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
+    spec = args.request.to_spec(args.limits)
+    if args.session:
+        spec = spec.model_copy(update={"session": args.session})
     try:
-        created = client.create(args.request.to_spec(args.limits), labels=args.labels)
+        created = client.create(spec, labels=args.labels)
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
         refused = refused_at_creation(client.namespace, "PolicyDenied", e.message, e.rule)
     except CodeRunError as e:
@@ -495,6 +514,39 @@ def cmd_runtimes(client: CodeRunClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_session(client: CodeRunClient, args: argparse.Namespace) -> int:
+    """create: print the new session's name as kubectl does; get: its summary; delete: as `delete` for runs."""
+    if args.session_command == "create":
+        session = client.create_session(args.session_spec, name=args.name)
+        print(f"{SESSION_RESOURCE}/{one_line(session.name)} created")
+        return 0
+    if args.session_command == "get":
+        print(session_line(client.open_session(args.name).info()))
+        return 0
+    missing = False
+    for name in args.names:
+        if client.open_session(name).delete():
+            print(f'{SESSION_RESOURCE} "{name}" deleted')
+        else:
+            print(f'coderun: {SESSION_RESOURCE} "{name}" not found in namespace {one_line(client.namespace)}',
+                  file=sys.stderr)
+            missing = True
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def session_line(info: SessionInfo) -> str:
+    """One line for `coderun session get`: where the session stands and until when."""
+    parts = [f"{info.name}: {info.phase or 'Pending'}" + (f" ({info.reason})" if info.reason else ""),
+             f"{info.runs_done or 0} runs done"]
+    if info.pod_name:
+        parts.append(f"pod {info.pod_name}")
+    if info.phase == "Ended":
+        parts.append(info.message or "")
+    elif info.idle_expires_at or info.expires_at:
+        parts.append(f"ends at {min(t for t in (info.idle_expires_at, info.expires_at) if t)} unless a run comes")
+    return one_line("; ".join(p for p in parts if p))
+
+
 def cmd_completion(args: argparse.Namespace) -> int:
     print(shtab.complete(build_parser("coderun"), shell=args.shell))
     return 0
@@ -507,7 +559,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         print(f"coderun: the MCP server needs the mcp extra: pip install 'coderun[mcp]' ({e})", file=sys.stderr)
         return EXIT_USAGE
     serve(transport=args.transport, host=args.host, port=args.port, namespace=args.namespace,
-          kubeconfig=args.kubeconfig, context=args.context)
+          kubeconfig=args.kubeconfig, context=args.context, progress_seconds=args.progress_interval)
     return 0
 
 
@@ -578,6 +630,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("-l", "--label", action="append", default=[], metavar="KEY=VALUE", help="label the run")
     run.add_argument("--keep", action="store_true", help="keep the CodeRun instead of deleting it afterwards")
     run.add_argument("--raw", action="store_true", help=raw_help)
+    run.add_argument("--session", metavar="NAME",
+                     help="run in this CodeRunSession's sandbox (see `coderun session create`): files the "
+                          "session's earlier runs wrote are there; its limits apply")
 
     get = _command(commands, "get", "show a run's result (text: the summary line)")
     _add_run_names(get)
@@ -610,6 +665,34 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     runtimes.add_argument("--policy", help="a CodeRunPolicy by name (default: the namespace's `default`, "
                                            "else the built-in baseline)")
 
+    session = _command(commands, "session", "create, show and delete CodeRunSessions: many runs, one sandbox",
+                       "A session keeps one sandbox for your runs: `coderun session create` prints its name, "
+                       "`coderun run --session NAME ...` runs in it (one at a time, in the order given; files "
+                       "persist between runs), `coderun session delete NAME` ends it. It also ends by itself "
+                       "after --idle-timeout without a run, or --max-lifetime.")
+    session_commands = session.add_subparsers(dest="session_command", required=True, metavar="SUBCOMMAND")
+    create = session_commands.add_parser("create", help="create a session and print its name")
+    create.add_argument("--language", default="python", help="the session's runtime (default python)")
+    create.add_argument("--policy", help="the CodeRunPolicy (default: the namespace's `default`); it must allow "
+                                         "sessions")
+    create.add_argument("--keep-state", action="store_true",
+                        help="one interpreter for all runs, so variables persist (default: files only)")
+    create.add_argument("--memory", help="the sandbox's memory for the whole session, e.g. 1Gi")
+    create.add_argument("--cpu", help="the sandbox's CPU, e.g. 500m or 1")
+    create.add_argument("--disk", help="the size of the sandbox's /tmp, e.g. 256Mi")
+    create.add_argument("--idle-timeout", type=program_seconds, metavar="DURATION",
+                        help="end the session after this long without a run (default 10m)")
+    create.add_argument("--max-lifetime", type=program_seconds, metavar="DURATION",
+                        help="end the session this long after it started, busy or not (default 1h)")
+    create.add_argument("--name", help="the session's name (default: session- and a random suffix)")
+    show = session_commands.add_parser("get", help="show where a session stands")
+    show.add_argument("name")
+    remove = session_commands.add_parser("delete", help="end sessions now (their pods go with them)")
+    remove.add_argument("names", nargs="+", metavar="NAME")
+    for sub in (create, show, remove):
+        _add_global_flags(sub, argparse.SUPPRESS, None)
+        sub.set_defaults(command_parser=sub)
+
     completion = _command(commands, "completion", "print a shell completion script",
                           "Prints the completion script for the shell. Load it in the current shell with "
                           "`source <(coderun completion bash)` (zsh: `source <(coderun completion zsh)` after "
@@ -621,13 +704,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable-http: address to listen on")
     mcp.add_argument("--port", type=int, default=8000, help="streamable-http: port to listen on")
+    mcp.add_argument("--progress-interval", type=wait_seconds, default=10, metavar="DURATION",
+                     help="while a run goes, send progress this often when the client asked for it (default 10s; "
+                          "hosts that time out after 60 s wait as long as progress comes)")
     return parser
 
 
 COMMANDS = {"run": cmd_run, "get": cmd_get, "logs": cmd_logs, "list": cmd_list, "delete": cmd_delete,
-            "runtimes": cmd_runtimes}
+            "runtimes": cmd_runtimes, "session": cmd_session}
 # Commands that name an object: a 404 there is the user's answer (exit 1, like kubectl), not a platform failure.
-NAMING_COMMANDS = {"get", "logs", "delete", "runtimes"}
+NAMING_COMMANDS = {"get", "logs", "delete", "runtimes", "session"}
 
 
 def usage_error(parser: argparse.ArgumentParser, message: str) -> int:

@@ -1,78 +1,379 @@
 """`coderun mcp`: the run_code and list_runtimes tools over MCP (stdio, or streamable HTTP).
 
 Built on the MCP SDK's low-level Server so each tool's input schema is exactly the one coderun.tools generates
-from RunRequest (the SDK's input model), rather than one re-derived from a function signature.
+from RunRequest (the SDK's input model), shaped by the namespace's policy, rather than one re-derived from a
+function signature.
+
+What a host can rely on:
+- The handshake never needs the cluster: the Kubernetes client is made at the first tool call, and a missing
+  kubeconfig or a dead API server is a tool error that says what was tried and what to fix, never a protocol
+  error.
+- A run sends progress (when the call carries a progressToken) on each phase change and every
+  `progress_seconds`, so hosts whose request timeout resets on progress keep waiting for a long run.
+- A call the client cancels stops waiting at once and deletes its run: nobody will read the result, and a
+  run left going would hold a sandbox and a place under the policy's maxConcurrentRuns.
+- `run_code` with `session: true` runs in the conversation's own CodeRunSession (docs/sessions.md): the files
+  earlier session runs of the same MCP connection wrote are there. The first such call creates it; the server
+  deletes its sessions when it stops, and a session whose conversation went quiet ends by its idle timeout
+  (CONVERSATION_IDLE_SECONDS).
 """
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import base64
+import logging
+import os
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
-from pydantic import ValidationError
 
 from . import __version__
-from .client import AsyncCodeRunClient, CodeRunError, RunRejected, RunRequest, RunTimeout
-from .client.errors import describe_invalid
+from .api.models import CodeRunSpec
+from .client import AsyncCodeRunClient, CodeRunError, RunNotFound, RunRequest, RunResult
+from .client.aio import AsyncSession
+from .client.sessions import SessionEnded, refused_as_ended, run_in_session_spec
+from .client.connection import in_cluster
+from .client.request import new_run_name
+from .client.runtimes import RuntimeInfo
+from .client.sync import default_wait_seconds
 from .tools import LIST_RUNTIMES, RUN_CODE, TOOL_INPUTS, input_schema, render_result, render_runtimes, \
     tool_description
+from .tools.invoke import InvalidToolCall, error_reply, parse_call
+from .tools.policy_schema import fallback_description, policy_description, policy_input_schema
+from .tools.structured import RunOutput, RuntimesOutput, Shown, artifacts_line, dump, output_schema, run_output, \
+    show_artifacts, to_read
 
-INSTRUCTIONS = ("Runs code in an isolated gVisor sandbox on Kubernetes: no network, no secrets, bounded CPU, "
+log = logging.getLogger("coderun.mcp")
+
+INSTRUCTIONS = ("Runs code in an isolated gVisor sandbox on Kubernetes: no network unless the namespace's policy "
+                "names hosts (list_runtimes and run_code's description say), no secrets, bounded CPU, "
                 "memory and time. Call run_code with a complete program that prints what you need; read the exit "
-                "code, the error type and line, and fix the program when it fails.")
+                "code, the error type and line, and fix the program when it fails. Images the program writes to "
+                "$CODERUN_OUTPUT_DIR come back as images.")
+PROGRESS_SECONDS = 10.0       # common hosts time a request out after 60 s unless progress resets the clock
+POLICY_LOOKUP_SECONDS = 10.0  # tools/list waits this long for the policy before it offers the static schema
+DELETE_ON_CANCEL_SECONDS = 10.0
+
+TITLES = {RUN_CODE: "Run code in a sandbox", LIST_RUNTIMES: "List sandbox runtimes"}
+# Hints for hosts (they decide what to ask the user before a call). run_code creates a CodeRun, adds and never
+# destroys; the same code twice is two runs; the sandbox has no network unless the namespace's policy grants
+# egress, so its world is closed. list_runtimes only reads the policy.
+ANNOTATIONS = {
+    RUN_CODE: types.ToolAnnotations(title=TITLES[RUN_CODE], read_only_hint=False, destructive_hint=False,
+                                    idempotent_hint=False, open_world_hint=False),
+    LIST_RUNTIMES: types.ToolAnnotations(title=TITLES[LIST_RUNTIMES], read_only_hint=True, destructive_hint=False,
+                                         idempotent_hint=True, open_world_hint=False),
+}
+OUTPUTS = {RUN_CODE: RunOutput, LIST_RUNTIMES: RuntimesOutput}
+STATIC_SCHEMAS = {name: input_schema(model) for name, model in TOOL_INPUTS.items()}
+# MCP's run_code has one argument more than the other tool sets: the conversation's session (MCP knows which
+# connection a call comes from; a stateless function-calling API does not).
+SESSION_ARGUMENT = "session"
+STATIC_SCHEMAS[RUN_CODE]["properties"][SESSION_ARGUMENT] = {
+    "type": "boolean", "default": False, "title": "Session",
+    "description": ("true: run in this conversation's sandbox session, where the files earlier session runs wrote "
+                    "in the working directory are still there (each run is still a fresh process; the namespace's "
+                    "policy must allow sessions). The first session call starts it, with its memory and cpu; later "
+                    "session calls cannot change them.")}
+CONVERSATION_IDLE_SECONDS = 900  # a session whose connection went without a word ends by itself
+
+Report = Callable[[float, str], Awaitable[None]]  # (progress, message): a no-op when the call has no token
 
 
-async def call_tool(client: AsyncCodeRunClient, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-    """(text for the model, is_error). A program that failed is a normal result the model reads and fixes;
-    is_error marks what the model cannot fix by editing the program: rejection, platform or API failure."""
-    if name == LIST_RUNTIMES:
-        return render_runtimes(await client.runtimes()), False
-    if name != RUN_CODE:
-        return f"unknown tool {name!r}; the tools are {RUN_CODE} and {LIST_RUNTIMES}", True
+class LazyClient:
+    """The Kubernetes client, made at the first tool call and kept once it is made: the handshake must not
+    depend on a kubeconfig, and a kubeconfig that is missing or unreadable is read again at the next call."""
+
+    def __init__(self, namespace: str | None = None, kubeconfig: str | None = None, context: str | None = None):
+        self._arguments = (namespace, kubeconfig, context)
+        self._client: AsyncCodeRunClient | None = None
+        self.where = configuration_tried(kubeconfig, context)
+
+    def get(self) -> AsyncCodeRunClient:
+        if self._client is None:
+            namespace, kubeconfig, context = self._arguments
+            self._client = AsyncCodeRunClient(namespace, kubeconfig=kubeconfig, context=context, client_name="mcp")
+        return self._client
+
+    async def close(self) -> None:
+        """The client's HTTP session, if a call made one (in the serving event loop, where it must close)."""
+        if self._client is not None:
+            await self._client.close()
+
+
+def configuration_tried(kubeconfig: str | None, context: str | None) -> str:
+    """Which configuration the client reads, in the words of the person who fixes it."""
+    if in_cluster(kubeconfig, context):
+        return "the pod's service account (in-cluster)"
+    path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return f"kubeconfig {path}, " + (f"context {context}" if context else "its current context")
+
+
+CREATING = "Creating"  # the reporter's phase until the API server has the run
+
+
+def progress_message(phase: str | None, elapsed: float, timeout: int | None) -> str:
+    seconds = f"{elapsed:.0f}s"
+    if phase == CREATING:
+        return f"Creating the run ({seconds})"
+    if phase in (None, "", "Pending"):
+        return f"Pending: waiting for a sandbox ({seconds})"
+    if phase == "Running":
+        return f"Running ({seconds}" + (f"; the program may run {timeout}s" if timeout else "") + ")"
+    return f"{phase} ({seconds})"
+
+
+class CodeRunTools:
+    """The two tools over one (lazy) client. Handlers below only translate MCP requests into these calls."""
+
+    def __init__(self, client: LazyClient, progress_seconds: float = PROGRESS_SECONDS,
+                 policy_lookup_seconds: float = POLICY_LOOKUP_SECONDS):
+        self.client = client
+        self.progress_seconds = progress_seconds
+        self.policy_lookup_seconds = policy_lookup_seconds
+        self._policy_timeout: int | None = None  # the policy's default timeout, once tools/list has read it
+        self._sessions: dict[str, AsyncSession] = {}  # conversation (conversation_of) -> its CodeRunSession
+        self._creating: dict[str, asyncio.Lock] = {}  # one creation per conversation, however many calls at once
+
+    # ---- tools/list
+    async def list_tools(self) -> list[types.Tool]:
+        runtimes, why = await self._policy_runtimes()
+        if runtimes is not None:
+            default = runtimes[0].default_limits.get("timeoutSeconds") if runtimes else None
+            self._policy_timeout = default if isinstance(default, int) else None
+            run_schema = policy_input_schema(STATIC_SCHEMAS[RUN_CODE], runtimes)
+            run_description = policy_description(tool_description(RUN_CODE), runtimes)
+        else:
+            run_schema = STATIC_SCHEMAS[RUN_CODE]
+            run_description = fallback_description(tool_description(RUN_CODE), why)
+        schemas = {RUN_CODE: run_schema, LIST_RUNTIMES: STATIC_SCHEMAS[LIST_RUNTIMES]}
+        descriptions = {RUN_CODE: run_description, LIST_RUNTIMES: tool_description(LIST_RUNTIMES)}
+        return [types.Tool(name=name, title=TITLES[name], description=descriptions[name], input_schema=schemas[name],
+                           output_schema=output_schema(OUTPUTS[name]), annotations=ANNOTATIONS[name])
+                for name in (RUN_CODE, LIST_RUNTIMES)]
+
+    async def _policy_runtimes(self) -> tuple[list[RuntimeInfo] | None, str]:
+        """(the policy's runtimes, or None and why they could not be read), bounded in time."""
+        with anyio.move_on_after(self.policy_lookup_seconds):
+            try:
+                return await self.client.get().runtimes(), ""
+            except (CodeRunError, ValueError) as e:  # ValueError: a malformed CodeRunPolicy, named
+                return None, f"{e} [tried {self.client.where}]"
+        return None, (f"the API server did not answer within {self.policy_lookup_seconds:.0f}s "
+                      f"[tried {self.client.where}]")
+
+    # ---- tools/call
+    async def call(self, name: str, arguments: dict[str, Any], report: Report,
+                   conversation: str | None = "stdio") -> types.CallToolResult:
+        arguments = dict(arguments)
+        in_session = arguments.pop(SESSION_ARGUMENT, False) if name == RUN_CODE else False
+        if not isinstance(in_session, bool):
+            return _error(f"invalid arguments: {SESSION_ARGUMENT} must be true or false")
+        if in_session and conversation is None:
+            return _error(f"{SESSION_ARGUMENT}: true needs a conversation, and this call came without one (streamable "
+                          "HTTP without an Mcp-Session-Id); run without session")
+        try:
+            request = parse_call(name, arguments)
+        except InvalidToolCall as e:
+            return _error(str(e))
+        try:
+            client = self.client.get()
+            if request is None:
+                return await _list_runtimes(client)
+            if not in_session:
+                return await self._run_code(client, request, request.to_spec(), report)
+            session = await self._session_of(client, conversation, request)
+            try:
+                return await self._run_code(client, request, run_in_session_spec(
+                    request.model_copy(update={"memory": None, "cpu": None}), session.name), report, session)
+            except CodeRunError as e:
+                ended = e if isinstance(e, SessionEnded) else await _ended(session)
+                if ended is None:
+                    raise
+                self._sessions.pop(conversation, None)  # the next session call starts a new one
+                return _error(f"{ended}; the next run_code call with session: true starts a new session (the "
+                              "files are gone)")
+        except CodeRunError as e:
+            return _error(error_reply(e, self.client.where).text)
+
+    async def _session_of(self, client: AsyncCodeRunClient, conversation: str,
+                          request: RunRequest) -> AsyncSession:
+        """The conversation's session, created at its first session call with that call's memory and cpu."""
+        async with self._creating.setdefault(conversation, asyncio.Lock()):
+            session = self._sessions.get(conversation)
+            if session is None:
+                limits = {key: value for key, value in (("memory", request.memory), ("cpu", request.cpu)) if value}
+                session = self._sessions[conversation] = await client.session(
+                    request.language, limits=limits or None, idle_timeout=CONVERSATION_IDLE_SECONDS,
+                    labels={"coderun.io/mcp": "conversation"})
+                return session
+        if request.memory or request.cpu:
+            raise CodeRunError("memory and cpu are the session's, set by its first call; leave them out, or run "
+                               "without session")
+        if request.language != session.language:
+            raise CodeRunError(f"this conversation's session runs {session.language}; run {request.language} "
+                               "without session")
+        return session
+
+    async def end_conversation(self, conversation: str) -> None:
+        """Delete the conversation's session, if it has one (its pod goes with it)."""
+        session = self._sessions.pop(conversation, None)
+        if session is not None:
+            try:
+                await session.delete()
+            except CodeRunError as e:
+                log.warning("could not delete session %s (its idle timeout will end it): %s", session.name, e)
+
+    async def close(self) -> None:
+        for conversation in list(self._sessions):
+            await self.end_conversation(conversation)
+
+    async def _run_code(self, client: AsyncCodeRunClient, request: RunRequest, spec: CodeRunSpec,
+                        report: Report, session: AsyncSession | None = None) -> types.CallToolResult:
+        timeout = request.timeout or self._policy_timeout
+        progress = ProgressReporter(report, self.progress_seconds, timeout)
+        # A task of its own rather than a task group: the SDK's errors reach call() unwrapped.
+        heartbeat = asyncio.create_task(progress.run())
+        name = new_run_name()  # known before the create, so a call cancelled while it is retried deletes it too
+        try:
+            created = await client.create(spec, name=name)
+            progress.update(created)
+            result = await client.wait(created.name, namespace=created.namespace,
+                                       timeout=default_wait_seconds(timeout), on_update=progress.update)
+            if session is not None and refused_as_ended(result):
+                raise SessionEnded(await session.info())
+        except anyio.get_cancelled_exc_class():
+            with anyio.move_on_after(DELETE_ON_CANCEL_SECONDS, shield=True):
+                try:
+                    await client.delete(name)  # gone already, or never made: nothing to do
+                except CodeRunError as e:
+                    log.warning("could not delete the cancelled run %s: %s", name, e)
+            raise
+        finally:
+            heartbeat.cancel()
+        shown = show_artifacts(result, await _read_artifacts(client, result)) if result.artifacts else Shown()
+        text = render_result(result.model_copy(update={"artifacts": None}), request.code)
+        content: list[types.ContentBlock] = [_text("\n".join(filter(None, [text, artifacts_line(shown.listing)])))]
+        content += [types.ImageContent(data=base64.b64encode(data).decode("ascii"), mime_type=mime)
+                    for _, mime, data in shown.images]
+        content += [types.EmbeddedResource(resource=types.TextResourceContents(
+            uri=f"coderun://{result.namespace}/{result.name}/artifacts/{quote(name)}", mime_type=mime, text=data))
+            for name, mime, data in shown.texts]
+        # A failed program is a result the model reads and fixes; is_error marks what editing cannot fix.
+        return types.CallToolResult(content=content, structured_content=dump(run_output(result, shown.listing)),
+                                    is_error=result.rejected or result.infrastructure_failure)
+
+
+class ProgressReporter:
+    """Reports a run's progress at once (while the API server creates it: a slow API is waited on too), on each
+    phase change and every `interval` seconds in between.
+    `progress` is the seconds waited: it grows with every notification, as the protocol asks."""
+
+    def __init__(self, report: Report, interval: float, timeout: int | None):
+        self._report, self._interval, self._timeout = report, interval, timeout
+        self._loop = asyncio.get_running_loop()
+        self._started = self._loop.time()
+        self._changed = asyncio.Event()
+        self._phase: str | None = CREATING
+
+    def update(self, result: RunResult) -> None:
+        """The client's on_update: called on the loop or from the client's worker thread."""
+        self._phase = result.phase
+        self._loop.call_soon_threadsafe(self._changed.set)
+
+    async def run(self) -> None:
+        sent = -1.0
+        while True:
+            elapsed = round(max(self._loop.time() - self._started, sent + 0.1), 1)
+            await self._report(elapsed, progress_message(self._phase, elapsed, self._timeout))
+            sent = elapsed
+            with anyio.move_on_after(self._interval):
+                await self._changed.wait()
+            self._changed.clear()
+
+
+async def _ended(session: AsyncSession) -> CodeRunError | None:
+    """Why a call in the session failed when the session is over (ended, or deleted), else None."""
     try:
-        request = RunRequest.model_validate(arguments)
-    except ValidationError as e:
-        return f"invalid arguments: {describe_invalid(e)}", True
+        info = await session.info()
+    except RunNotFound:
+        return CodeRunError(f"CodeRunSession {session.name} was deleted")
+    return SessionEnded(info) if info.ended else None
+
+
+async def _list_runtimes(client: AsyncCodeRunClient) -> types.CallToolResult:
     try:
-        result = await client.submit(request)
-    except RunRejected as e:
-        if e.result is None:  # refused at creation by the namespace's policy: no run exists
-            return f"refused by policy ({e.rule}): {e.message}", True
-        return render_result(e.result), True
-    except RunTimeout as e:
-        return f"the run did not finish in time: {e}", True
-    except CodeRunError as e:
-        return f"coderun is unavailable: {e}", True
-    return render_result(result, request.code), result.infrastructure_failure
+        runtimes = await client.runtimes()
+    except ValueError as e:  # a malformed CodeRunPolicy, named by the client
+        return _error(f"the namespace's policy cannot be read: {e}")
+    return types.CallToolResult(content=[_text(render_runtimes(runtimes))],
+                                structured_content=dump(RuntimesOutput(runtimes=runtimes)))
 
 
-def build_server(client: AsyncCodeRunClient) -> Server:
-    schemas = {name: input_schema(model) for name, model in TOOL_INPUTS.items()}
-    tools = [types.Tool(name=name, description=tool_description(name), input_schema=schema)
-             for name, schema in schemas.items()]
+async def _read_artifacts(client: AsyncCodeRunClient, result: RunResult) -> dict[str, bytes | str]:
+    """The bytes of the artifacts worth showing, or why one could not be read (the result stands either way)."""
+    read: dict[str, bytes | str] = {}
+    for name in to_read(result):
+        try:
+            read[name] = await client.artifact(result, name)
+        except (CodeRunError, KeyError) as e:
+            read[name] = str(e)
+    return read
 
+
+def _text(text: str) -> types.TextContent:
+    return types.TextContent(type="text", text=text)
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[_text(text)], is_error=True)
+
+
+def conversation_of(ctx: Any) -> str | None:
+    """Which MCP conversation a call belongs to: its streamable-HTTP session (the Mcp-Session-Id header, which the
+    server issued); over stdio the process serves one client, so one conversation. None: an HTTP call without
+    one (stateless), which shares nothing with any other."""
+    request = getattr(ctx, "request", None)
+    if request is None:
+        return "stdio"
+    session_id = request.headers.get("mcp-session-id")
+    return f"http:{session_id}" if session_id else None
+
+
+def build_server(tools: CodeRunTools) -> Server:
     async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=tools)
+        return types.ListToolsResult(tools=await tools.list_tools())
 
     async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        text, is_error = await call_tool(client, params.name, params.arguments or {})
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
+        async def report(progress: float, message: str) -> None:
+            await ctx.session.report_progress(progress, None, message)
+        return await tools.call(params.name, params.arguments or {}, report, conversation=conversation_of(ctx))
 
-    return Server("coderun", version=__version__, instructions=INSTRUCTIONS, on_list_tools=on_list_tools,
-                  on_call_tool=on_call_tool, get_tool_input_schema=schemas.get)
+    return Server("coderun", version=__version__, title="coderun", instructions=INSTRUCTIONS,
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool, get_tool_input_schema=STATIC_SCHEMAS.get)
 
 
 def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000, namespace: str | None = None,
-          kubeconfig: str | None = None, context: str | None = None) -> None:
-    client = AsyncCodeRunClient(namespace, kubeconfig=kubeconfig, context=context, client_name="mcp")
-    server = build_server(client)
-    if transport == "stdio":
-        async def run_stdio() -> None:
-            async with stdio_server() as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-        anyio.run(run_stdio)
-    else:
-        import uvicorn
-        uvicorn.run(server.streamable_http_app(host=host), host=host, port=port, log_level="warning")
+          kubeconfig: str | None = None, context: str | None = None,
+          progress_seconds: float = PROGRESS_SECONDS) -> None:
+    client = LazyClient(namespace, kubeconfig, context)
+    tools = CodeRunTools(client, progress_seconds)
+    server = build_server(tools)
+
+    async def serve_until_done() -> None:
+        try:
+            if transport == "stdio":
+                async with stdio_server() as (read_stream, write_stream):
+                    await server.run(read_stream, write_stream, server.create_initialization_options())
+            else:
+                import uvicorn
+                app = server.streamable_http_app(host=host)
+                await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+        finally:
+            await tools.close()
+            await client.close()
+    anyio.run(serve_until_done)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner_harness import runner_in
+from runner_harness import NOBODY, SYSTEM_PYTHON, runner_in
 
 
 @pytest.fixture
@@ -29,11 +29,6 @@ def as_pid1():
     if probe.returncode != 0:
         pytest.skip(f"unshare cannot make a PID namespace here: {probe.stderr.decode().strip()}")
     return PID1_WRAPPER
-
-
-NOBODY = 65534
-# The runner and the program run as nobody with this interpreter (the test's own may live under /root).
-SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 @pytest.fixture

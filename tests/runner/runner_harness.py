@@ -14,6 +14,9 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 FRAME_PREFIX = b"CODERUN-RESULT-V1 "
+NOBODY = 65534
+# The runner and the program run as nobody with this interpreter (the test's own may live under /root).
+SYSTEM_PYTHON = "/usr/bin/python3"
 
 
 def lay_out_runner(root: Path) -> Path:
@@ -172,3 +175,64 @@ def assert_nothing_after_the_frame(run) -> None:
     """The frame is the runner's last line: nothing the program left behind wrote after it."""
     after_frame = run.raw_stdout.rsplit(b"\nCODERUN-RESULT-V1 ", 1)[1].split(b"\n", 1)[1]
     assert after_frame == b"", after_frame[:200]
+
+
+SESSION_KEY = bytes(range(32))
+
+
+def session_stream(documents: list[tuple[str, dict[str, bytes]]], key: bytes = SESSION_KEY) -> bytes:
+    """A session pod's stdin for these (nonce, ConfigMap keys) runs: the first document carries the session's
+    settings (its key, keepState false), every later one the MAC of its sequence number and body."""
+    (nonce, entries), rest = documents[0], documents[1:]
+    settings = json.dumps({"key": key.hex(), "keepState": False}).encode()
+    return warm_document({**entries, "session.json": settings}, nonce) + b"".join(
+        signed_document(sequence, nonce, entries, key) for sequence, (nonce, entries) in enumerate(rest, 1))
+
+
+def signed_document(sequence: int, nonce: str, entries: dict[str, bytes], key: bytes = SESSION_KEY) -> bytes:
+    """The session's sequence-th authenticated document: `<length> <sequence> <mac>`, a newline, the body."""
+    from coderun.sandbox.runner.protocol import session_document_mac
+    body = warm_document(entries, nonce).split(b"\n", 1)[1]
+    return b"%d %d %s\n%s" % (len(body), sequence, session_document_mac(key, sequence, body).encode(), body)
+
+
+def run_entries(code: str, input_files: dict[str, bytes] | None = None, **overrides) -> dict[str, bytes]:
+    """The ConfigMap keys of one run, as runner_in lays them out."""
+    entries = {"code": code.encode()}
+    for index, (path, content) in enumerate((input_files or {}).items()):
+        entries[f"file-{index}"] = content
+    spec = run_spec(files=[{"path": p, "key": f"file-{i}"} for i, p in enumerate(input_files or {})])
+    spec.update(overrides)
+    entries["run.json"] = json.dumps(spec).encode()
+    return entries
+
+
+@dataclasses.dataclass
+class SessionRunnerRun:
+    frames: list[dict]  # every frame line printed, in order (a program's forgeries too: see `with_nonce`)
+    raw_stdout: bytes
+    termination: dict | None
+    returncode: int
+    work: Path
+
+    def with_nonce(self, nonce: str) -> list[dict]:
+        return [frame for frame in self.frames if frame.get("nonce") == nonce]
+
+
+def run_session_runner(tmp_path: Path, stream: bytes, wrapper: tuple = (), interpreter: str = sys.executable,
+                       subprocess_timeout: float = 60) -> SessionRunnerRun:
+    """The real runner with `--session` on this stdin, everything under tmp_path; every frame it printed."""
+    runner_root = tmp_path / "opt-coderun"
+    if not runner_root.exists():
+        lay_out_runner(runner_root)
+    work, termination_log = tmp_path / "scratch" / "work", tmp_path / "termination-log"
+    termination_log.write_text("")
+    proc = subprocess.run(
+        [*wrapper, interpreter, "-I", str(runner_root), "--session", "--input", str(tmp_path / "input"),
+         "--work", str(work), "--outputs", str(tmp_path / "scratch" / "outputs"),
+         "--termination-log", str(termination_log)],
+        capture_output=True, timeout=subprocess_timeout, input=stream)
+    frames = [json.loads(line[len(FRAME_PREFIX):]) for line in proc.stdout.split(b"\n")
+              if line.startswith(FRAME_PREFIX)]
+    text = termination_log.read_bytes()
+    return SessionRunnerRun(frames, proc.stdout, json.loads(text) if text else None, proc.returncode, work)

@@ -172,16 +172,19 @@ def test_encode_frame_is_compact_ascii():
 
 def test_parse_args_defaults_and_both_forms():
     assert vars(parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work", "input_stdin": False,
-                                           "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log"}
+                                           "session": False, "outputs": "/tmp/outputs",
+                                           "termination_log": "/dev/termination-log"}
     args = parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
     # A warm pool pod's runner: the input comes on stdin and is laid out where a cold pod's ConfigMap is mounted.
     assert (parse_args(["--input-stdin"]).input, parse_args(["--input-stdin"]).input_stdin) == \
         ("/coderun/input", True)
     assert parse_args(["--input-stdin", "--input=/x"]).input == "/x"
+    # A session pod's runner: one run per document on stdin.
+    assert (parse_args(["--session"]).session, parse_args(["--session"]).input_stdin) == (True, False)
 
 
-@pytest.mark.parametrize("argv", [["--nope", "x"], ["--input"], ["stray"]])
+@pytest.mark.parametrize("argv", [["--nope", "x"], ["--input"], ["stray"], ["--session", "--input-stdin"]])
 def test_parse_args_rejects(argv):
     with pytest.raises(SystemExit) as exited:
         parse_args(argv)

@@ -3,9 +3,9 @@ kubeconfig loading, requests and watches (fake_k8s.py stands in for the operator
 
 It keeps CodeRuns in memory and answers create (generateName), get, list (label and field selectors, one
 namespace or all), watch (events after a resourceVersion, streamed as they happen until timeoutSeconds) and
-delete, with the API server's Status bodies on refusals. A test plays the operator: `finish(ns, name, status)`
-writes a status (a MODIFIED event), `refuse_create` answers a create the way an admission webhook or the schema
-would.
+delete, with the API server's Status bodies on refusals; it reads the CodeRunPolicies and ConfigMaps a test puts
+in `policies` and `config_maps`. A test plays the operator: `finish(ns, name, status)` writes a status (a
+MODIFIED event), `refuse_create` answers a create the way an admission webhook or the schema would.
 """
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
+from coderun.api.coderunpolicy import POLICY_PLURAL
+from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, KIND, PLURAL, VERSION
 
 PREFIX = f"/apis/{GROUP}/{VERSION}"
@@ -26,12 +28,19 @@ PREFIX = f"/apis/{GROUP}/{VERSION}"
 class FakeApiServer:
     def __init__(self):
         self.runs: dict[tuple[str, str], dict[str, Any]] = {}
+        self.sessions: dict[tuple[str, str], dict[str, Any]] = {}  # CodeRunSessions: create, get, delete
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
+        # Read-only objects a test sets: CodeRunPolicies and ConfigMaps (artifacts), by (namespace, name)
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
+        self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
         # create body -> (HTTP status, message) to refuse it, or None to accept
         self.refuse_create: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda body: None
         # called with each created object (under the lock): a test may give it a status at once
         self.on_create: Callable[[dict[str, Any]], None] = lambda obj: None
+        # An API server that stores a create and then fails to answer it (a 503 from a proxy in front of it):
+        # every create of that name keeps getting this status, so a client retries until it gives up.
+        self.answer_stored_creates_with: int | None = None
         self._versions = itertools.count(1)
         self._names = itertools.count(1)
         self._changed = threading.Condition()  # over an RLock: a create stores and notifies under it
@@ -57,16 +66,7 @@ class FakeApiServer:
         self._server.server_close()
 
     def kubeconfig(self, path: Path, namespace: str = "agents") -> Path:
-        """A kubeconfig with two contexts on this server: `fake` (namespace `namespace`, current) and `other`
-        (namespace `other`)."""
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}},
-                         {"name": "other", "context": {"cluster": "fake", "user": "fake", "namespace": "other"}}],
-        }))
-        return path
+        return write_kubeconfig(path, self.url, namespace)
 
     # ---- the operator's part, played by a test
     def add(self, namespace: str, name: str, status: dict[str, Any] | None = None,
@@ -85,6 +85,16 @@ class FakeApiServer:
             obj["status"] = status
             self._store("MODIFIED", obj)
 
+    def remove(self, namespace: str, name: str) -> None:
+        """Delete a run as someone else would (a DELETED event)."""
+        with self._changed:
+            self._store("DELETED", copy.deepcopy(self.runs[(namespace, name)]))
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Block until `predicate()` holds over the stored runs (checked on every change), at most `timeout`."""
+        with self._changed:
+            return self._changed.wait_for(predicate, timeout)
+
     def _store(self, event: str, obj: dict[str, Any]) -> None:
         version = next(self._versions)
         obj["metadata"]["resourceVersion"] = str(version)
@@ -100,8 +110,13 @@ class FakeApiServer:
     def handle(self, method: str, path: str, query: dict[str, str], body: Any,
                stream: Callable[[dict[str, Any]], None]) -> tuple[int, Any]:
         parts = path.removeprefix(PREFIX).strip("/").split("/")
+        readable = self._read_only(path)
+        if readable is not None:
+            return (200, copy.deepcopy(readable)) if readable else (404, _status(404, "NotFound", f"{path} not found"))
         if not path.startswith(PREFIX):
             return 404, _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+        if len(parts) >= 3 and parts[0] == "namespaces" and parts[2] == SESSION_PLURAL:
+            return self._session(method, parts[1], parts[3] if len(parts) > 3 else None, body)
         if parts == [PLURAL]:  # every namespace
             return self._list(None, query, stream)
         if len(parts) < 3 or parts[0] != "namespaces" or parts[2] != PLURAL:
@@ -121,6 +136,29 @@ class FakeApiServer:
                 return 200, _status(200, "", "", status="Success")
         return self._list(namespace, query, stream)
 
+    def _session(self, method: str, namespace: str, name: str | None, body: Any) -> tuple[int, Any]:
+        with self._changed:
+            if method == "POST" and name is None:
+                obj = copy.deepcopy(body)
+                obj["metadata"]["namespace"] = namespace
+                self.sessions[(namespace, obj["metadata"]["name"])] = obj
+                return 201, copy.deepcopy(obj)
+            if (namespace, name) not in self.sessions:
+                return 404, _status(404, "NotFound", f'{SESSION_PLURAL}.{GROUP} "{name}" not found')
+            if method == "DELETE":
+                del self.sessions[(namespace, name)]
+                return 200, _status(200, "", "", status="Success")
+            return 200, copy.deepcopy(self.sessions[(namespace, name)])
+
+    def _read_only(self, path: str) -> dict[str, Any] | None:
+        """A CodeRunPolicy or ConfigMap GET: the object, {} when absent; None for any other path."""
+        for prefix, plural, store in ((PREFIX, POLICY_PLURAL, self.policies),
+                                      ("/api/v1", "configmaps", self.config_maps)):
+            parts = path.removeprefix(prefix).strip("/").split("/")
+            if path.startswith(prefix) and len(parts) == 4 and parts[0] == "namespaces" and parts[2] == plural:
+                return store.get((parts[1], parts[3]), {})
+        return None
+
     def _create(self, namespace: str, body: dict[str, Any]) -> tuple[int, Any]:
         refusal = self.refuse_create(body)
         if refusal:
@@ -130,6 +168,11 @@ class FakeApiServer:
         meta = obj.setdefault("metadata", {})
         meta.setdefault("name", f"{meta.pop('generateName', 'run-')}{next(self._names):05d}")
         meta.update(namespace=namespace, creationTimestamp="2026-01-01T00:00:00Z")
+        if self.answer_stored_creates_with:
+            if (namespace, meta["name"]) not in self.runs:
+                self._store("ADDED", obj)
+            return self.answer_stored_creates_with, _status(self.answer_stored_creates_with, "ServiceUnavailable",
+                                                            "the server is currently unable to handle the request")
         if (namespace, meta["name"]) in self.runs:
             return 409, _status(409, "AlreadyExists", f'{PLURAL}.{GROUP} "{meta["name"]}" already exists')
         self._store("ADDED", obj)
@@ -172,6 +215,19 @@ class FakeApiServer:
     def _notify(self) -> None:
         with self._changed:
             self._changed.notify_all()
+
+
+def write_kubeconfig(path: Path, server: str, namespace: str = "agents") -> Path:
+    """A kubeconfig with two contexts on `server`: `fake` (namespace `namespace`, current) and `other`
+    (namespace `other`)."""
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}},
+                     {"name": "other", "context": {"cluster": "fake", "user": "fake", "namespace": "other"}}],
+    }))
+    return path
 
 
 def _selected(selector: str | None, values: dict[str, str]) -> bool:

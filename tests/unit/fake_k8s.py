@@ -108,6 +108,13 @@ class FakeK8s:
         self.objects[("Pod", namespace, name)] = self._stamp(patched)
         return copy.deepcopy(patched)
 
+    def resize_pod_cpu(self, namespace, name, container, cpu):
+        self._hook("resize_pod_cpu", namespace, name, container, cpu)
+        pod = self.objects[("Pod", namespace, name)]
+        (found,) = [c for c in pod["spec"]["containers"] if c["name"] == container]
+        found["resources"]["requests"]["cpu"] = cpu
+        self._stamp(pod)
+
     def attach(self, namespace, pod, container):
         """`attach_answers[pod]`: a function(input bytes) -> stdout bytes, or an exception to raise."""
         self._hook("attach", namespace, pod)
@@ -168,6 +175,16 @@ class FakeK8s:
         self._hook("list_policies")
         return copy.deepcopy(self.policies)
 
+    def patch_policy_status(self, namespace, name, status):
+        self._hook("patch_policy_status", namespace, name, status)
+        policy = next((p for p in self.policies if (p["metadata"]["namespace"], p["metadata"]["name"]) ==
+                       (namespace, name)), None)
+        if policy is None:
+            return None
+        merged = {**(policy.get("status") or {}), **status}
+        policy["status"] = {k: v for k, v in merged.items() if v is not None}
+        return copy.deepcopy(self._stamp(policy))
+
     # ---- identity
     def read_admission_policy(self, name):
         self._hook("read_admission_policy", name)
@@ -199,6 +216,25 @@ class FakeK8s:
         self._hook("list_pods", namespace, labels)
         return [copy.deepcopy(o) for (kind, ns, _), o in self.objects.items() if kind == "Pod" and ns == namespace
                 and labels.items() <= (o["metadata"].get("labels") or {}).items()]
+
+    # ---- sessions
+    def add_session(self, session):
+        session = self._stamp(copy.deepcopy(session))
+        self.objects[("CodeRunSession", session["metadata"]["namespace"], session["metadata"]["name"])] = session
+        return copy.deepcopy(session)
+
+    def get_session(self, namespace, name):
+        self._hook("get_session", namespace, name)
+        return copy.deepcopy(self.objects.get(("CodeRunSession", namespace, name)))
+
+    def patch_session_status(self, namespace, name, status):
+        self._hook("patch_session_status", namespace, name, status)
+        session = self.objects.get(("CodeRunSession", namespace, name))
+        if session is None:
+            return None
+        merged = {**(session.get("status") or {}), **status}
+        session["status"] = {k: v for k, v in merged.items() if v is not None}
+        return copy.deepcopy(self._stamp(session))
 
     # ---- webhook TLS
     def read_secret(self, namespace, name):

@@ -6,7 +6,7 @@ from coderun.agent import (ANSWERED, CIRCUIT_OPEN, EXECUTION_BUDGET_EXHAUSTED, G
                            TOKEN_BUDGET_EXHAUSTED, Agent, AgentConfig, CircuitBreaker)
 from coderun.agent.prompts import code_from_text, retry_prompt, verify
 from scripted_chat import ScriptedChatServer, call_run_code, last_message, say
-from coderun.client import CodeRunError, PolicyDenied
+from coderun.client import CodeRunError, PolicyDenied, SessionEnded
 from coderun.client.result import result_from_object
 
 
@@ -159,3 +159,54 @@ def test_prompt_helpers():
         "error: NameError at line 2: name 'x' is not defined",
         "failing line 2: print(x)",
         "Fix the program and call run_code again with the complete corrected program (1 attempt(s) left)."]
+
+
+class FakeSession:
+    """A session of the fake runner: submit() plays its own outcomes; deleted at the task's end."""
+    language = "python"
+
+    def __init__(self, outcomes):
+        self.outcomes, self.requests, self.deleted = list(outcomes), [], False
+
+    def submit(self, request, wait_timeout=None, labels=None):
+        self.requests.append(request)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def delete(self):
+        self.deleted = True
+        return True
+
+
+def solve_in_session(steps, session_outcomes, outcomes=()):
+    runner, session = FakeRunner(outcomes), FakeSession(session_outcomes)
+    runner.session = lambda **kwargs: (setattr(runner, "session_kwargs", kwargs), session)[1]
+    with ScriptedChatServer(steps) as model:
+        agent = Agent(runner, OpenAI(base_url=model.base_url, api_key="k", max_retries=0),
+                      AgentConfig(model="scripted", session=True), clock=Clock())
+        outcome = agent.solve("compute the answer", files={"data.csv": "a\n1\n"})
+    return outcome, runner, session
+
+
+def test_with_a_session_the_attempts_run_in_it_and_it_is_deleted_at_the_end():
+    steps = [PLAN, lambda r: call_run_code("print(x)"), lambda r: call_run_code("print(42)"), lambda r: say("42")]
+    outcome, runner, session = solve_in_session(steps, [BUG, OK])
+    assert outcome.status == ANSWERED and [r.code for r in session.requests] == ["print(x)", "print(42)"]
+    assert runner.requests == [] and session.deleted and runner.session_kwargs == {"idle_timeout": 120}
+
+
+def test_a_session_that_ends_leaves_the_attempts_to_plain_runs():
+    from coderun.client.sessions import session_info
+    ended = session_info({"metadata": {"name": "s", "namespace": "ns"},
+                          "status": {"phase": "Ended", "reason": "PolicyDenied", "message": "no sessions"}})
+    steps = [PLAN, lambda r: call_run_code("print(x)"), lambda r: call_run_code("print(42)"), lambda r: say("42")]
+    outcome, runner, session = solve_in_session(steps, [SessionEnded(ended)], [BUG, OK])
+    assert outcome.status == ANSWERED and len(session.requests) == 1
+    assert [r[0].code for r in runner.requests] == ["print(x)", "print(42)"]  # the failed one again, then on
+
+
+def test_the_session_is_asked_for_by_the_environment():
+    assert AgentConfig.from_env({"CODERUN_AGENT_MODEL": "m", "CODERUN_AGENT_SESSION": "1"}).session
+    assert not AgentConfig.from_env({"CODERUN_AGENT_MODEL": "m"}).session

@@ -37,7 +37,7 @@ def of_component(objects: list[dict], kind: str, component: str = "operator") ->
 
 EVERYTHING = ["--set", "runtimeClass.create=true", "--set", "runNamespaces.create=true",
               "--set", "runNamespaces.names={agents,batch}", "--set", "defaultPolicy.enabled=true",
-              "--set", "metrics.serviceMonitor.enabled=true"]
+              "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true"]
 
 
 @pytest.mark.parametrize("values", [[], EVERYTHING], ids=["defaults", "everything-on"])
@@ -78,7 +78,7 @@ def test_an_image_digest_wins_over_the_tag(helm):
 _VERBS = {"read": "get", "get": "get", "list": "list", "create": "create", "delete": "delete", "patch": "patch",
           "replace": "update", "connect": "get"}
 _RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_service": ("", "services"), "namespaced_pod_log": ("", "pods/log"), "node": ("", "nodes"),
-              "get_namespaced_pod_attach": ("", "pods/attach"),
+              "get_namespaced_pod_attach": ("", "pods/attach"), "namespaced_pod_resize": ("", "pods/resize"),
               "namespaced_event": ("", "events"), "namespaced_config_map": ("", "configmaps"),
               "namespaced_network_policy": ("networking.k8s.io", "networkpolicies"),
               "namespaced_lease": ("coordination.k8s.io", "leases"),
@@ -94,8 +94,9 @@ _RESOURCES = {"namespaced_pod": ("", "pods"), "namespaced_service": ("", "servic
 # What kopf's watches need, and the ownerReference's blockOwnerDeletion (templates/rbac.yaml says why).
 _KOPF_AND_OWNERS = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")} | {
     (group, resource, v) for group, resource in [("coderun.io", "coderuns"), ("coderun.io", "coderunpolicies"),
-                                                ("", "pods")] for v in ("list", "watch")} | {
-    ("coderun.io", "coderuns/finalizers", "update")}
+                                                ("coderun.io", "coderunsessions"), ("", "pods")]
+    for v in ("list", "watch")} | {
+    ("coderun.io", "coderuns/finalizers", "update"), ("coderun.io", "coderunsessions/finalizers", "update")}
 # Granted only in the operator's own namespace (a Role): the leader election.
 _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {("", "pods", "patch")} | {
     ("", "secrets", v) for v in ("get", "create", "update")} | {("", "services", "get")}
@@ -104,9 +105,13 @@ _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create"
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
     source = (REPO / "operator" / "coderun_operator" / "k8s.py").read_text()
     needed = set()
-    for verb, rest in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)", source):
+    for verb, rest, plural in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)(?:, GROUP,\s+VERSION, \w+, (POLICY_PLURAL|SESSION_PLURAL)\b)?", source):
         assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
-        needed.add((*_RESOURCES[rest], _VERBS[verb]))
+        group, resource = _RESOURCES[rest]
+        if plural:  # a namespaced custom object call on CodeRunPolicies or CodeRunSessions rather than CodeRuns
+            resource = resource.replace("coderuns", {"POLICY_PLURAL": "coderunpolicies",
+                                                     "SESSION_PLURAL": "coderunsessions"}[plural])
+        needed.add((group, resource, _VERBS[verb]))
         if verb == "connect":
             needed.add((*_RESOURCES[rest], "create"))
     return needed
@@ -116,12 +121,23 @@ def _granted(rules: list[dict]) -> set[tuple[str, str, str]]:
     return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
+def _bound_to_the_operator(objects: list[dict], kind: str) -> list[dict]:
+    """The rules of the roles of `kind` that the chart binds to the operator's ServiceAccount (the chart's other
+    roles are for people and agents, bound by the platform team)."""
+    bound = {b["roleRef"]["name"] for b in by_kind(objects, kind + "Binding")
+             if any(s["kind"] == "ServiceAccount" and s["name"] == "coderun" for s in b["subjects"])}
+    return [rule for role in by_kind(objects, kind) if role["metadata"]["name"] in bound for rule in role["rules"]]
+
+
+# The sessions' key (controller/session), always: read by name, created once if absent.
+SESSION_KEY_RULES = [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["coderun-session-key"],
+                      "verbs": ["get"]}, {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+
+
 def test_rbac_grants_exactly_what_the_code_calls(helm):
     objects = template(helm)
-    # The operator's own roles (the chart's approver ClusterRole is for people, bound by the platform team).
-    cluster_rules = [r for role in by_kind(objects, "ClusterRole") if not role["metadata"]["name"].endswith("-approver")
-                     for r in role["rules"]]
-    namespace_rules = [r for role in by_kind(objects, "Role") for r in role["rules"]]
+    cluster_rules = _bound_to_the_operator(objects, "ClusterRole")
+    namespace_rules = _bound_to_the_operator(objects, "Role")
     needed = _calls_in_k8s_py()
     assert {("", "pods", "create"), ("coderun.io", "coderuns/status", "patch"), ("", "pods/attach", "create")} <= needed
     granted = _granted(cluster_rules) | _granted(namespace_rules)
@@ -135,15 +151,36 @@ def test_rbac_grants_exactly_what_the_code_calls(helm):
         if {"secrets", "services", "validatingwebhookconfigurations"} & set(rule["resources"]) and \
                 rule["verbs"] != ["create"]:
             assert rule["resourceNames"] in (["coderun-webhook-tls"], ["coderun"], ["coderun-egress-proxy-keys"],
-                                             ["coderun-egress-proxy"]), rule
-    cert_manager = template(helm, "--set", "webhook.certManager.enabled=true", "--set", "egressProxy.enabled=false")
+                                             ["coderun-egress-proxy"], ["coderun-audit-key"],
+                                             ["coderun-session-key"]), rule
+    cert_manager = template(helm, "--set", "webhook.certManager.enabled=true", "--set", "egressProxy.enabled=false",
+                            "--set", "audit.enabled=false")
     assert not any({"secrets", "validatingwebhookconfigurations"} & set(r["resources"])
-                   for role in by_kind(cert_manager, "ClusterRole") + by_kind(cert_manager, "Role")
-                   for r in role["rules"])
+                   and r.get("resourceNames") != ["coderun-session-key"] and r["verbs"] != ["create"]
+                   for r in _bound_to_the_operator(cert_manager, "ClusterRole") +
+                   _bound_to_the_operator(cert_manager, "Role"))
     # A Secret of the platform's own: read by name, never created.
-    given = template(helm, "--set", "egressProxy.existingSecret=mine", "--set", "webhook.certManager.enabled=true")
+    given = template(helm, "--set", "egressProxy.existingSecret=mine", "--set", "webhook.certManager.enabled=true",
+                     "--set", "audit.enabled=false")
     secret_rules = [r for role in by_kind(given, "Role") for r in role["rules"] if "secrets" in r["resources"]]
-    assert secret_rules == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}]
+    assert sorted(map(str, secret_rules)) == sorted(map(str, [*SESSION_KEY_RULES, {
+        "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}]))
+    given = template(helm, "--set", "audit.existingSecret=theirs", "--set", "egressProxy.enabled=false",
+                     "--set", "webhook.certManager.enabled=true")
+    secret_rules = [r for role in by_kind(given, "Role") for r in role["rules"] if "secrets" in r["resources"]]
+    assert sorted(map(str, secret_rules)) == sorted(map(str, [*SESSION_KEY_RULES, {
+        "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["theirs"], "verbs": ["get"]}]))
+
+
+def test_the_operator_asks_the_audit_agents_unless_the_audit_is_off(helm):
+    deployment, = of_component(template(helm), "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert (env["CODERUN_AUDIT_AGENT"], env["CODERUN_AUDIT_KEY_SECRET"], env["CODERUN_AUDIT_KEY_CREATE"]) == (
+        "coderun-system-audit/audit-agent", "coderun-audit-key", "true")
+    assert (env["CODERUN_AUDIT_DEADLINE_SECONDS"], env["CODERUN_AUDIT_WAIT_MILLIS"]) == ("3", "1000")
+    deployment, = of_component(template(helm, "--set", "audit.enabled=false"), "Deployment")
+    assert not any(e["name"].startswith("CODERUN_AUDIT_")
+                   for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"])
 
 
 @pytest.mark.parametrize("typo, says", [
@@ -152,6 +189,16 @@ def test_rbac_grants_exactly_what_the_code_calls(helm):
     (["--set", "image.digest=latest"], "digest"),
     (["--set", "crds.keeep=false"], "keeep"),
     (["--set", "replicaCount=0"], "replicaCount"),
+    (["--set", "podLabel.team=a"], "podLabel"),
+    (["--set", "resources.limits.memory=512MB"], "512MB"),
+    (["--set", "resources.requests.ephemeral_storage=1Gi"], "ephemeral_storage"),
+    (["--set", "operator.logFormat=yaml"], "logFormat"),
+    (["--set", "fullnameOverride=Coderun_1"], "fullnameOverride"),
+    (["--set-json", 'topologySpreadConstraints=[{"maxSkew": 1, "topologyKy": "zone", "whenUnsatisfiable": "ScheduleAnyway"}]'],
+     "topologyKy"),
+    (["--set-json", 'egressProxy.topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone"}]'], "whenUnsatisfiable"),
+    (["--set-string", "podLabels.app\\.kubernetes\\.io/instance=mine"], "app.kubernetes.io/instance is the chart's own"),
+    (["--set-string", "egressProxy.podLabels.coderun\\.io/sandbox=true"], "egressProxy.podLabels: the label coderun.io/sandbox"),
 ])
 def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
     result = template(helm, *typo, check=False)
@@ -160,7 +207,8 @@ def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
 
 def test_crds_follow_enabled_and_keep(helm):
     crds = by_kind(template(helm), "CustomResourceDefinition")
-    assert {c["metadata"]["name"] for c in crds} == {"coderuns.coderun.io", "coderunpolicies.coderun.io"}
+    assert {c["metadata"]["name"] for c in crds} == {"coderuns.coderun.io", "coderunpolicies.coderun.io",
+                                                     "coderunsessions.coderun.io"}
     assert all(c["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for c in crds)
     assert all(not c["metadata"].get("annotations") for c in
                by_kind(template(helm, "--set", "crds.keep=false"), "CustomResourceDefinition"))
@@ -231,8 +279,9 @@ def test_the_operator_network_policy_keeps_pods_off_the_webhook_and_metrics(helm
     assert rules["metrics"]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
-    assert egress_ports == {53, 443, 6443, 3130}  # DNS, the API server, the egress proxy's admin port
-    policy, = of_component(template(helm, "--set", "egressProxy.enabled=false"), "NetworkPolicy")
+    assert egress_ports == {53, 443, 6443, 3130, 9090}  # DNS, the API server, the proxy's admin, the audit agents
+    policy, = of_component(template(helm, "--set", "egressProxy.enabled=false", "--set", "audit.enabled=false"),
+                           "NetworkPolicy")
     assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {53, 443, 6443}
     policy, = of_component(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16,fd00:10:88::/64}"),
                            "NetworkPolicy")
@@ -261,9 +310,13 @@ def test_optional_objects_render_when_asked(helm):
     objects = template(helm, *EVERYTHING)
     assert by_kind(objects, "RuntimeClass")[0]["handler"] == "runsc"
     namespaces = by_kind(objects, "Namespace")
-    assert {n["metadata"]["name"] for n in namespaces} == {"agents", "batch"}
-    assert all(n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted" for n in namespaces)
-    assert all(n["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for n in namespaces)
+    # The audit agents' namespace (Pod Security privileged: a hostPath) besides the run namespaces.
+    assert {n["metadata"]["name"] for n in namespaces} == {"agents", "batch", "coderun-system-audit"}
+    assert {n["metadata"]["name"]: n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] for n in namespaces} == {
+        "agents": "restricted", "batch": "restricted", "coderun-system-audit": "privileged"}
+    # Run namespaces hold the agents' runs and stay when the release goes; the audit agents' goes with it.
+    assert {n["metadata"]["name"] for n in namespaces
+            if (n["metadata"].get("annotations") or {}).get("helm.sh/resource-policy") == "keep"} == {"agents", "batch"}
     policies = by_kind(objects, "CodeRunPolicy")
     assert {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in policies} == {("agents", "default"),
                                                                                        ("batch", "default")}
@@ -315,7 +368,7 @@ def test_the_readme_installs_with_its_own_values_file(helm, tmp_path):
     linted = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True)
     assert linted.returncode == 0, linted.stdout + linted.stderr
     objects = template(helm, "-f", str(values))
-    assert [n["metadata"]["name"] for n in by_kind(objects, "Namespace")] == ["agents"]
+    assert [n["metadata"]["name"] for n in by_kind(objects, "Namespace")] == ["coderun-system-audit", "agents"]
     policy, = by_kind(objects, "CodeRunPolicy")
     assert policy["metadata"]["namespace"] == "agents"
     assert policy_from_object(policy).runtimes["python"].image.endswith("@sha256:" + "0" * 64)
@@ -386,3 +439,248 @@ def test_without_the_egress_proxy_nothing_of_it_renders_and_the_operator_is_told
     operator, = of_component(objects, "Deployment")
     assert not [e for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]
                 if e["name"].startswith("CODERUN_EGRESS")]
+
+
+PLATFORM = {
+    "fullnameOverride": "sandboxes",
+    "podAnnotations": {"fluentbit.io/parser": "json"}, "podLabels": {"team": "platform"},
+    "operator": {"logFormat": "json", "extraArgs": ["--log-refkey", "k8s"]},
+    "resources": {"requests": {"ephemeral-storage": "100Mi"}, "limits": {"ephemeral-storage": "1Gi"}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                   "whenUnsatisfiable": "ScheduleAnyway"}],
+    "egressProxy": {"podAnnotations": {"a": "b"}, "podLabels": {"team": "network"},
+                    "resources": {"limits": {"ephemeral-storage": "2Gi"}},
+                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                   "whenUnsatisfiable": "DoNotSchedule",
+                                                   "labelSelector": {"matchLabels": {"tier": "proxy"}}}]},
+}
+
+
+def test_a_platforms_common_values_reach_the_pods(helm, tmp_path):
+    values = tmp_path / "platform.yaml"
+    values.write_text(yaml.safe_dump(PLATFORM))
+    linted = subprocess.run([helm, "lint", "--strict", str(CHART), "-f", str(values)], capture_output=True, text=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    objects = template(helm, "-f", str(values))
+    operator, = of_component(objects, "Deployment")
+    pod = operator["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"fluentbit.io/parser": "json"}
+    assert pod["metadata"]["labels"] == {**operator["spec"]["selector"]["matchLabels"], "team": "platform"}
+    container, = pod["spec"]["containers"]
+    assert container["args"] == ["--log-format=json", "--log-refkey", "k8s"]
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "512Mi", "ephemeral-storage": "1Gi"}
+    assert container["resources"]["requests"]["ephemeral-storage"] == "100Mi"
+    # A constraint without a labelSelector spreads the component's own pods; one with it keeps its own.
+    spread, = pod["spec"]["topologySpreadConstraints"]
+    assert spread["labelSelector"] == {"matchLabels": operator["spec"]["selector"]["matchLabels"]}
+    proxy, = of_component(objects, "Deployment", "egress-proxy")
+    assert proxy["spec"]["template"]["metadata"]["labels"]["team"] == "network"
+    assert proxy["spec"]["template"]["metadata"]["annotations"] == {"a": "b"}
+    assert proxy["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["labelSelector"] == {
+        "matchLabels": {"tier": "proxy"}}
+    assert proxy["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "2Gi"
+
+
+def test_fullname_override_names_every_object_and_what_the_operator_is_told(helm):
+    objects = template(helm, "--set", "fullnameOverride=sandboxes")
+    # The audit agents' namespace is named after the release's namespace, not the release.
+    names = {o["metadata"]["name"] for o in objects if o["kind"] not in ("CustomResourceDefinition", "Namespace")}
+    assert all(name.startswith("sandboxes") or name.endswith(".coderun.io") for name in names), names
+    operator, = of_component(objects, "Deployment")
+    env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config, = by_kind(objects, "ValidatingWebhookConfiguration")
+    services = {s["metadata"]["name"] for s in by_kind(objects, "Service")}
+    assert env["CODERUN_WEBHOOK_CONFIGURATION"] == config["metadata"]["name"] == "sandboxes"
+    assert env["CODERUN_WEBHOOK_HOST"].split(".")[0] in services
+    assert env["CODERUN_EGRESS_PROXY"] == "coderun-system/sandboxes-egress-proxy" and "sandboxes-egress-proxy" in services
+    named = {name for role in by_kind(objects, "ClusterRole") + by_kind(objects, "Role")
+             for rule in role["rules"] for name in rule.get("resourceNames", [])}
+    assert {env["CODERUN_WEBHOOK_SECRET"], env["CODERUN_EGRESS_KEYS_SECRET"], "sandboxes"} <= named
+    renamed, = of_component(template(helm, "--set", "nameOverride=sandbox"), "Deployment")
+    assert renamed["metadata"]["name"] == "coderun-sandbox"
+    assert renamed["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == "sandbox"
+
+
+def test_user_roles_aggregate_into_view_and_edit_but_never_approve_or_write_policies(helm):
+    roles = {r["metadata"]["name"]: r for r in by_kind(template(helm), "ClusterRole")}
+    view, edit = roles["coderun-view"], roles["coderun-edit"]
+    aggregated = {name: {k.rsplit("-", 1)[1] for k, v in r["metadata"]["labels"].items()
+                         if k.startswith("rbac.authorization.k8s.io/aggregate-to-") and v == "true"}
+                  for name, r in roles.items()}
+    assert aggregated["coderun-view"] == {"view", "edit", "admin"} and aggregated["coderun-edit"] == {"edit", "admin"}
+    assert not aggregated["coderun"] and not aggregated["coderun-approver"]  # the operator's own, the approvers'
+    assert _granted(view["rules"]) == {("coderun.io", plural, verb)
+                                       for plural in ("coderuns", "coderunpolicies", "coderunsessions")
+                                       for verb in ("get", "list", "watch")}
+    edits = _granted(edit["rules"])
+    assert ("coderun.io", "coderuns", "create") in edits and ("coderun.io", "coderuns", "delete") in edits
+    granted = _granted(view["rules"]) | edits
+    assert not {verb for _, _, verb in granted} & {"approve", "use", "*"}  # approving, naming another policy
+    assert {resource for _, resource, verb in granted if verb not in ("get", "list", "watch")} == {
+        "coderuns", "coderunsessions"}  # never policies
+    off = {r["metadata"]["name"]: r for r in by_kind(template(helm, "--set", "rbac.aggregateClusterRoles=false"),
+                                                       "ClusterRole")}
+    assert not any("aggregate" in key for r in off.values() for key in r["metadata"]["labels"])
+    assert {"coderun-view", "coderun-edit"} <= set(off)  # still there, to bind by name
+
+
+def _sdk_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every namespaced Kubernetes call in the SDK (src/coderun/client, both
+    clients): the method name gives the verb (a list through watch.stream, or with watch=True, gives watch),
+    PLURAL, POLICY_PLURAL or SESSION_PLURAL in its arguments the resource."""
+    import ast
+    from coderun.api.coderunpolicy import POLICY_PLURAL
+    from coderun.api.coderunsession import SESSION_PLURAL
+    from coderun.api.models import PLURAL
+    plurals = {"PLURAL": PLURAL, "POLICY_PLURAL": POLICY_PLURAL, "SESSION_PLURAL": SESSION_PLURAL}
+    verbs = {"create": "create", "get": "get", "read": "get", "list": "list", "delete": "delete", "patch": "patch",
+             "replace": "update"}
+    calls = set()
+    for source in (REPO / "src" / "coderun" / "client").glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            for method in [node.func, *node.args]:
+                found = isinstance(method, ast.Attribute) and re.fullmatch(
+                    r"(\w+?)_(namespaced|cluster)_(custom_object|config_map)(_without_preload_content)?", method.attr)
+                if not found or found.group(2) == "cluster":  # every namespace at once: a ClusterRole's matter
+                    continue
+                watching = (isinstance(node.func, ast.Attribute) and node.func.attr == "stream") or any(
+                    k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value for k in node.keywords)
+                verb = "watch" if watching else verbs[found.group(1)]
+                if found.group(3) == "config_map":
+                    calls.add(("", "configmaps", verb))
+                else:
+                    plural, = {plurals[a.id] for a in node.args if isinstance(a, ast.Name) and a.id in plurals}
+                    calls.add(("coderun.io", plural, verb))
+    return calls
+
+
+def test_the_agent_role_example_grants_exactly_what_the_sdk_calls():
+    documents = list(yaml.safe_load_all((REPO / "examples" / "agent-rbac.yaml").read_text()))
+    account, = [d for d in documents if d["kind"] == "ServiceAccount"]
+    role, = [d for d in documents if d["kind"] == "Role"]
+    binding, = [d for d in documents if d["kind"] == "RoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"]}]
+    needed = _sdk_calls()
+    assert {("coderun.io", "coderuns", "watch"), ("", "configmaps", "get"),
+            ("coderun.io", "coderunpolicies", "get")} <= needed
+    granted = _granted(role["rules"])
+    assert granted == needed, f"missing: {sorted(needed - granted)}; unused: {sorted(granted - needed)}"
+
+
+def test_the_alerts_name_only_metrics_and_labels_the_operator_exports(helm):
+    """Each alert's expression is checked against the metrics the operator declares (their names as Prometheus
+    sees them, their labels) and the platform-failure reasons against the reasons the operator deems the
+    platform's: a renamed metric or a new reason fails here, not silently in a cluster's Prometheus."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from coderun.api.reasons import INFRASTRUCTURE_REASONS
+    from coderun_operator import metrics
+    declared = {}
+    for metric in vars(metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            family, = metric.describe()
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            declared.update({family.name + suffix: set(metric._labelnames) for suffix in suffixes})
+    assert not by_kind(template(helm), "PrometheusRule")
+    rule, = by_kind(template(helm, "--set", "metrics.prometheusRule.enabled=true",
+                             "--set", "metrics.prometheusRule.labels.release=kps"), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+    assert set(alerts) == {"CodeRunLeaderCount", "CodeRunPlatformFailures", "CodeRunWarmPoolEmpty"}
+    target_labels = {"namespace"}  # what the scrape adds (the ServiceMonitor's target)
+    for name, alert in alerts.items():
+        expr = alert["expr"]
+        used = re.findall(r"\b(coderun_[a-z_]+)(?:\{([^}]*)\})?", expr)
+        assert used, name
+        for metric, selector in used:
+            assert metric in declared, f"{name} uses {metric}, which metrics.py does not export"
+            labels = set(re.findall(r"(\w+)\s*=~?", selector)) | set(
+                re.findall(r"(?:by|on) \((\w+)\)", expr))
+            assert labels <= declared[metric] | target_labels, f"{name}: {metric} has no label {labels - declared[metric] - target_labels}"
+            assert 'namespace="coderun-system"' in selector, f"{name}: {metric} of another release counts too"
+        assert alert["labels"]["severity"] in ("critical", "warning") and alert["annotations"]["summary"]
+    reasons, = re.findall(r'reason=~"([^"]+)"', alerts["CodeRunPlatformFailures"]["expr"])
+    assert set(reasons.split("|")) == set(INFRASTRUCTURE_REASONS)
+    assert alerts["CodeRunPlatformFailures"]["expr"].rstrip().endswith("> 0.05")
+    assert 'why="empty"' in alerts["CodeRunWarmPoolEmpty"]["expr"]
+
+
+def test_the_default_policy_is_the_releases_own_and_a_hook_only_before_its_kind_is_served(helm):
+    """An upgrade changes the `default` policies in place (no hook deletes and recreates them, and a GitOps tool
+    sees plain objects); only on the first install, whose CRDs arrive with it, can helm not create them with the
+    rest, so they are a post-install hook carrying the release's ownership, which the next upgrade adopts."""
+    values = ["--set", "runNamespaces.names={agents}", "--set", "defaultPolicy.enabled=true"]
+    served = ["--api-versions", "coderun.io/v1alpha1/CodeRunPolicy"]
+    policy, = by_kind(template(helm, *values, *served), "CodeRunPolicy")
+    assert policy["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    first, = by_kind(template(helm, *values), "CodeRunPolicy")
+    annotations = first["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "post-install" and "helm.sh/hook-delete-policy" not in annotations
+    assert (annotations["meta.helm.sh/release-name"], annotations["meta.helm.sh/release-namespace"]) == (
+        "coderun", "coderun-system")
+    assert first["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"  # helm's adoption checks both
+    assert first["spec"] == policy["spec"]
+    unkept, = by_kind(template(helm, *values, *served, "--set", "defaultPolicy.keep=false"), "CodeRunPolicy")
+    assert not unkept["metadata"].get("annotations")
+
+
+def test_make_manifest_renders_everything_to_install_without_helm(helm, tmp_path):
+    """`make manifest` (what docs/operations.md has a kubectl user apply): the CRDs, the operator's RBAC bound
+    to its ServiceAccount, both Deployments and the webhook, every namespaced object in the asked namespace, and
+    no Helm hook (kubectl would apply a hook as a plain object, but nothing would run it)."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"runNamespaces": {"names": ["agents"]}, "defaultPolicy": {"enabled": True}}))
+    manifest = tmp_path / "out" / "coderun.yaml"
+    made = subprocess.run(["make", "-s", "manifest", f"MANIFEST={manifest}", "NAMESPACE=sandboxing",
+                           f"VALUES={values}"], cwd=REPO, capture_output=True, text=True)
+    assert made.returncode == 0, made.stdout + made.stderr
+    objects = [o for o in yaml.safe_load_all(manifest.read_text()) if o]
+    assert {c["metadata"]["name"] for c in by_kind(objects, "CustomResourceDefinition")} == set(
+        yaml.safe_load((REPO / "crds" / name).read_text())["metadata"]["name"] for name in crd.CRDS)
+    assert {d["metadata"]["name"] for d in by_kind(objects, "Deployment")} == {"coderun", "coderun-egress-proxy"}
+    account, = by_kind(objects, "ServiceAccount")
+    binding, = [b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == "coderun"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "sandboxing"}]
+    assert by_kind(objects, "ValidatingWebhookConfiguration") and by_kind(objects, "ClusterRole")
+    namespaced = [o for o in objects if "namespace" in o["metadata"]]
+    assert {o["metadata"]["namespace"] for o in namespaced if o["kind"] != "CodeRunPolicy"} == {
+        "sandboxing", "sandboxing-audit"}  # the audit agents' own
+    policy, = by_kind(objects, "CodeRunPolicy")
+    assert policy["metadata"]["namespace"] == "agents"
+    assert not [o for o in objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
+
+
+def test_the_chart_readme_lists_every_value_as_values_yaml_comments_it():
+    import runpy
+    readme = runpy.run_path(str(REPO / "charts" / "readme.py"))
+    text = (CHART / "README.md").read_text()
+    values = (CHART / "values.yaml").read_text()
+    assert text == readme["render"](text, values), "run `make chart-readme` and commit charts/coderun/README.md"
+    table = readme["values_table"](values)
+    assert "| `operator.logFormat` | `\"full\"` | How the operator logs:" in table
+    assert "| `resources` | `{\"requests\": {\"cpu\": \"100m\"" in table  # uncommented keys: one row, whole default
+    assert "| **`egressProxy`** | |" in table and "`egressProxy.image.repository`" in table
+
+
+def test_chart_yaml_tells_artifact_hub_the_crds_and_examples_that_validate():
+    from coderun.api.coderunsession import CodeRunSessionSpec
+    from coderun.api.models import CodeRunSpec
+    from coderun_operator.policy.load import policy_from_object
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    annotations = chart["annotations"]
+    assert annotations["artifacthub.io/license"] == "Apache-2.0" and "Apache License" in (REPO / "LICENSE").read_text()
+    assert annotations["artifacthub.io/operatorCapabilities"] in (
+        "Basic Install", "Seamless Upgrades", "Full Lifecycle", "Deep Insights", "Auto Pilot")
+    committed = [yaml.safe_load((REPO / "crds" / name).read_text()) for name in crd.CRDS]
+    assert {(c["kind"], c["version"], c["name"]) for c in yaml.safe_load(annotations["artifacthub.io/crds"])} == {
+        (c["spec"]["names"]["kind"], c["spec"]["versions"][0]["name"], c["metadata"]["name"]) for c in committed}
+    examples = {e["kind"]: e for e in yaml.safe_load(annotations["artifacthub.io/crdsExamples"])}
+    assert set(examples) == {"CodeRun", "CodeRunPolicy", "CodeRunSession"}
+    CodeRunSpec.model_validate(examples["CodeRun"]["spec"])
+    CodeRunSessionSpec.model_validate(examples["CodeRunSession"]["spec"])
+    assert policy_from_object({**examples["CodeRunPolicy"], "metadata": {"name": "default", "namespace": "a"}})
+    assert all(link["url"].startswith("https://") for link in yaml.safe_load(annotations["artifacthub.io/links"]))

@@ -132,3 +132,11 @@ def test_progress_shows_the_phase_on_a_terminal():
             time.sleep(0.02)  # polling a predicate with a deadline
     assert "run-a Running" in stream.getvalue()
     assert stream.getvalue().endswith("\r\033[K")  # the line is cleared before the output is printed
+
+
+def test_mcp_takes_a_progress_interval_as_a_duration():
+    parser = cli.build_parser("coderun")
+    assert parser.parse_args(["mcp"]).progress_interval == 10
+    assert parser.parse_args(["mcp", "--progress-interval", "2s"]).progress_interval == 2.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["mcp", "--progress-interval", "0"])

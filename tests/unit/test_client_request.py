@@ -1,5 +1,7 @@
 """RunRequest -> CodeRun body, and CodeRun -> RunResult: the SDK's pure halves."""
 import base64
+import hashlib
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -8,28 +10,37 @@ import pytest
 from pydantic import ValidationError
 
 from coderun.api.models import CodeRunSpec, Limits
-from coderun.client import PolicyDenied, RunRejected, RunRequest
-from coderun.client.request import build_body, file_input, rfc3339_millis, sandbox_path
+from coderun.client import CodeRunError, PolicyDenied, RunRejected, RunRequest
+from coderun.client.request import build_body, file_input, new_run_name, rfc3339_millis, sandbox_path
 from coderun.client.result import result_from_object
 from coderun.client.sync import default_wait_seconds, raise_if_rejected
 
 
-def test_body_uses_generate_name_labels_and_a_millisecond_created_at():
+def test_body_has_a_client_chosen_name_labels_a_create_token_and_a_millisecond_created_at():
     spec = RunRequest(code="print(1)").to_spec()
-    body = build_body(spec, client_name="agent", labels={"team": "a"},
+    body = build_body(spec, client_name="agent", labels={"team": "a"}, create_token="t-1",
                       now=datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=timezone.utc))
+    name = body["metadata"].pop("name")
     assert body["metadata"] == {
-        "generateName": "run-",
         "labels": {"coderun.io/client": "agent", "team": "a"},
-        "annotations": {"coderun.io/created-at": "2026-11-22T10:00:00.123Z"},
+        "annotations": {"coderun.io/created-at": "2026-11-22T10:00:00.123Z", "coderun.io/create-token": "t-1"},
     }
+    # chosen before the first attempt, so a retried create finds its own run under the same name
+    assert re.fullmatch(r"run-[bcdfghjklmnpqrstvwxz2456789]{8}", name)
     assert body["apiVersion"] == "coderun.io/v1alpha1" and body["kind"] == "CodeRun"
     assert body["spec"] == {"language": "python", "code": "print(1)"}
 
 
-def test_an_explicit_name_replaces_generate_name():
+def test_each_body_gets_its_own_name_and_token():
+    bodies = [build_body(RunRequest(code="x").to_spec(), client_name="sdk") for _ in range(50)]
+    assert len({b["metadata"]["name"] for b in bodies}) == 50
+    assert len({b["metadata"]["annotations"]["coderun.io/create-token"] for b in bodies}) == 50
+
+
+def test_an_explicit_name_is_used_and_a_long_prefix_still_makes_a_valid_name():
     body = build_body(RunRequest(code="x").to_spec(), client_name="sdk", name="fixed")
     assert body["metadata"]["name"] == "fixed" and "generateName" not in body["metadata"]
+    assert len(new_run_name("p" * 80)) == 63
 
 
 def test_the_created_at_annotation_parses_back_to_the_same_instant():
@@ -42,6 +53,8 @@ def test_timeout_overrides_limits_and_limits_go_camel_case_on_the_wire():
     assert spec.model_dump(by_alias=True, exclude_none=True)["limits"] == {"timeoutSeconds": 9, "memory": "512Mi"}
     assert RunRequest(code="x").to_spec(Limits(cpu="500m")).limits.cpu == "500m"
     assert RunRequest(code="x").to_spec().limits is None
+    asked = RunRequest(code="x", memory="1Gi", cpu="500m").to_spec({"memory": "512Mi", "cpu": "2"})
+    assert (asked.limits.memory, asked.limits.cpu) == ("1Gi", "500m")
 
 
 def test_files_accept_a_mapping_of_text_and_bytes():
@@ -145,3 +158,15 @@ def test_a_refusal_by_the_policy_webhook_is_policy_denied_with_rule_and_message(
     assert isinstance(error, PolicyDenied) and error.result is None and error.status == 403
     assert error.rule == "codeRules.deniedPythonImports" and error.message.startswith("line 2: the code imports")
     assert not error.message.endswith("]")
+
+
+def test_artifact_bytes_are_only_the_bytes_the_status_vouches_for():
+    from coderun.api.models import Artifact
+    from coderun.client.artifacts import artifact_bytes
+    data = b"\x89PNG-bytes"
+    artifact = Artifact.model_validate({"name": "a.png", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                                        "configMap": "run-x-artifacts", "key": "artifact-0"})
+    assert artifact_bytes(artifact, {"artifact-0": base64.b64encode(data).decode()}) == data
+    for replaced in (base64.b64encode(b"forged-bytes").decode(), "not base64!"):
+        with pytest.raises(CodeRunError, match="no longer holds the bytes the run recorded"):
+            artifact_bytes(artifact, {"artifact-0": replaced})

@@ -2,7 +2,17 @@
 import pytest
 
 from coderun.client import RunNotFound
-from coderun.client.waiting import WaitStats, WatchDropped, is_transient, refuse, wait_until_finished
+from coderun.client.steps import Fetch, drive
+from coderun.client.waiting import WaitStats, WatchDropped, is_transient, refuse, wait_plan
+
+
+def wait_until_finished(fetch, watch, deadline, *, max_watch_seconds, clock, sleep=None, on_update=None,
+                        stats=None):
+    """The wait plan with scripted steps: `fetch()` answers Fetch, `watch(rv, seconds)` yields the events."""
+    plan = wait_plan("r", deadline, max_watch_seconds=max_watch_seconds, clock=clock, on_update=on_update,
+                     stats=stats)
+    return drive(plan, lambda step: fetch() if isinstance(step, Fetch) else sleep(step.seconds),
+                 lambda step: watch(step.resource_version, step.seconds))
 
 
 def obj(phase=None, rv="1"):
@@ -115,3 +125,17 @@ def test_refusals_say_what_to_change():
     assert "RBAC" in str(refuse("create CodeRun", 403, "forbidden"))
     assert isinstance(refuse("get CodeRun x", 404, "not found"), RunNotFound)
     assert refuse("create CodeRun", 422, "spec.limits.memory: Invalid").status == 422
+
+
+def test_a_watch_streams_error_event_is_a_drop_when_transient_and_a_refusal_otherwise():
+    from coderun.client import CodeRunError
+    from coderun.client.waiting import watch_event
+    assert watch_event("watch", b'{"type": "MODIFIED", "object": {"metadata": {"name": "r"}}}\n') == (
+        "MODIFIED", {"metadata": {"name": "r"}})
+    gone = b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}'
+    with pytest.raises(WatchDropped, match="410 too old"):
+        watch_event("watch CodeRun r", gone)
+    forbidden = b'{"type": "ERROR", "object": {"kind": "Status", "code": 403, "message": "forbidden"}}'
+    with pytest.raises(CodeRunError) as refused:
+        watch_event("watch CodeRun r", forbidden)
+    assert refused.value.status == 403 and not isinstance(refused.value, WatchDropped)

@@ -42,7 +42,6 @@ def test_bundles_are_the_four_the_docs_promise():
     ({"maxConcurrentRuns": 0}, "spec.maxConcurrentRuns"),
     ({"runtimes": [{"language": "python", "image": "x"}]}, "spec.runtimes.0.command"),
     ({"warmPool": {"size": 2, "languages": ["cobol"]}}, "spec.warmPool.languages: 'cobol' is not a runtime"),
-    ({"warmPool": {"size": 2}, "egress": [{"cidr": "203.0.113.5/32"}]}, "a warm pool cannot serve a policy with egress"),
     ({"warmPool": {"size": 2, "cpuRequest": "2"}}, "spec.warmPool.cpuRequest=2 is above the pods' cpu limit"),
     ({"warmPool": {"size": 500}}, "spec.warmPool.size"),
 ])

@@ -11,13 +11,16 @@ import pytest
 
 from coderun.egress.credential import admin_bearer, verify
 from coderun.egress.rules import Rule
+from coderun_operator.builders.egress import EgressAccess, ProxyRoute, pinned
 from coderun_operator.controller import Controller
 from coderun_operator import proxy
 from coderun_operator.proxy import EgressProxy, ProxySettings
 from fake_k8s import FakeK8s
 from test_controller import NS, T0, Clock, frame_log, make_run, policy_object, submit, terminate
+from test_warm import runner_answer, start_pool, submit_and_wait
 
 KEY = b"s" * 32
+PROXY_IPS = {"proxy-a": "10.88.0.21", "proxy-b": "10.88.0.22"}
 PROXY_NS = "coderun-system"
 SELECTOR = {"app.kubernetes.io/component": "egress-proxy"}
 SETTINGS = ProxySettings(PROXY_NS, "coderun-egress-proxy", "coderun-egress-proxy-keys", "k1")
@@ -64,7 +67,7 @@ def env():
         "ports": [{"name": "proxy", "port": 3128, "targetPort": 3128}, {"name": "admin", "port": 3130,
                                                                          "targetPort": 3130}]}}
     api.objects[("Secret", PROXY_NS, "coderun-egress-proxy-keys")] = {"data": {"k1": base64.b64encode(KEY).decode()}}
-    for name, ip in (("proxy-a", "10.88.0.21"), ("proxy-b", "10.88.0.22")):
+    for name, ip in PROXY_IPS.items():
         api.objects[("Pod", PROXY_NS, name)] = proxy_pod(name, ip)
     ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, SETTINGS, transport=admin))
     ctl.on_policy(policy_object(**POLICY), deleted=False)
@@ -80,13 +83,17 @@ def program_env(api) -> dict:
     return json.loads(api.objects[("ConfigMap", NS, "demo-input")]["data"]["run.json"])["env"]
 
 
+def dialled(url: str) -> str:
+    return url.rpartition("@")[2]
+
+
 def test_the_program_gets_its_credential_and_its_network_policy_the_route_to_the_proxy(env):
     api = env[0]
     assert started(env)["status"]["phase"] == "Pending"
     variables = program_env(api)
     url = variables["HTTPS_PROXY"]
     assert url == variables["HTTP_PROXY"] == variables["https_proxy"] and url.startswith("http://uid-1:v1.k1.")
-    assert url.endswith("@10.96.0.50:3128") and variables["NO_PROXY"] == "localhost,127.0.0.1,::1"
+    assert variables["NO_PROXY"] == "localhost,127.0.0.1,::1"
     grant = verify(url.split(":", 2)[2].rsplit("@", 1)[0], {"k1": KEY}, T0.timestamp(), user="uid-1")
     assert (grant.run, grant.policy, grant.budget.requests) == (f"{NS}/demo", "default", 10)
     assert grant.rules == (Rule(host="pypi.pkgs.svc.cluster.local", ports=(443,)),
@@ -98,6 +105,70 @@ def test_the_program_gets_its_credential_and_its_network_policy_the_route_to_the
                           "ports": [{"protocol": "TCP", "port": 3128}]}
 
 
+def test_a_cold_run_dials_one_ready_proxy_pod_never_the_service_and_its_status_names_it(env):
+    api = env[0]
+    status = started(env)["status"]
+    pod = status["network"]["proxyPod"]
+    assert dialled(program_env(api)["HTTPS_PROXY"]) == f"{PROXY_IPS[pod]}:3128"  # the pod's own proxy port
+    assert all(dialled(program_env(api)[v]) == f"{PROXY_IPS[pod]}:3128" for v in ("HTTP_PROXY", "http_proxy"))
+    # The run's NetworkPolicy routes it to the proxy's pods by their labels: a pod's own address is what it allows.
+    route = api.objects[("NetworkPolicy", NS, "demo-deny")]["spec"]["egress"][-1]
+    assert route["to"][0]["podSelector"]["matchLabels"].items() <= api.objects[("Pod", PROXY_NS, pod)]["metadata"][
+        "labels"].items() and route["ports"] == [{"protocol": "TCP", "port": 3128}]
+    assert terminate(env[:3])["status"]["network"]["proxyPod"] == pod  # still named once the run has ended
+
+
+def test_a_not_ready_proxy_pod_is_never_chosen(env):
+    api, clock, ctl, _ = env
+    api.objects[("Pod", PROXY_NS, "proxy-a")] = proxy_pod("proxy-a", PROXY_IPS["proxy-a"], ready=False)
+    for i in range(8):
+        run = submit((api, clock, ctl), make_run(f"r{i}", f"uid-{i}"))
+        assert run["status"]["network"]["proxyPod"] == "proxy-b"
+        env_ = json.loads(api.objects[("ConfigMap", NS, f"r{i}-input")]["data"]["run.json"])["env"]
+        assert dialled(env_["HTTPS_PROXY"]) == "10.88.0.22:3128"
+
+
+def test_without_a_ready_proxy_pod_a_run_with_host_rules_cannot_start_and_says_why(env):
+    api = env[0]
+    api.objects[("Pod", PROXY_NS, "proxy-a")] = proxy_pod("proxy-a", PROXY_IPS["proxy-a"], ready=False)
+    api.objects.pop(("Pod", PROXY_NS, "proxy-b"))
+    status = started(env)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "StartFailed")
+    assert status["message"].startswith(f"no pod of the egress proxy (the pods behind Service {PROXY_NS}/"
+                                        "coderun-egress-proxy) is ready")
+    assert "the platform team must repair the egress proxy" in status["message"]
+    assert ("Pod", NS, "demo-sandbox") not in api.objects and ("ConfigMap", NS, "demo-input") not in api.objects
+
+
+def proxy_pods(*states):
+    pods = []
+    for i, state in enumerate(states):
+        pod = proxy_pod(f"proxy-{i}", f"10.88.1.{i}", ready=state != "not ready")
+        if state == "deleting":
+            pod["metadata"]["deletionTimestamp"] = "2026-11-22T10:00:00Z"
+        if state == "no address":
+            del pod["status"]["podIP"]
+        pods.append(pod)
+    return pods
+
+
+ACCESS = EgressAccess("k1", KEY, ProxyRoute(PROXY_NS, tuple(SELECTOR.items()), 3128))
+
+
+def test_the_choice_is_a_ready_pod_stable_for_a_run_and_spread_over_runs():
+    pods = proxy_pods("ready", "not ready", "deleting", "no address", "ready", "ready")
+    chosen = {uid: pinned(ACCESS, pods, uid).pod for uid in (f"uid-{i}" for i in range(300))}
+    assert set(chosen.values()) == {"proxy-0", "proxy-4", "proxy-5"}  # only ready pods, each given some runs
+    assert min(list(chosen.values()).count(p) for p in ("proxy-0", "proxy-4", "proxy-5")) > 60
+    for uid, pod in chosen.items():
+        assert pinned(ACCESS, list(reversed(pods)), uid).pod == pod  # whatever order the API lists them in
+        gone = "proxy-5" if pod == "proxy-0" else "proxy-0"
+        assert pinned(ACCESS, [p for p in pods if p["metadata"]["name"] != gone], uid).pod == pod  # another pod leaving moves no run pinned elsewhere
+    access = pinned(ACCESS, pods, "uid-1")
+    assert access.address == f"10.88.1.{access.pod.rsplit('-', 1)[1]}:3128" and access.key == KEY
+    assert pinned(ACCESS, proxy_pods("not ready", "deleting", "no address"), "uid-1") is None
+
+
 def test_a_start_retried_after_a_crash_mints_the_same_credential_and_finds_its_own_input(env):
     api, clock, ctl, _ = env
     started(env)
@@ -107,6 +178,19 @@ def test_a_start_retried_after_a_crash_mints_the_same_credential_and_finds_its_o
     clock.now = T0.replace(minute=7)
     ctl.on_run(api.get_run(NS, "demo"), deleted=False)
     assert api.run(NS, "demo")["status"]["podName"] == "demo-sandbox" and program_env(api) == before
+
+
+def test_a_start_retried_after_its_proxy_pod_stopped_being_ready_keeps_its_input(env):
+    api, clock, ctl, _ = env
+    pod = started(env)["status"]["network"]["proxyPod"]
+    before = program_env(api)
+    api.objects[("Pod", PROXY_NS, pod)] = proxy_pod(pod, PROXY_IPS[pod], ready=False)
+    api.objects.pop(("Pod", NS, "demo-sandbox"))
+    api.patch_run_status(NS, "demo", {"podName": None, "phase": None, "network": None})
+    ctl.on_run(api.get_run(NS, "demo"), deleted=False)
+    status = api.run(NS, "demo")["status"]
+    # Its own input, not a conflict: the run dials the pod it was given (its requests fail closed if it is gone).
+    assert status["podName"] == "demo-sandbox" and program_env(api) == before and "network" not in status
 
 
 def test_an_input_holding_another_credential_is_a_conflict(env):
@@ -280,3 +364,52 @@ def test_a_log_the_api_server_refuses_leaves_the_run_s_end_as_it_was(env):
     status = terminate(env[:3])["status"]
     assert status["reason"] == "Completed" and status["network"]["requests"] == 1
     assert "logConfigMap" not in status["network"]
+
+
+def pool_routes(api) -> dict:
+    return api.objects[("NetworkPolicy", NS, "coderun-pool-default")]
+
+
+def test_a_warm_pool_with_egress_routes_its_pods_from_their_start_and_its_run_gets_its_credential_with_the_input(env):
+    api, clock, ctl, admin = env
+    ctl.on_policy(policy_object(**POLICY, warmPool={"size": 1, "languages": ["python"]}), deleted=False)
+    (name,) = start_pool((api, clock, ctl))
+    # The pool's NetworkPolicy was there before its pod, selects it by the pool's label (which a claim keeps),
+    # and routes it exactly as a cold run of the policy is routed.
+    routes = pool_routes(api)
+    assert int(routes["metadata"]["resourceVersion"]) < int(api.objects[("Pod", NS, name)]["metadata"]["resourceVersion"])
+    selector = routes["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= api.objects[("Pod", NS, name)]["metadata"]["labels"].items()
+    api.attach_answers[name] = runner_answer()
+    status = submit_and_wait((api, clock, ctl), make_run())["status"]
+    assert (status["startMode"], status["phase"], status["podName"]) == ("Warm", "Succeeded", name)
+    cold = submit((api, clock, ctl), make_run("cold", "uid-2"))  # the pool is empty now: this one starts cold
+    assert cold["status"]["startMode"] == "Cold"
+    assert routes["spec"]["egress"] == api.objects[("NetworkPolicy", NS, "cold-deny")]["spec"]["egress"]
+    # Once its input was sent the warm run got its own NetworkPolicy too, owned by it, as the cold one has: its
+    # routes outlive whatever becomes of the pool's (the policy deleted, replaced or edited).
+    own = api.objects[("NetworkPolicy", NS, "demo-deny")]
+    assert own["spec"]["egress"] == routes["spec"]["egress"] and own["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # The credential came with the input on the pod's stdin, for this run only, and was revoked at its end.
+    document = json.loads(api.sent[name].split(b"\n", 1)[1])
+    url = json.loads(document["data"]["run.json"])["env"]["HTTPS_PROXY"]
+    assert dialled(url) == f"{PROXY_IPS[status['network']['proxyPod']]}:3128"  # pinned at the claim, as a cold run
+    grant = verify(url.split(":", 2)[2].rsplit("@", 1)[0], {"k1": KEY}, T0.timestamp(), user="uid-1")
+    assert grant.run == f"{NS}/demo" and grant.rules[0] == Rule(host="pypi.pkgs.svc.cluster.local", ports=(443,))
+    assert ("POST", "http://10.88.0.21:3130/runs/uid-1/revoke") in admin.asked
+
+
+def test_a_pool_whose_network_policy_name_is_taken_starts_no_pods(env):
+    api, clock, ctl, _ = env
+    api.objects[("NetworkPolicy", NS, "coderun-pool-default")] = {
+        "kind": "NetworkPolicy", "metadata": {"name": "coderun-pool-default", "namespace": NS},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}}  # someone's allow-all
+    ctl.on_policy(policy_object(**POLICY, warmPool={"size": 1}), deleted=False)
+    assert start_pool((api, clock, ctl)) == []
+
+
+def test_without_the_proxy_a_pool_for_host_rules_starts_no_pods():
+    api, clock = FakeK8s(), Clock()
+    ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, SETTINGS, transport=Admin()))  # no keys, no Service
+    ctl.on_policy(policy_object(**POLICY, warmPool={"size": 1}), deleted=False)
+    assert start_pool((api, clock, ctl)) == [] and ("NetworkPolicy", NS, "coderun-pool-default") not in api.objects

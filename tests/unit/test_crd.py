@@ -16,6 +16,8 @@ def _walk(schema, path="$"):
         yield from _walk(sub, f"{path}.{name}")
     if isinstance(schema.get("items"), dict):
         yield from _walk(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}{{}}")
 
 
 def test_committed_crds_match_models():
@@ -23,7 +25,8 @@ def test_committed_crds_match_models():
         assert (CRD_DIR / name).read_text() == crd.render(name), f"run `make crds` and commit crds/{name}"
 
 
-@pytest.mark.parametrize("generate", [crd.crd, crd.policy_crd], ids=["coderun", "coderunpolicy"])
+@pytest.mark.parametrize("generate", [crd.crd, crd.policy_crd, crd.session_crd],
+                         ids=["coderun", "coderunpolicy", "coderunsession"])
 def test_schema_is_structural(generate):
     schema = generate()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(schema):
@@ -43,6 +46,21 @@ def test_every_status_field_the_issue_names_is_declared():
     assert set(status["artifacts"]["items"]["properties"]) >= {"name", "size", "sha256", "configMap"}
 
 
+# The API server publishes these three itself, with ObjectMeta's and TypeMeta's descriptions.
+_SERVED_BY_THE_API_SERVER = {"$.apiVersion", "$.kind", "$.metadata"}
+
+
+@pytest.mark.parametrize("generate", [crd.crd, crd.policy_crd, crd.session_crd],
+                         ids=["coderun", "coderunpolicy", "coderunsession"])
+def test_kubectl_explain_describes_every_field(generate):
+    schema = generate()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    walked = list(_walk(schema))
+    assert any(path.startswith("$.status.conditions[].") for path, _ in walked) or "status" not in schema["properties"]
+    undescribed = [path for path, node in walked if path != "$" and path not in _SERVED_BY_THE_API_SERVER
+                   and not path.endswith("[]") and not path.endswith("{}") and not node.get("description")]
+    assert undescribed == [], "describe these fields in the models (Field(description=...)), then `make crds`"
+
+
 def test_spec_carries_cel_rules_and_printer_columns():
     version = crd.crd()["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -59,7 +77,7 @@ def test_spec_carries_cel_rules_and_printer_columns():
 def test_no_category_is_also_the_name_of_a_resource():
     """kubectl expands a category before it resolves a resource: a category spelled like a singular, plural or
     short name turns `kubectl get coderun NAME` into 'you must specify only one resource'."""
-    definitions = [crd.crd(), crd.policy_crd()]
+    definitions = [crd.crd(), crd.policy_crd(), crd.session_crd()]
     names = {n for d in definitions for n in (d["spec"]["names"]["singular"], d["spec"]["names"]["plural"],
                                               *d["spec"]["names"]["shortNames"], d["spec"]["names"]["kind"].lower())}
     categories = {c for d in definitions for c in d["spec"]["names"].get("categories", ())}
@@ -72,4 +90,4 @@ def test_committed_admission_policies_match_identity_py():
     assert (chart / crd.ADMISSION_POLICIES_TEMPLATE).read_text() == crd.render_admission_policies(chart=True)
     kinds = [d["kind"] for d in yaml.safe_load_all((CRD_DIR / crd.ADMISSION_POLICIES_FILE).read_text()) if d]
     assert kinds == ["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding"]
+                     "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]

@@ -1,5 +1,7 @@
 """`coderun-operator` embeds kopf with kopf.run (no rewritten sys.argv): this package's handlers, every namespace,
 standalone, the liveness endpoint, and kopf's logging flags."""
+import json
+import logging
 import sys
 
 import kopf
@@ -51,3 +53,32 @@ def test_with_the_operator_extra_installed_an_import_error_is_not_disguised_as_a
     monkeypatch.setitem(sys.modules, "coderun_operator.main", None)  # importing it raises ModuleNotFoundError
     with pytest.raises(ModuleNotFoundError):
         command.main()
+
+
+def test_a_standbys_lines_take_the_chosen_log_format_too(monkeypatch, capsys):
+    """With leader election (the chart's mode) the lines before kopf runs, a standby's waiting among them, are
+    JSON when --log-format json asks for it: a log pipeline parses every line of every replica."""
+    class Elector:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def acquire(self):
+            logging.getLogger("coderun.leader").info("waiting for the Lease")
+
+        renew_forever = release = lambda self: None
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # kopf.configure replaces them; restored after
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(kopf, "run", lambda **options: None)
+    monkeypatch.setattr(main.metrics, "serve", lambda *args, **kwargs: None)
+    monkeypatch.setattr(main.health, "serve", lambda *args: None)
+    monkeypatch.setattr(main.leader, "mark_own_pod", lambda *args, **kwargs: None)
+    monkeypatch.setattr(main.leader, "LeaderElector", Elector)
+    monkeypatch.setattr(main.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["coderun-operator", "--log-format", "json"])
+    for name, value in {"CODERUN_LEADER_ELECTION": "true", "POD_NAMESPACE": "coderun-system", "POD_NAME": "op-0"}.items():
+        monkeypatch.setenv(name, value)
+    main.main()
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["message"] for line in lines if line["message"].startswith("waiting")] == ["waiting for the Lease"]

@@ -259,3 +259,23 @@ def test_a_terminating_pod_keeps_its_policy_until_its_containers_end():
     terminating["status"]["containerStatuses"] = [{"name": "main", "state": {"terminated": {"exitCode": 0}}}]
     netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": terminating}, netpol.pod_entry)
     assert state.pods == {}
+
+
+def test_an_event_that_changes_nothing_the_rules_use_wakes_nobody():
+    state = netpol.State()
+    netpol.apply_event(state, state.pods, {"type": "ADDED", "object": raw_pod()}, netpol.pod_entry)
+    assert state.changed.is_set()
+    state.changed.clear()
+    ready = raw_pod()
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]  # a status update of the same pod
+    netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": ready}, netpol.pod_entry)
+    assert not state.changed.is_set()
+    netpol.apply_event(state, state.pods, {"type": "MODIFIED", "object": raw_pod(metadata__labels={"x": "z"})},
+                       netpol.pod_entry)
+    assert state.changed.is_set() and state.pods["a/p"]["metadata"]["labels"] == {"x": "z"}
+    state.changed.clear()
+    netpol.apply_event(state, state.pods, {"type": "DELETED", "object": raw_pod()}, netpol.pod_entry)
+    assert state.changed.is_set() and state.pods == {}
+    state.changed.clear()
+    netpol.apply_event(state, state.pods, {"type": "DELETED", "object": raw_pod()}, netpol.pod_entry)
+    assert not state.changed.is_set()  # gone already

@@ -8,8 +8,8 @@ from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.lifecycle import expiry_time, ttl_seconds
 from coderun_operator.results.frame import RunnerFrame
 from coderun_operator.policy.redact import Redactor
-from coderun_operator.results.status import (Outcome, outcome_from_frame, outcome_without_frame, set_condition,
-                                    terminal_status)
+from coderun_operator.results.status import (Outcome, outcome_from_frame, outcome_without_frame, running_status,
+                                             set_condition, terminal_status)
 
 NOW = datetime(2026, 11, 22, 10, 0, 5, tzinfo=timezone.utc)
 LIMITS = ResourceLimits(timeout_seconds=5, memory="256Mi", cpu="500m", disk="64Mi", output_bytes=65536)
@@ -94,6 +94,25 @@ def test_terminal_status_sets_conditions_and_total_time(run_body):
     assert "Complete" not in by_type
     assert status.metrics.total_millis == 3750 and status.completion_time == "2026-11-22T10:00:05.000Z"
     assert status.observed_generation == 1
+
+
+@pytest.mark.parametrize("phase, reason, ends_as", [("Succeeded", "Completed", "Complete"),
+                                                    ("Failed", "NonZeroExit", "Failed"),
+                                                    ("Failed", "Unschedulable", "Failed"),
+                                                    ("Rejected", "PolicyDenied", "Failed")])
+def test_every_terminal_phase_is_finished_for_kubectl_wait(run_body, phase, reason, ends_as):
+    """`kubectl wait --for=condition=Complete` hangs on a failed run; Finished is True on every outcome, with the
+    outcome's reason and message, beside Complete or Failed."""
+    body = run_body()
+    status = terminal_status(body, Outcome(phase, reason, f"it was {reason}"), NOW)
+    by_type = {c.type: c for c in status.conditions}
+    finished = by_type["Finished"]
+    assert (finished.status, finished.reason, finished.message) == ("True", reason, f"it was {reason}")
+    assert by_type[ends_as].status == "True" and not ({"Complete", "Failed"} - {ends_as}) & set(by_type)
+    assert "Finished" not in {c.type for c in running_status(body, NOW).conditions}  # only once it ended
+    body["status"] = status.model_dump(by_alias=True, exclude_none=True)  # written again later: the same moment
+    again = terminal_status(body, Outcome(phase, reason, f"it was {reason}"), NOW + timedelta(seconds=5))
+    assert {c.type: c for c in again.conditions}["Finished"].last_transition_time == finished.last_transition_time
 
 
 def test_terminal_status_leaves_the_outcome_and_the_run_as_they_were(run_body):

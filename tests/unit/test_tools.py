@@ -1,16 +1,16 @@
 """Tool schemas come from RunRequest, and render_result shows a model what it needs to act."""
-import asyncio
 import json
 
 import pytest
 from pydantic import ValidationError
 
-from coderun.client import PolicyDenied, RunRequest, RunTimeout
-from coderun.mcp_server import call_tool
+from coderun.client import RunRequest
 from coderun.client.result import result_from_object
 from coderun.tools import (anthropic_tools, input_schema, openai_tools, render_result, render_runtimes,
                            tool_description)
 from coderun.client.runtimes import offered_runtimes
+from coderun.tools.policy_schema import policy_input_schema
+from coderun.tools.structured import show_artifacts, sniff_image, to_read
 
 
 def _walk(node):
@@ -30,7 +30,7 @@ def test_openai_and_anthropic_definitions_share_one_schema_from_run_request():
     assert openai_run["function"]["parameters"] == anthropic_run["input_schema"] == input_schema(RunRequest)
     assert openai_run["function"]["description"] == anthropic_run["description"] == tool_description("run_code")
     schema = anthropic_run["input_schema"]
-    assert set(schema["properties"]) == set(RunRequest.model_fields)  # language, code, files, stdin, timeout
+    assert set(schema["properties"]) == set(RunRequest.model_fields)  # language, code, files, stdin, timeout, memory, cpu
     assert schema["required"] == ["code"]
     assert schema["properties"]["files"]["items"]["properties"].keys() == {"path", "content", "contentBase64"}
 
@@ -105,41 +105,42 @@ def test_runtimes_text_names_the_language_and_limits():
     assert lines[2] == "policy builtin-default; no network; approval Never"
 
 
-class FakeAsyncClient:
-    """Answers submit() with a scripted RunResult or exception, recording the requests."""
-    def __init__(self, outcome):
-        self.outcome, self.requests = outcome, []
-
-    async def submit(self, request):
-        self.requests.append(request)
-        if isinstance(self.outcome, Exception):
-            raise self.outcome
-        return self.outcome
-
-    async def runtimes(self):
-        return offered_runtimes()
+@pytest.mark.parametrize("data,mime", [
+    (b"\x89PNG\r\n\x1a\n" + b"\x00" * 8, "image/png"), (b"\xff\xd8\xff\xe0JFIF", "image/jpeg"),
+    (b"GIF89a\x01\x00", "image/gif"), (b"RIFF\x10\x00\x00\x00WEBPVP8 ", "image/webp"),
+    (b"RIFF\x10\x00\x00\x00WAVEfmt ", None), (b"\x89PNG", None), (b"plot.png", None),
+])
+def test_images_are_known_by_their_bytes(data, mime):
+    assert sniff_image(data) == mime
 
 
-def _call(client, name, arguments):
-    return asyncio.run(call_tool(client, name, arguments))
+def test_the_policy_shapes_the_run_code_schema_and_the_static_one_stays_apart():
+    static = input_schema(RunRequest)
+    policy = offered_runtimes()
+    shaped = policy_input_schema(static, policy)
+    assert shaped["properties"]["language"] == {**static["properties"]["language"],
+                                                "enum": ["javascript", "python"], "default": "python"}
+    assert (shaped["properties"]["timeout"]["default"], shaped["properties"]["timeout"]["maximum"]) == (5, 300)
+    assert shaped["properties"]["cpu"]["default"] == "1" and shaped["properties"]["cpu"]["description"] == \
+        "CPU for the program, e.g. 500m or 2: default 1, at most 2 (policy builtin-default)."
+    assert "enum" not in static["properties"]["language"] and static["properties"]["timeout"]["maximum"] == 3600
+    assert policy_input_schema(static, []) == static
 
 
-def test_mcp_run_code_validates_arguments_with_run_request():
-    client = FakeAsyncClient(_result(phase="Succeeded", reason="Completed", exitCode=0, stdout="1\n", stdoutBytes=2))
-    assert _call(client, "run_code", {"code": "print(1)", "timeout": 3}) == ("exit code 0 (Completed)\n"
-                                                                             "stdout (2 bytes):\n1", False)
-    assert client.requests[0].timeout == 3
-    text, is_error = _call(client, "run_code", {"code": "x", "timeout": 0})
-    assert is_error and text.startswith("invalid arguments: timeout: Input should be greater than or equal to 1")
-    assert _call(client, "nope", {})[1] is True
+def test_a_policy_maximum_above_the_api_bound_is_cut_to_it():
+    lenient = [r.model_copy(update={"maximum_limits": {**r.maximum_limits, "timeoutSeconds": 86400}})
+               for r in offered_runtimes()]
+    assert policy_input_schema(input_schema(RunRequest), lenient)["properties"]["timeout"]["maximum"] == 3600
 
 
-def test_mcp_marks_what_the_model_cannot_fix_as_errors():
-    denied = _result(phase="Rejected", reason="PolicyDenied", policyRule="runtimes", message="use one of: python")
-    assert _call(FakeAsyncClient(PolicyDenied(denied)), "run_code", {"code": "x"}) == (
-        "rejected (PolicyDenied, policy rule runtimes): use one of: python", True)
-    text, is_error = _call(FakeAsyncClient(RunTimeout("run-a", "ns", 2.0, None)), "run_code", {"code": "x"})
-    assert is_error and "did not finish in time" in text
-    failed = _result(phase="Failed", reason="NonZeroExit", exitCode=1, error={"type": "E", "message": "m", "line": 1})
-    assert _call(FakeAsyncClient(failed), "run_code", {"code": "boom()"}) == (
-        "exit code 1 (NonZeroExit)\nerror: E at line 1: m\nfailing line 1: boom()\n(no output)", False)
+def test_artifacts_past_the_bounds_are_listed_with_why():
+    artifacts = [{"name": f"a{i}.csv", "size": 10, "sha256": "x", "configMap": "c", "key": f"k{i}"} for i in range(8)]
+    result = _result(phase="Succeeded", reason="Completed", exitCode=0, artifacts=artifacts)
+    assert to_read(result) == [f"a{i}.csv" for i in range(6)]  # at most six are read
+    read = {"a0.csv": b"x,y\n", "a1.csv": b"1,2\n", "a2.csv": b"3,4\n", "a3.csv": "ConfigMap c: 403 forbidden",
+            "a4.csv": b"\x00\x01", "a5.csv": b"\xff\xfe"}  # the last two neither text nor image: listed
+    shown = show_artifacts(result, read)
+    assert [(name, mime) for name, mime, _ in shown.texts] == [("a0.csv", "text/csv"), ("a1.csv", "text/csv")]
+    why = {a.name: a.why_not_shown for a in shown.listing if a.shown == "listed"}
+    assert why == {"a2.csv": "more than 2 text files", "a3.csv": "could not be read: ConfigMap c: 403 forbidden",
+                   "a4.csv": None, "a5.csv": None, "a6.csv": "more than 6 artifacts", "a7.csv": "more than 6 artifacts"}

@@ -92,6 +92,9 @@ def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
     assert pool_pod["metadata"]["labels"]["coderun.io/sandbox"] == "true"  # the namespace deny-all selects it
     assert pool_pod["metadata"]["ownerReferences"][0]["uid"] == "policy-uid"  # goes with its policy
     assert ("NetworkPolicy", NS, "coderun-sandbox-default-deny") in api.objects
+    # The pool's own NetworkPolicy: a policy without egress routes its pods nowhere, like its cold runs.
+    routes = api.objects[("NetworkPolicy", NS, "coderun-pool-default")]
+    assert routes["spec"]["egress"] == [] and routes["metadata"]["ownerReferences"][0]["uid"] == "policy-uid"
 
 
 def test_a_run_that_fits_claims_a_warm_pod_and_its_streamed_frame_ends_it(env):
@@ -388,3 +391,37 @@ def test_a_refused_claim_starts_the_run_cold_not_as_an_operator_error(env):
     run = submit_and_wait(env, make_run())
     assert run["status"]["startMode"] == "Cold" and run["status"]["podName"] == "demo-sandbox"
     assert not ctl._failures
+
+
+def test_a_claimed_pod_of_a_pool_that_reserves_less_asks_for_its_whole_cpu_once_the_input_is_sent(env):
+    api, _, ctl = env
+    ctl.on_policy({**copy.deepcopy(POLICY), "spec": {"warmPool": {"size": 1, "languages": ["python"],
+                                                                  "cpuRequest": "10m"}}}, deleted=False)
+    (name,) = start_pool(env)
+    assert api.objects[("Pod", NS, name)]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "10m"
+    api.attach_answers[name] = runner_answer()
+    run = submit_and_wait(env, make_run())
+    assert run["status"]["phase"] == "Succeeded" and run["status"]["startMode"] == "Warm"
+    assert api.calls.index("resize_pod_cpu") > api.calls.index("attach")  # off the input's path
+    # A millicore under the pod's limit of 1: at the limit it would be Guaranteed, and a resize may not change
+    # the QoS class (the API server refuses it).
+    assert api.call_args[api.calls.index("resize_pod_cpu")] == (NS, name, "run", "999m")
+
+
+def test_a_refused_resize_costs_the_run_nothing_and_a_pool_reserving_its_limit_is_not_resized(env):
+    api, _, ctl = env
+    names = start_pool(env)  # POLICY reserves the limit: nothing to raise
+    api.attach_answers[names[0]] = runner_answer()
+    submit_and_wait(env, make_run())
+    assert "resize_pod_cpu" not in api.calls
+    ctl.on_policy({**copy.deepcopy(POLICY), "spec": {"warmPool": {"size": 1, "languages": ["python"],
+                                                                  "cpuRequest": "10m"}}}, deleted=False)
+    (name,) = [n for n in start_pool(env)
+               if api.objects[("Pod", NS, n)]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "10m"]
+
+    def infeasible(*args):
+        raise api.Refused("pod resize: Forbidden: pods/resize is not allowed")
+    api.fail["resize_pod_cpu"] = infeasible
+    api.attach_answers[name] = runner_answer()
+    run = submit_and_wait(env, make_run("second", "uid-2"))
+    assert (run["status"]["phase"], run["status"]["stdout"]) == ("Succeeded", "42\n")

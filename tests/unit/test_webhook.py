@@ -47,3 +47,12 @@ def test_nothing_is_allowed_before_the_policies_were_listed(ctl):
         webhook.review_run(new_run(limits={"memory": "1Gi"}), ctl, ALICE)
     del ctl.api.fail["list_policies"]
     assert "128Mi" in webhook.review_run(new_run(limits={"memory": "1Gi"}), ctl, ALICE)
+
+
+def test_a_run_in_a_session_is_left_to_the_sessions_policy():
+    """The namespace's `default` is not the session's policy (nor need it exist): the operator judges the run
+    under the session's when its turn comes."""
+    api = FakeK8s()
+    api.policies = [policy("data-science", sessions={"allowed": True}), policy("strict", admission="Enforce")]
+    assert webhook.review_run(new_run(session="s1", code="import os"), Controller(api=api), ALICE) is None
+    assert "default" in webhook.review_run(new_run(), Controller(api=api), ALICE)  # no default: a plain run is refused

@@ -1,15 +1,22 @@
 {{/* Names and labels shared by every object of the chart. */}}
 
+{{- define "coderun.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* 50 characters at most, so that the Services' names, suffixed (-egress-proxy), stay within 63. */}}
 {{- define "coderun.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else if contains (include "coderun.name" .) .Release.Name -}}
 {{- .Release.Name | trunc 50 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "coderun.name" .) | trunc 50 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "coderun.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "coderun.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
@@ -47,7 +54,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "coderun.egressProxy.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "coderun.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: egress-proxy
 {{- end -}}
@@ -74,6 +81,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (printf "%s-keys" (include "coderun.egressProxy.name" .)) .Values.egressProxy.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret whose entry `key` the operator and the audit agents share (docs/audit.md). */}}
+{{- define "coderun.audit.keySecret" -}}
+{{- default (printf "%s-audit-key" (include "coderun.fullname" .)) .Values.audit.existingSecret -}}
+{{- end -}}
+
 {{/* The cluster's ranges as CODERUN_*_CIDRS variables: the operator's and the proxy's protected ranges. */}}
 {{- define "coderun.clusterRangesEnv" -}}
 {{- range $variable, $cidrs := dict "CODERUN_POD_CIDRS" .Values.clusterNetwork.podCIDRs "CODERUN_SERVICE_CIDRS" .Values.clusterNetwork.serviceCIDRs "CODERUN_NODE_CIDRS" .Values.clusterNetwork.nodeCIDRs }}
@@ -91,4 +103,63 @@ allowPrivilegeEscalation: false
 privileged: false
 capabilities:
   drop: [ALL]
+{{- end -}}
+
+{{/*
+A pod template's labels and annotations: the component's selector labels, then the platform's own
+(podLabels, podAnnotations). A label the chart selects by, or one under coderun.io/ (the leader's label routes the
+webhook; the sandbox label opens the egress proxy), is refused rather than silently breaking a selector.
+Called with (dict "root" $ "selector" "coderun.selectorLabels" "values" .Values "path" "").
+*/}}
+{{- define "coderun.podMetadata" -}}
+{{- $selector := include .selector .root | fromYaml -}}
+labels:
+  {{- include .selector .root | nindent 2 }}
+  {{- range $key, $value := .values.podLabels }}
+  {{- if or (hasKey $selector $key) (hasPrefix "coderun.io/" $key) }}
+  {{- fail (printf "%spodLabels: the label %s is the chart's own (its selectors and the operator rely on it); use another key" $.path $key) }}
+  {{- end }}
+  {{ $key }}: {{ $value | quote }}
+  {{- end }}
+{{- with .values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+topologySpreadConstraints as given, each without a labelSelector selecting the component's own pods (the usual
+meaning: spread these replicas). Called with (dict "root" $ "selector" "coderun.selectorLabels" "constraints" ...).
+*/}}
+{{- define "coderun.topologySpreadConstraints" -}}
+{{- $selector := include .selector .root | fromYaml -}}
+{{- range .constraints }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" $selector) }}
+{{- end }}
+- {{- toYaml $constraint | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "coderun.auditAgent.name" -}}
+{{- printf "%s-audit-agent" (include "coderun.fullname" .) -}}
+{{- end -}}
+
+{{- define "coderun.auditAgent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "coderun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: audit-agent
+{{- end -}}
+
+{{- define "coderun.auditAgent.labels" -}}
+{{ include "coderun.auditAgent.selectorLabels" . }}
+app.kubernetes.io/part-of: coderun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "coderun.auditAgent.namespace" -}}
+{{- default (printf "%s-audit" .Release.Namespace) .Values.audit.namespace.name -}}
 {{- end -}}

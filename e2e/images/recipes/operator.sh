@@ -35,7 +35,7 @@ make_base_rootfs() {
     # The dependencies of the package and of its `operator` extra, as pyproject.toml states them.
     mapfile -t deps < <(python3 -c 'import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print(*project["dependencies"], *project["optional-dependencies"]["operator"], sep="\n")' "$REPO/pyproject.toml")
+print(*project["dependencies"], *project["optional-dependencies"]["operator"], *project["optional-dependencies"]["audit"], sep="\n")' "$REPO/pyproject.toml")
     [ "${#deps[@]}" -gt 0 ] || { echo "operator.sh: no dependencies read from pyproject.toml" >&2; return 1; }
     operator_chroot "$rootfs" python3 -m venv "$VENV"
     # Wheels only (there is no compiler in the image). Behind a TLS-intercepting proxy, the host's PIP_CERT
@@ -84,7 +84,9 @@ verify_operator_rootfs() {
     local rootfs=$1
     local as_operator=(chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i "PATH=$VENV/bin:/usr/bin:/bin"
         HOME=/tmp LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
-    verify_precompiled "${as_operator[@]}" "$VENV/bin/python" -- coderun_operator.handlers kopf re2 cryptography
+    verify_precompiled "${as_operator[@]}" "$VENV/bin/python" -- coderun_operator.handlers kopf re2 cryptography \
+        coderun.audit.agent
     "${as_operator[@]}" "$VENV/bin/coderun-operator" --help >/dev/null
-    echo "verified: coderun-operator --help runs as 65532" >&2
+    "${as_operator[@]}" "$VENV/bin/coderun-audit-agent" --help >/dev/null
+    echo "verified: coderun-operator --help and coderun-audit-agent --help run as 65532" >&2
 }

@@ -1,17 +1,19 @@
 """A run's way to the egress proxy: its credential in the program's environment, and the one route its
-NetworkPolicy opens (to the proxy's pods, on the proxy port). Pure: the proxy's address and the signing key come
-in an `EgressAccess` (proxy.py reads them from the Service and the Secret).
+NetworkPolicy opens (to the proxy's pods, on the proxy port). Pure: the route and the signing key come in an
+`EgressAccess` (proxy.py reads them from the Service and the Secret), and `pinned` picks the run's one proxy pod.
 
-The program has no DNS, so the proxy is dialled at its Service's address. Python (urllib, requests, pip) reads
+The program has no DNS, so the proxy is dialled at an address: the pod's own, never the Service's, so that one
+pod sees all of a run's requests and counts its budget (docs/egress.md, "Budgets"). Python (urllib, requests, pip) reads
 HTTP_PROXY/HTTPS_PROXY with the credential in them; Node's fetch and https ignore them before Node 24
 (NODE_USE_ENV_PROXY is set for a runtime that honours it; docs/egress.md says what Node 18 needs).
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping
 
 from coderun.api.models import EgressRule
 from coderun.egress.credential import Budget, CredentialRefused, Grant, mint, proxy_url, read_grant
@@ -32,11 +34,13 @@ class ProxyRoute:
 
 @dataclass(frozen=True)
 class EgressAccess:
-    """What a run needs of the proxy: its address as the program dials it, the key that signs credentials."""
-    address: str  # host:port of the Service
+    """What a run needs of the proxy: the key that signs credentials, the route to its pods and, once the run is
+    pinned (`pinned`), the one pod it dials."""
     key_id: str
     key: bytes
     route: ProxyRoute
+    pod: str | None = None  # the proxy pod's name (None: not known, a start retried after a crash kept its input's)
+    address: str | None = None  # host:port of that pod's proxy port, as the program dials it
 
 
 def uses_proxy(egress: tuple[EgressRule, ...] | list[EgressRule]) -> bool:
@@ -44,8 +48,26 @@ def uses_proxy(egress: tuple[EgressRule, ...] | list[EgressRule]) -> bool:
     return any(rule.host is not None for rule in egress)
 
 
-def service_address(cluster_ip: str, port: int) -> str:
-    return f"[{cluster_ip}]:{port}" if ipaddress.ip_address(cluster_ip).version == 6 else f"{cluster_ip}:{port}"
+def socket_address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
+def pinned(access: EgressAccess, pods: Iterable[Mapping[str, Any]], uid: str) -> EgressAccess | None:
+    """The run's one proxy pod among the ready ones (not being deleted, with an address), or None when there is
+    none. Rendezvous hashing: the pod whose sha256(run uid, pod name) is highest. It needs no state (every
+    operator replica, and a retried start, picks the same pod for the same ready pods), spreads runs evenly, and
+    a pod coming or going moves only the runs it wins or held, never one pinned to another pod."""
+    ready = [(pod["metadata"]["name"], pod["status"]["podIP"]) for pod in pods
+             if is_ready(pod) and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("podIP")]
+    if not ready:
+        return None
+    name, ip = max(ready, key=lambda pod: (hashlib.sha256(f"{uid}/{pod[0]}".encode()).digest(), pod[0]))
+    return replace(access, pod=name, address=socket_address(ip, access.route.port))
 
 
 def credential_expiry(decision: Decision, margin_seconds: int, now: float) -> int:
@@ -62,22 +84,28 @@ def grant(run: Mapping[str, Any], policy: Policy, expires: int) -> Grant:
 
 
 def run_environment(access: EgressAccess, run: Mapping[str, Any], policy: Policy, expires: int) -> dict[str, str]:
-    """The program's proxy settings, its credential inside them."""
+    """The program's proxy settings, its credential inside them, naming the pod it is pinned to."""
+    if access.address is None:
+        raise ValueError("a run's proxy settings name its pinned proxy pod (builders.egress.pinned)")
     url = proxy_url(access.address, mint(access.key_id, access.key, grant(run, policy, expires)), run["metadata"]["uid"])
     return {**{name: url for name in PROXY_VARIABLES}, "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY,
             "NODE_USE_ENV_PROXY": "1"}
 
 
-def minted_expiry(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mapping[str, Any]) -> int | None:
-    """The expiry of the credential in a run input this operator made earlier (it signed it, for this run), so a
-    start retried after a crash mints the same credential and finds its own input again; None for anything else."""
+def minted(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mapping[str, Any]) -> tuple[int, EgressAccess] | None:
+    """The credential's expiry and the access in a run input this operator made earlier (it signed the
+    credential, for this run), so a start retried after a crash mints the same credential for the same proxy pod and
+    finds its own input again; None for anything else. The pod's name is kept when it is still the one `access`
+    is pinned to; else it is not known (that pod may have gone: the run's requests then fail closed)."""
     try:
         env = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("env") or {}
-        token = str(env.get("HTTPS_PROXY") or "").rpartition("@")[0].partition("://")[2].partition(":")[2]
-        found = read_grant(token, {access.key_id: access.key})
+        userinfo, _, address = str(env.get("HTTPS_PROXY") or "").rpartition("@")
+        found = read_grant(userinfo.partition("://")[2].partition(":")[2], {access.key_id: access.key})
     except (ValueError, AttributeError, CredentialRefused):
         return None
-    return found.expires if found.uid == run["metadata"]["uid"] else None
+    if found.uid != run["metadata"]["uid"] or not address:
+        return None
+    return found.expires, replace(access, pod=access.pod if address == access.address else None, address=address)
 
 
 def proxy_egress_rule(route: ProxyRoute) -> dict[str, Any]:

@@ -8,6 +8,9 @@ LABEL_RUN = "coderun.io/run"
 LABEL_RUN_UID = "coderun.io/run-uid"
 LABEL_SANDBOX = "coderun.io/sandbox"
 MANAGER = "coderun"
+# A CodeRunSession's sandbox pod: the session (name, fitted to a label) and its uid, which routes the pod's events.
+LABEL_SESSION = "coderun.io/session"
+LABEL_SESSION_UID = "coderun.io/session-uid"
 # The sandbox pod's one container (the runner and the program under it).
 CONTAINER_NAME = "run"
 # On a sandbox pod: the policy it was built for.

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from kubernetes.utils import parse_quantity
 
 from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
-from ..policy import Decision
+from ..policy import Decision, Policy
 from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
                     LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
@@ -17,6 +17,7 @@ from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_
 
 INPUT_MOUNT = "/coderun/input"
 NETWORK_LOG_KEY = "requests.jsonl"
+AUDIT_RECORD_KEY = "audit.jsonl"
 TMP_MOUNT = "/tmp"
 # The runner package in every sandbox image (e2e/images/debian.sh, install_runner), run in isolated mode.
 RUNNER = ("python3", "-I", "/opt/coderun")
@@ -39,9 +40,9 @@ FLOOD_FACTOR = 16
 REDACTION_MARGIN_BYTES = 2048
 
 
-def owner_reference(run: Mapping[str, Any]) -> dict[str, Any]:
+def owner_reference(run: Mapping[str, Any], kind: str = KIND) -> dict[str, Any]:
     meta = run["metadata"]
-    return {"apiVersion": API_VERSION, "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+    return {"apiVersion": API_VERSION, "kind": kind, "name": meta["name"], "uid": meta["uid"],
             "controller": True, "blockOwnerDeletion": True}
 
 
@@ -117,15 +118,43 @@ def build_network_policy(run: Mapping[str, Any], egress: Sequence[EgressRule] = 
                          proxy: ProxyRoute | None = None) -> dict[str, Any]:
     """This run's pod: no ingress, and egress only to what its policy allows (nothing by default): its cidr
     rules, and the egress proxy's pods when it has host rules (the proxy decides which names)."""
-    routes = [_egress_rule(rule) for rule in egress if rule.cidr is not None]
-    if proxy is not None and uses_proxy(egress):
-        routes.append(proxy_egress_rule(proxy))
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": _child_metadata(run, "deny"),
         "spec": {"podSelector": {"matchLabels": {LABEL_RUN_UID: run["metadata"]["uid"]}},
-                 "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": routes},
+                 "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": _egress_routes(egress, proxy)},
     }
+
+
+def build_pool_network_policy(namespace: str, policy: Policy, proxy: ProxyRoute | None = None) -> dict[str, Any]:
+    """A policy's warm pool pods: the routes its runs get (`build_network_policy`), in force from each pod's
+    start, so a claimed pod's first request never waits on the CNI seeing new labels (a claim keeps the pool's
+    labels). A pod waits with the runner only, no program; the proxy still opens names only to a run's
+    credential, which arrives with its input."""
+    label = fit_name(policy.name)
+    metadata: dict[str, Any] = {"name": pool_network_policy_name(label), "namespace": namespace,
+                                "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_POOL: label}}
+    if policy.uid:  # it goes with the policy
+        metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy", "name": policy.name,
+                                        "uid": policy.uid}]
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+        "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: "true", LABEL_POOL: label}},
+                 "policyTypes": ["Ingress", "Egress"], "ingress": [],
+                 "egress": _egress_routes(policy.egress, proxy)},
+    }
+
+
+def pool_network_policy_name(policy_label: str) -> str:
+    return fit_name(f"coderun-pool-{policy_label}", 63)
+
+
+def _egress_routes(egress: Sequence[EgressRule], proxy: ProxyRoute | None) -> list[dict[str, Any]]:
+    """What a policy's runs may reach directly: its cidr rules, and the proxy's pods when it has host rules."""
+    routes = [_egress_rule(rule) for rule in egress if rule.cidr is not None]
+    if proxy is not None and uses_proxy(egress):
+        routes.append(proxy_egress_rule(proxy))
+    return routes
 
 
 def _egress_rule(rule: EgressRule) -> dict[str, Any]:
@@ -254,15 +283,27 @@ def claim_patch(run: Mapping[str, Any], pool_pod: Mapping[str, Any], deadline_se
 
 def warm_input(configmap: Mapping[str, Any], nonce: str) -> bytes:
     """The input ConfigMap's keys as a warm pod's runner reads them from stdin (runner.read_stdin_input)."""
-    body = json.dumps({"nonce": nonce, "data": configmap.get("data") or {},
-                       "binaryData": configmap.get("binaryData") or {}}, separators=(",", ":")).encode()
+    body = input_document(configmap, nonce)
     return b"%d\n" % len(body) + body
+
+
+def input_document(configmap: Mapping[str, Any], nonce: str, extra: Mapping[str, str] | None = None) -> bytes:
+    """The body of a document on a runner's stdin: the input ConfigMap's keys (and `extra` ones) with the nonce."""
+    data = {**(configmap.get("data") or {}), **dict(extra or {})}
+    return json.dumps({"nonce": nonce, "data": data, "binaryData": configmap.get("binaryData") or {}},
+                      separators=(",", ":")).encode()
 
 
 def build_network_log_configmap(run: Mapping[str, Any], jsonl: str) -> dict[str, Any]:
     """Every request the run made through the egress proxy, one JSON record a line, owned by the run."""
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _child_metadata(run, "egress-log"),
             "immutable": True, "data": {NETWORK_LOG_KEY: jsonl}}
+
+
+def build_audit_record_configmap(run: Mapping[str, Any], jsonl: str) -> dict[str, Any]:
+    """What the run's program touched, one gVisor trace point a line (docs/audit.md), owned by the run."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _child_metadata(run, "audit"),
+            "immutable": True, "data": {AUDIT_RECORD_KEY: jsonl}}
 
 
 def build_artifacts_configmap(run: Mapping[str, Any], contents: Mapping[str, bytes]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """A run's children in the API: the namespace's deny-all for sandboxes, the cold start's ConfigMap,
-NetworkPolicy and pod, and the ConfigMaps that hold the artifacts and the requests through the egress proxy. Created idempotently under deterministic
-names; a same-named object that is not this run's (builders/ownership.py) is never adopted."""
+NetworkPolicy and pod, and the ConfigMaps that hold the artifacts, the requests through the egress proxy and the
+audit agent's record. Created idempotently under deterministic names; a same-named object that is not this run's (builders/ownership.py) is never adopted."""
 from __future__ import annotations
 
 import base64
@@ -10,12 +10,12 @@ import logging
 from typing import Any, Mapping
 
 from coderun.api.models import CodeRunSpec
-from ..builders import (build_artifacts_configmap, build_input_configmap, build_namespace_network_policy,
-                        build_network_log_configmap, build_network_policy, build_pod)
-from ..builders.egress import EgressAccess, credential_expiry, minted_expiry, run_environment
+from ..builders import (build_artifacts_configmap, build_audit_record_configmap, build_input_configmap, build_namespace_network_policy,
+                        build_network_log_configmap, build_network_policy, build_pod, build_pool_network_policy)
+from ..builders.egress import EgressAccess, ProxyRoute, credential_expiry, minted, run_environment
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
-from ..policy import Decision
+from ..policy import Decision, Policy
 
 log = logging.getLogger("coderun")
 
@@ -23,7 +23,16 @@ log = logging.getLogger("coderun")
 def ensure_namespace_default_deny(api, namespace: str) -> str | None:
     """The namespace-wide deny-all for sandboxes, created or repaired on every admission (it may have been
     deleted or edited since); a same-named policy that is not coderun's is a conflict, never trusted."""
-    wanted = build_namespace_network_policy(namespace)
+    return _ensure_network_policy(api, build_namespace_network_policy(namespace))
+
+
+def ensure_pool_routes(api, namespace: str, policy: Policy, proxy: ProxyRoute | None) -> str | None:
+    """A warm pool's NetworkPolicy (its runs' routes), created or repaired before its pods are; a conflict as
+    above."""
+    return _ensure_network_policy(api, build_pool_network_policy(namespace, policy, proxy))
+
+
+def _ensure_network_policy(api, wanted: Mapping[str, Any]) -> str | None:
     existing = api.create_or_get(wanted)
     if existing is None:
         return None
@@ -35,18 +44,20 @@ def ensure_namespace_default_deny(api, namespace: str) -> str | None:
 
 
 def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
-                   egress: EgressAccess | None = None, now: float = 0) -> tuple[str, str | None]:
-    """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, and why the
-    sandbox cannot be created when a child's name is taken. With `egress` (a policy with host rules), the
-    program gets a credential for the egress proxy and its NetworkPolicy the route there. A refusal (a quota,
-    a namespace being deleted) raises `api.Refused`."""
+                   egress: EgressAccess | None = None, now: float = 0) -> tuple[str, str | None, str | None]:
+    """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, why the
+    sandbox cannot be created when a child's name is taken, and the proxy pod the run's input names. With
+    `egress` (a policy with host rules, pinned to a proxy pod), the program gets a credential for that pod and
+    its NetworkPolicy the route to the proxy's pods. A refusal (a quota, a namespace being deleted) raises
+    `api.Refused`."""
     uid = run["metadata"]["uid"]
     conflict = ensure_namespace_default_deny(api, run["metadata"]["namespace"])
-    configmap = _input(run, spec, decision, egress, now)
+    configmap = input_configmap(run, spec, decision, egress, now)
     existing = None if conflict else api.create_or_get(configmap)
-    expiry = minted_expiry(egress, run, existing) if egress is not None and existing is not None else None
-    if expiry is not None:  # a start retried after a crash: the credential minted then, so the input is the same
-        configmap = _input(run, spec, decision, egress, now, expiry)
+    found = minted(egress, run, existing) if egress is not None and existing is not None else None
+    if found is not None:  # a start retried after a crash: the credential and proxy pod of then, the same input
+        expiry, egress = found
+        configmap = input_configmap(run, spec, decision, egress, now, expiry)
     conflict = conflict or not_ours(existing, uid, configmap)
     pod = build_pod(run, decision, configmap["metadata"]["name"])
     network_policy = build_network_policy(run, decision.policy.egress, egress.route if egress else None)
@@ -54,11 +65,13 @@ def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Dec
         conflict = conflict or not_ours(api.create_or_get(child), uid, child)
         if conflict:
             break
-    return pod["metadata"]["name"], conflict
+    return pod["metadata"]["name"], conflict, egress.pod if egress else None
 
 
-def _input(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, egress: EgressAccess | None, now: float,
-           expiry: int | None = None) -> dict[str, Any]:
+def input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, egress: EgressAccess | None,
+                    now: float, expiry: int | None = None) -> dict[str, Any]:
+    """The run's input, cold (a ConfigMap) or warm (its keys on the pod's stdin); through the proxy, with the
+    credential it mints now (or minted at `expiry`)."""
     if egress is None:
         return build_input_configmap(run, spec, decision)
     expires = expiry or credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, now)
@@ -69,11 +82,20 @@ def store_network_log(api, run: Mapping[str, Any], jsonl: str) -> str | None:
     """The run's requests through the egress proxy in a ConfigMap owned by it; its name, or None when it cannot
     be stored (the name is taken by an object that is not this run's, a quota): the status then names no log,
     and the run ends as it would have."""
-    configmap = build_network_log_configmap(run, jsonl)
+    return _store_record(api, run, build_network_log_configmap(run, jsonl), "egress log")
+
+
+def store_audit_record(api, run: Mapping[str, Any], jsonl: str) -> str | None:
+    """What the run's program touched, the audit agent's record, in a ConfigMap owned by it; its name, or None
+    as for the egress log."""
+    return _store_record(api, run, build_audit_record_configmap(run, jsonl), "audit record")
+
+
+def _store_record(api, run: Mapping[str, Any], configmap: dict[str, Any], what: str) -> str | None:
     try:
         existing = api.create_or_get(configmap)
     except api.Refused as refused:
-        log.warning("run %s: its egress log was not stored: %s", run["metadata"]["name"], refused)
+        log.warning("run %s: its %s was not stored: %s", run["metadata"]["name"], what, refused)
         return None
     return None if not_ours(existing, run["metadata"]["uid"]) else configmap["metadata"]["name"]
 

@@ -40,15 +40,19 @@ from ..policy.load import InvalidPolicy, policy_from_object
 from ..policy.patterns import redactor
 from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
                              pick_reusable, reused_outcome)
-from ..proxy import EgressProxy, ProxyUnavailable
+from ..audit import AuditAgent
+from ..proxy import EgressProxy, ProxyUnavailable, access_for
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
+from .audit import audited
 from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
 from .identity import IdentityGuard, creator_may_use
+from .policy_status import PolicyStatusWriter
+from .session import HeldFrame, Sessions
 from .store import Store, is_terminal, owner_uid, resource_version
 from .warm import Claims, Refill
 from .warm.trust import incomplete_input, ran_this_claim
@@ -67,10 +71,12 @@ LOG_LIMIT_BYTES = 8 * 1024 * 1024
 
 class Controller:
     def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 proxy: EgressProxy | None = None):
+                 proxy: EgressProxy | None = None, audit: AuditAgent | None = None,
+                 own_namespace: str = "coderun-system"):
         self.api = api
         self.now = clock
         self.proxy = proxy  # the egress proxy, when the chart runs one (runs with host rules go through it)
+        self.audit = audit  # the node audit agents, when the chart installs them (docs/audit.md)
         self.store = Store()
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
@@ -83,10 +89,15 @@ class Controller:
         # namespaces where a run finished: their queued runs are looked at once no run lock is held
         self._freed: set[str] = set()
         self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
-        self.pool = Refill(api, self.store)
+        self.policy_status = PolicyStatusWriter(api, clock)
+        self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools)
         self.claims = Claims(api, self.store, self.writer, clock, self.pool.wake, self._streamed)
         self.identity = IdentityGuard(api, clock)
         self._policies_listing = threading.Lock()
+        # own_namespace: where the sessions' key Secret lives (the operator's namespace)
+        self.sessions = Sessions(api, self.store, self.writer, clock, own_namespace, self._session_streamed,
+                                 self._reconcile_runs, self._list_runs_once, self.identity.problem,
+                                 lambda obj: creator_may_use(api, self.identity, obj))
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -105,8 +116,13 @@ class Controller:
         self.store.put_run(run)
         self.reconcile(uid)
 
+    def on_session(self, session: Mapping[str, Any], deleted: bool) -> None:
+        self.sessions.on_session(session, deleted, self.ensure_policies_listed)
+
     def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         self._note_digest(pod)
+        if self.sessions.on_pod(pod, deleted, self.ensure_policies_listed):
+            return
         uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
         if uid is None:
             self.pool.on_pool_pod(pod, deleted)
@@ -121,6 +137,7 @@ class Controller:
         meta = policy["metadata"]
         if deleted:
             self.store.forget_policy(meta["namespace"], meta["name"], resource_version(policy))
+            self.policy_status.forget(meta["namespace"], meta["name"])
             return
         held = self.store.policies(meta["namespace"]).get(meta["name"])
         if getattr(held, "uid", None) == meta.get("uid") and \
@@ -132,6 +149,7 @@ class Controller:
             log.warning("policy %s/%s cannot be applied: %s", meta["namespace"], meta["name"], e)
             loaded = InvalidPolicyMark(str(e))
         self.store.put_policy(meta["namespace"], meta["name"], loaded, resource_version(policy))
+        self.policy_status.accepted(policy, loaded.message if isinstance(loaded, InvalidPolicyMark) else None)
 
     def ensure_policies_listed(self) -> None:
         """List every CodeRunPolicy once before the first admission or webhook answer after a start (or a leader
@@ -159,6 +177,8 @@ class Controller:
             run = self.store.run(uid)
             if run is not None:
                 self._guarded(uid, run, lambda: self._expire(run))
+        self.sessions.tick(self.ensure_policies_listed)
+        self.policy_status.flush()
 
     def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
         """What a warm pod's session hands back (from its thread): no input sent (None), or the stream's frame."""
@@ -166,6 +186,29 @@ class Controller:
             self._with_run(uid, lambda run: self._go_cold(run, pod_name, "the warm pod could not be attached"))
         else:
             self._with_run(uid, lambda run: self._collect_streamed(run, pod_name, text, nonce))
+
+    def _session_streamed(self, uid: str, pod_name: str, sent: bool, text: str, nonce: str) -> None:
+        """What a session run's stream brought back (from its thread): its frame, through the finish a warm or
+        cold run's goes through; or why it has none."""
+        def step(run: dict[str, Any]) -> None:
+            result = self.sessions.streamed(run, sent, text, nonce)
+            if isinstance(result, HeldFrame):
+                self._finish_session_frame(run, result)
+            elif isinstance(result, Outcome):
+                self._finish(run, result)
+        self._with_run(uid, step)
+        run = self.store.run(uid)
+        if run is not None:
+            self.sessions.after_run(run, self.ensure_policies_listed)
+
+    def _finish_session_frame(self, run: Mapping[str, Any], held: HeldFrame) -> None:
+        """A session run's frame through the finish every run's goes through; then the session lets it go."""
+        self._finish_from_frame(run, self.sessions.sandbox_of(run), held.frame, oom_killed=held.oom_killed)
+        self.sessions.finished(run)
+
+    def _reconcile_runs(self, uids: list[str]) -> None:
+        for uid in uids:
+            self.reconcile(uid)
 
     # ------------------------------------------------------------------ reconcile
     def reconcile(self, uid: str, pod_event_deleted: bool = False) -> None:
@@ -187,6 +230,13 @@ class Controller:
             if pod is not None and not pod["metadata"].get("deletionTimestamp"):
                 self.api.delete_pod(run["metadata"]["namespace"], pod["metadata"]["name"])
             self.writer.schedule_expiry(run)
+            return
+        if (run.get("spec") or {}).get("session"):
+            outcome = self.sessions.step_run(run)
+            if isinstance(outcome, HeldFrame):
+                self._finish_session_frame(run, outcome)
+            elif outcome is not None:
+                self._finish(run, outcome)
             return
         if not (run.get("status") or {}).get("podName"):
             self._admit(run)
@@ -268,18 +318,14 @@ class Controller:
 
     def _slot_free(self, run: Mapping[str, Any], decision: Decision) -> bool:
         """Runs of the same policy with a sandbox, plus those queued before this one, against maxConcurrentRuns:
-        waiting runs start in creation order."""
+        waiting runs start in creation order. Runs in a session are not counted: they wait in their session's
+        own queue, in its pod."""
         meta, policy = run["metadata"], decision.policy
-        if meta["namespace"] not in self.store.listed_namespaces:
-            # Once per namespace after a start: the watch may not have delivered every run yet (a restart, a
-            # burst), and a run the count misses would break the cap or the order.
-            for listed in self.api.list_runs(meta["namespace"]):
-                self.store.put_run(listed)
-            self.store.listed_namespaces.add(meta["namespace"])
+        self._list_runs_once(meta["namespace"])
         ahead = 0
         for other in self.store.unfinished_in(meta["namespace"]):
             status = other.get("status") or {}
-            if other["metadata"]["uid"] == meta["uid"]:
+            if other["metadata"]["uid"] == meta["uid"] or (other.get("spec") or {}).get("session"):
                 continue
             if not status and _created_before(other, run):
                 ahead += 1  # created earlier, not looked at yet (events of a burst arrive in any order): it goes first
@@ -294,6 +340,14 @@ class Controller:
                    f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
                    "this one starts when a slot frees, in creation order")  # no position: a write per finish
         return False
+
+    def _list_runs_once(self, namespace: str) -> None:
+        """Once per namespace after a start: the watch may not have delivered every run yet (a restart, a burst),
+        and a run the count or a session's queue misses would break the cap or the order."""
+        if namespace not in self.store.listed_namespaces:
+            for listed in self.api.list_runs(namespace):
+                self.store.put_run(listed)
+            self.store.listed_namespaces.add(namespace)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision, reason: str, message: str) -> None:
         """Pending with the decision recorded; written only when something changed (the tick comes back often)."""
@@ -332,25 +386,28 @@ class Controller:
 
     # ------------------------------------------------------------------ start
     def _start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None) -> None:
-        if self.claims.try_start(run, spec, decision, key):
-            return
-        try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
-            egress = self.proxy.access() if self.proxy and uses_proxy(decision.policy.egress) else None
-            pod_name, conflict = create_sandbox(self.api, run, spec, decision, egress, self.now().timestamp())
-        except self.api.Refused as refused:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota "
-                                            "or admission policy must allow the sandbox", decision_fields(decision)))
-            return
+        try:
+            egress = access_for(self.proxy, decision.policy.egress, run["metadata"]["uid"])
         except ProxyUnavailable as e:
             self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy "
                                             f"{decision.policy.name!r} reach their spec.egress names through it, so "
                                             "this one cannot start: the platform team must repair the egress proxy",
                                             decision_fields(decision)))
             return
+        if self.claims.try_start(run, spec, decision, key, egress):
+            return
+        try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
+            pod_name, conflict, proxy_pod = create_sandbox(self.api, run, spec, decision, egress,
+                                                           self.now().timestamp())
+        except self.api.Refused as refused:
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota "
+                                            "or admission policy must allow the sandbox", decision_fields(decision)))
+            return
         if conflict:
             self.writer.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
             return
-        status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.COLD, self.now())
+        status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.COLD, self.now(),
+                                proxy_pod=proxy_pod)
         if self.writer.write(run, status) is not None:
             self.writer.event(run, "Normal", Reason.POD_CREATED, f"sandbox pod {pod_name} created")
 
@@ -431,7 +488,8 @@ class Controller:
 
     def _finish_from_frame(self, run: Mapping[str, Any], pod: Mapping[str, Any], frame: RunnerFrame | FrameError,
                            oom_killed: bool) -> None:
-        """Store artifacts, write the status, delete the pod, in that order (a crash in between is repaired)."""
+        """Store artifacts and the audit record, write the status, delete the pod, in that order (a crash in between
+        is repaired)."""
         meta, status = run["metadata"], run.get("status") or {}
         ns, pod_name = meta["namespace"], pod["metadata"]["name"]
         if isinstance(frame, RunnerFrame) and status.get("startMode") == StartMode.WARM:
@@ -445,6 +503,7 @@ class Controller:
         spec, decision = self._decide(run)
         policy = decision.policy if isinstance(decision, Decision) else None
         effective = decision.limits if isinstance(decision, Decision) else None
+        redact = redactor(policy, self.store.policies(ns))
         if isinstance(frame, FrameError):
             outcome = eviction(pod, effective) or outcome_without_frame(str(frame), frame.truncated,
                                                                           container_status(pod), effective)
@@ -453,22 +512,26 @@ class Controller:
                 artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
             except ArtifactsConflict as e:
                 artifacts, skipped, conflict = [], [], e
-            outcome = outcome_from_frame(spec, frame, redactor(policy, self.store.policies(ns)), oom_killed,
+            outcome = outcome_from_frame(spec, frame, redact, oom_killed,
                                          effective, parse_time(status.get("startTime")), artifacts,
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:
                 outcome.phase, outcome.reason, outcome.message = Phase.FAILED, Reason.NAME_CONFLICT, str(conflict)
+        outcome = audited(self.api, self.audit, run, pod, outcome, redact)
         image = image_with_digest(pod, status.get("image") or "")
         outcome.fields["image"] = image
         outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
-        key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec else None
+        in_session = status.get("startMode") == StartMode.SESSION  # its result depends on the runs before it
+        key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec and \
+            not in_session else None
         outcome.fields["cacheKey"] = key
         written = self._finish(run, outcome)
         if key and written and is_reusable(written):
             labelled = self.api.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
             if labelled is not None:
                 self.store.put_run(labelled)
-        self.api.delete_pod(ns, pod_name)
+        if not in_session:  # the session's pod is the session's, for its next run
+            self.api.delete_pod(ns, pod_name)
 
     def _finish(self, run: Mapping[str, Any], outcome: Outcome) -> dict[str, Any] | None:
         """The end of a run that had a sandbox: through the egress proxy, its credential revoked and its requests
@@ -489,7 +552,8 @@ class Controller:
         records = merged(answers)
         text, truncated = log_text(records)
         log_name = store_network_log(self.api, run, text) if records else None
-        summary = summarise(answers, complete, log_name, truncated)
+        summary = summarise(answers, complete, log_name, truncated,
+                            ((run.get("status") or {}).get("network") or {}).get("proxyPod"))
         return with_network(outcome, summary, decision.policy.egress_budget, decision.policy.name)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -501,8 +565,10 @@ class Controller:
                 namespace = self._freed.pop()
             except KeyError:
                 return
+            # (a session's queued runs wait for their session, not for a slot: its after_run moves them)
             waiting = [r for r in self.store.unfinished_in(namespace)
-                       if (r.get("status") or {}).get("reason") == Reason.QUEUED]
+                       if (r.get("status") or {}).get("reason") == Reason.QUEUED and not (r.get("spec") or {}).get(
+                           "session")]
             full: set[str] = set()  # policies whose oldest waiting run found no slot: the younger ones wait too
             for run in sorted(waiting, key=_creation_order):
                 policy = run["status"].get("policy")

@@ -40,8 +40,9 @@ def is_terminal(run: Mapping[str, Any]) -> bool:
 
 
 _KEPT_METADATA = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "generation")
-_KEPT_SPEC = ("policyRef", "ttlSecondsAfterFinished")  # the expiry's
-_KEPT_STATUS = ("phase", "reason", "completionTime", "podName", "cacheKey", "cachedFrom")  # the cache's, the pod's
+_KEPT_SPEC = ("policyRef", "ttlSecondsAfterFinished", "session")  # the expiry's, the session's
+# the cache's, the pod's, and a session's (its runs' count and its idle clock)
+_KEPT_STATUS = ("phase", "reason", "startTime", "completionTime", "podName", "startMode", "cacheKey", "cachedFrom")
 
 
 def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,6 +142,12 @@ class Store:
             found = [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
                      and (r.get("status") or {}).get("cacheKey") == cache_key and is_terminal(r)]
         return iter(found)
+
+    def finished_runs_of(self, namespace: str, session: str) -> list[dict[str, Any]]:
+        """Finished runs of a namespace that named this CodeRunSession (as projections)."""
+        with self._lock:
+            return [r for r in self._runs.values() if r["metadata"].get("namespace") == namespace
+                    and (r.get("spec") or {}).get("session") == session and is_terminal(r)]
 
     # ---- policies
     def put_policy(self, namespace: str, name: str, policy: Any, version: int | None = None) -> None:

@@ -8,7 +8,7 @@ import logging
 from datetime import datetime
 from typing import Any, Callable, Mapping
 
-from coderun.api.models import CodeRunStatus
+from coderun.api.models import ApiModel, CodeRunStatus
 from coderun.api.reasons import Phase
 from coderun.api.text import one_line
 from .. import metrics
@@ -20,7 +20,7 @@ from .store import Store
 log = logging.getLogger("coderun")
 
 
-def to_wire(status: CodeRunStatus) -> dict[str, Any]:
+def to_wire(status: ApiModel) -> dict[str, Any]:
     """The status as the API server takes it: camelCase, only the fields that were set (a field set to None
     stays, as null, to clear a stale value)."""
     return status.model_dump(by_alias=True, exclude_unset=True, mode="json")

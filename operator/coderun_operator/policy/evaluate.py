@@ -8,7 +8,7 @@ from kubernetes.utils import parse_quantity
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Reason
-from coderun.api.models import ResourceLimits
+from coderun.api.models import Limits, ResourceLimits
 from coderun.api.coderunpolicy import NAMESPACE_DEFAULT_POLICY
 from coderun.api.policy import DEFAULT_POLICY, Decision, Denial, Policy
 from .approval import shown_identity
@@ -32,6 +32,21 @@ def first_above(asked: ResourceLimits, maximums: ResourceLimits) -> tuple[str, o
     return None
 
 
+def effective_limits(asked: Limits | None, policy: Policy) -> ResourceLimits | Denial:
+    """The limits asked for, the policy's defaults where unset, or the refusal of the first above its maximum
+    (a run's, and a session's for its sandbox)."""
+    given = asked.model_dump() if asked else {}
+    effective = ResourceLimits(**{name: getattr(policy.defaults, name) if given.get(name) is None else given[name]
+                                  for name in ResourceLimits.model_fields})
+    above = first_above(effective, policy.maximums)
+    if above:
+        wire, value, maximum = above
+        return Denial(Reason.POLICY_DENIED, f"maximums.{wire}",
+                      f"spec.limits.{wire}={value} is above the maximum {maximum} of policy "
+                      f"{policy.name!r}; ask for at most {maximum}")
+    return effective
+
+
 def evaluate(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
     """The policy's verdict; a refusal names the policy and its digest, like an admission does."""
     verdict = _verdict(spec, policy)
@@ -50,15 +65,9 @@ def _verdict(spec: CodeRunSpec, policy: Policy) -> Decision | Denial:
     if any(f.path == runtime.code_file for f in spec.files or ()):
         return Denial(Reason.INVALID_SPEC, "files",
                       f"spec.files must not use the path {runtime.code_file!r}: the code itself is written there")
-    asked = spec.limits.model_dump() if spec.limits else {}
-    effective = ResourceLimits(**{name: getattr(policy.defaults, name) if asked.get(name) is None else asked[name]
-                                  for name in ResourceLimits.model_fields})
-    above = first_above(effective, policy.maximums)
-    if above:
-        wire, value, maximum = above
-        return Denial(Reason.POLICY_DENIED, f"maximums.{wire}",
-                      f"spec.limits.{wire}={value} is above the maximum {maximum} of policy "
-                      f"{policy.name!r}; ask for at most {maximum}")
+    effective = effective_limits(spec.limits, policy)
+    if isinstance(effective, Denial):
+        return effective
     ttl = spec.ttl_seconds_after_finished
     if ttl is not None and ttl > policy.max_ttl_seconds_after_finished:
         return Denial(Reason.POLICY_DENIED, "maxTtlSecondsAfterFinished",

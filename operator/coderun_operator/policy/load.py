@@ -37,8 +37,6 @@ def policy_from_object(obj: Mapping[str, Any], proxy_enabled: bool = PROXY_ENABL
     if request and parse_quantity(request) > parse_quantity(policy.defaults.cpu):
         raise InvalidPolicy(f"spec.warmPool.cpuRequest={request} is above the pods' cpu limit, spec.defaults.cpu="
                             f"{policy.defaults.cpu}; lower cpuRequest or raise the default")
-    if policy.warm_pool_size and policy.egress:  # CEL refuses it at apply; a policy from elsewhere may not be
-        raise InvalidPolicy("spec.warmPool: a warm pool cannot serve a policy with egress; remove one of them")
     if policy.ttl_seconds_after_finished > policy.max_ttl_seconds_after_finished:
         raise InvalidPolicy(f"spec.ttlSecondsAfterFinished={policy.ttl_seconds_after_finished} is above "
                             f"spec.maxTtlSecondsAfterFinished={policy.max_ttl_seconds_after_finished}; lower the "

@@ -82,6 +82,15 @@ def _cut_lists(status: dict[str, Any], keep: int) -> None:
         status["artifactsSkipped"] = status["artifactsSkipped"][:keep]
     if status.get("error"):
         status["error"] = {**status["error"], "message": status["error"].get("message", "")[:1024]}
+    if status.get("audit"):  # its lists as the bound leaves them; what goes is counted in its omitted
+        audit = status["audit"] = dict(status["audit"])
+        omitted = dict(audit.get("omitted") or {})
+        for name in ("filesRead", "filesWritten", "connectAttempts", "socketsOpened", "processes"):
+            if len(audit.get(name) or ()) > keep:
+                omitted[name] = omitted.get(name, 0) + len(audit[name]) - keep
+                audit[name] = audit[name][:keep]
+        if omitted:
+            audit["omitted"] = omitted
     for condition in status.get("conditions") or ():
         condition["message"] = condition.get("message", "")[:512]
 

@@ -43,9 +43,9 @@ def merged(answers: Sequence[PodAnswer]) -> list[dict]:
 
 
 def summarise(answers: Sequence[PodAnswer], complete: bool, log_config_map: str | None = None,
-              log_truncated: bool = False) -> dict[str, Any]:
+              log_truncated: bool = False, proxy_pod: str | None = None) -> dict[str, Any]:
     """status.network: the counts are the pods' own (they count what they could not keep), the destinations
-    come from the records they kept."""
+    come from the records they kept; the proxy pod the run was pinned to stays named."""
     hosts: dict[tuple[str, int | None], dict[str, Any]] = {}
     allowed = denied = 0
     for record in merged(answers):
@@ -70,7 +70,7 @@ def summarise(answers: Sequence[PodAnswer], complete: bool, log_config_map: str 
                   for (host, port), entry in ranked[:MAX_NETWORK_HOSTS]] or None,
         "hostsOmitted": max(0, len(ranked) - MAX_NETWORK_HOSTS) or None,
         "dropped": dropped or None, "complete": complete, "logConfigMap": log_config_map,
-        "logTruncated": log_truncated or None,
+        "logTruncated": log_truncated or None, "proxyPod": proxy_pod,
     }
     return {k: v for k, v in summary.items() if v is not None}
 
@@ -89,7 +89,7 @@ def log_text(records: Sequence[dict]) -> tuple[str, bool]:
 
 def budget_message(network: dict[str, Any], budget: EgressBudget | None, policy: str) -> str | None:
     """Why the run spent its egress budget, or None: a request the proxy refused for it, or counts beyond it
-    (replicas count apart, so together they may let a run go over before any refuses it)."""
+    (a request counts when it ends, so the last one allowed may go over)."""
     if budget is None:
         return None
     refused = any(h.get("reason") == BUDGET_EXCEEDED for h in network.get("hosts") or ())

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from coderun.api.models import CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
+from coderun.api.coderunpolicy import CodeRunPolicyStatus
+from coderun.api.models import CREATED_AT_ANNOTATION, CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
 from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
+from coderun.api.text import one_line
 from coderun.sandbox.runner.protocol import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
 from .frame import RunnerFrame
@@ -39,7 +41,7 @@ def parse_time(value: object) -> datetime | None:
 def created_at(run: Mapping[str, Any]) -> datetime | None:
     """When the run was created: the client's millisecond annotation if set, else the API's (seconds)."""
     meta = run["metadata"]
-    return parse_time((meta.get("annotations") or {}).get("coderun.io/created-at")) or \
+    return parse_time((meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)) or \
         parse_time(meta.get("creationTimestamp"))
 
 
@@ -93,8 +95,10 @@ def _kept_metrics(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, cache_key: str | None,
-                   start_mode: str, now: datetime, message: str | None = None) -> CodeRunStatus:
-    """Admitted and given a sandbox pod (created cold, or a warm one claimed): Pending, naming the pod."""
+                   start_mode: str, now: datetime, message: str | None = None,
+                   proxy_pod: str | None = None) -> CodeRunStatus:
+    """Admitted and given a sandbox pod (created cold, or a warm one claimed): Pending, naming the pod and the
+    egress proxy pod the run is pinned to, if any."""
     status = {
         "phase": Phase.PENDING, "reason": Reason.POD_CREATED,
         "message": message or f"sandbox pod {pod_name} created; waiting for it to start",
@@ -104,6 +108,8 @@ def started_status(run: Mapping[str, Any], decision: Decision, pod_name: str, ha
     }
     if cache_key:
         status["cacheKey"] = cache_key
+    if proxy_pod:
+        status["network"] = {"proxyPod": proxy_pod}
     return CodeRunStatus.model_validate(status)
 
 
@@ -166,6 +172,7 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
     succeeded = outcome.phase == Phase.SUCCEEDED
     conditions = set_condition(conditions, ConditionType.COMPLETE if succeeded else ConditionType.FAILED, True,
                                outcome.reason, outcome.message, gen, now)
+    conditions = set_condition(conditions, ConditionType.FINISHED, True, outcome.reason, outcome.message, gen, now)
     validation = outcome.fields.get("validation")
     if validation is not None:
         conditions = set_condition(conditions, ConditionType.OUTPUT_VALID, validation["valid"],
@@ -178,6 +185,25 @@ def terminal_status(run: Mapping[str, Any], outcome: Outcome, now: datetime) -> 
         **fields, "phase": outcome.phase, "reason": outcome.reason, "message": outcome.message,
         "metrics": {k: v for k, v in metrics.items() if v is not None},
         "completionTime": rfc3339(now), "observedGeneration": gen, "conditions": conditions})
+
+
+def policy_accepted_status(policy: Mapping[str, Any], refusal: str | None, now: datetime) -> CodeRunPolicyStatus | None:
+    """A CodeRunPolicy's Accepted condition as the operator loaded it (`refusal`: why it cannot apply it), or None
+    when its status says so already (no write)."""
+    status, generation = policy.get("status") or {}, policy["metadata"].get("generation")
+    accepted = refusal is None
+    reason = Reason.ACCEPTED if accepted else Reason.INVALID_POLICY
+    # escaped as the writer would escape it, so the comparison below sees what the status holds
+    message = "the operator applies this policy to the runs that select it" if accepted else \
+        one_line(f"runs that select this policy are refused until it is fixed: {refusal}")
+    held = next((c for c in status.get("conditions") or () if c.get("type") == ConditionType.ACCEPTED), {})
+    if (held.get("status"), held.get("reason"), held.get("message"), held.get("observedGeneration"),
+            status.get("observedGeneration")) == ("True" if accepted else "False", reason, message, generation,
+                                                   generation):
+        return None
+    conditions = set_condition(status.get("conditions"), ConditionType.ACCEPTED, accepted, reason, message,
+                               generation, now)
+    return CodeRunPolicyStatus.model_validate({"observedGeneration": generation, "conditions": conditions})
 
 
 _FAILURE_HINTS = {

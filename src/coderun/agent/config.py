@@ -18,11 +18,13 @@ class AgentConfig:
     run_timeout_seconds: int = 30         # the program's own limit per run
     breaker_threshold: int = 3            # consecutive platform failures that open the circuit
     breaker_cooldown_seconds: float = 60.0
+    session: bool = False                 # a task's attempts in one CodeRunSession (its policy must allow it)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "AgentConfig":
         """CODERUN_AGENT_MODEL (required), CODERUN_AGENT_BASE_URL, CODERUN_AGENT_API_KEY, and optional
-        CODERUN_AGENT_MAX_ATTEMPTS / _EXECUTION_BUDGET_SECONDS / _TOKEN_BUDGET."""
+        CODERUN_AGENT_MAX_ATTEMPTS / _EXECUTION_BUDGET_SECONDS / _TOKEN_BUDGET, and CODERUN_AGENT_SESSION=1 to run
+        a task's attempts in one session."""
         env = os.environ if env is None else env
         model = overrides.pop("model", None) or env.get("CODERUN_AGENT_MODEL")
         if not model:
@@ -31,5 +33,7 @@ class AgentConfig:
         numbers = {"max_attempts": int, "execution_budget_seconds": float, "token_budget": int}
         from_env = {name: kind(env[f"CODERUN_AGENT_{name.upper()}"]) for name, kind in numbers.items()
                     if f"CODERUN_AGENT_{name.upper()}" in env}
+        if "CODERUN_AGENT_SESSION" in env:
+            from_env["session"] = env["CODERUN_AGENT_SESSION"].strip().lower() in ("1", "true", "yes")
         return cls(model=model, base_url=env.get("CODERUN_AGENT_BASE_URL") or None,
                    api_key=env.get("CODERUN_AGENT_API_KEY") or "unused", **{**from_env, **overrides})

@@ -4,6 +4,10 @@ The model is any OpenAI-compatible chat endpoint (the `openai` client library); 
 coderun SDK. Each failed run goes back to the model as a tool result plus a retry prompt carrying the
 structured error and the failing line. The loop stops on an answer, after max_attempts runs, when the token or
 execution-time budget is spent, or when the circuit breaker says the sandbox itself is failing.
+
+With `session` (AgentConfig, CODERUN_AGENT_SESSION=1) a task's attempts run in one CodeRunSession (a sandbox kept
+for the task: no pod start per attempt), deleted when the task ends. A session that cannot start (the namespace's
+policy allows none) or that ends mid-task costs nothing but the fallback: the attempts go on as plain runs.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
 
-from ..client import CodeRunError, RunRejected, RunRequest, RunResult, RunTimeout, file_input
+from ..client import CodeRunError, RunRejected, RunRequest, RunResult, RunTimeout, SessionEnded, file_input
 from ..client.errors import describe_invalid
 from ..tools import RUN_CODE, openai_tools, render_result
 from . import prompts
@@ -66,6 +70,7 @@ class Agent:
                  clock: Callable[[], float] = time.monotonic):
         self.runner, self.llm, self.config, self.clock = runner, llm, config, clock
         self.breaker = breaker or CircuitBreaker(config.breaker_threshold, config.breaker_cooldown_seconds, clock)
+        self._session: Any = None  # the task's CodeRunSession while solve() runs with config.session
 
     @classmethod
     def from_env(cls, runner: Any, **overrides: Any) -> "Agent":
@@ -74,6 +79,24 @@ class Agent:
         return cls(runner, OpenAI(base_url=config.base_url, api_key=config.api_key), config)
 
     def solve(self, task: str, files: Mapping[str, str | bytes] | None = None) -> AgentResult:
+        self._session = self._open_session() if self.config.session else None
+        try:
+            return self._solve(task, files)
+        finally:
+            session, self._session = self._session, None
+            if session is not None:
+                try:
+                    session.delete()
+                except CodeRunError:
+                    pass  # its idle timeout ends it
+
+    def _open_session(self) -> Any:
+        try:
+            return self.runner.session(idle_timeout=max(60, int(self.config.execution_budget_seconds)))
+        except CodeRunError:
+            return None  # the attempts run as plain runs
+
+    def _solve(self, task: str, files: Mapping[str, str | bytes] | None) -> AgentResult:
         outcome = AgentResult(status=GAVE_UP)
         input_files = [file_input(path, content) for path, content in (files or {}).items()]
         messages: list[dict[str, Any]] = [
@@ -160,7 +183,7 @@ class Agent:
         started = self.clock()
         result, problem, refused = None, None, False
         try:
-            result = self.runner.submit(request, wait_timeout=remaining, labels={"coderun.io/agent": "reference"})
+            result = self._submit(request, remaining)
         except RunRejected as e:
             result = e.result
             if result is None:  # refused at creation: the message says what to change, as a Rejected status would
@@ -174,6 +197,19 @@ class Agent:
         else:
             self.breaker.record_success()
         return result, problem, seconds
+
+
+    def _submit(self, request: RunRequest, wait_timeout: float) -> RunResult:
+        """In the task's session when there is one of the request's language, else as a run of its own; a session
+        that ended (or never started: its policy allows none) is dropped and the attempt runs on its own."""
+        labels = {"coderun.io/agent": "reference"}
+        session = self._session
+        if session is not None and request.language == session.language and not (request.memory or request.cpu):
+            try:
+                return session.submit(request, wait_timeout=wait_timeout, labels=labels)
+            except SessionEnded:
+                self._session = None
+        return self.runner.submit(request, wait_timeout=wait_timeout, labels=labels)
 
 
 def _assistant_message(reply: Any) -> dict[str, Any]:

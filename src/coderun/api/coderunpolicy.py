@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ..egress.credential import EGRESS_BUDGET, egress_weight
 
-from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, EgressBudget, EgressRule,
-                     Limits, ResourceLimits, Runtime, _cel, _quantity_range)
+from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, Condition, EgressBudget,
+                     EgressRule, Limits, ResourceLimits, Runtime, _cel, _quantity_range)
 
 POLICY_KIND = "CodeRunPolicy"
 POLICY_PLURAL = "coderunpolicies"
@@ -74,7 +74,29 @@ class WarmPool(ApiModel):
     cpu_request: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
         "CPU each waiting pod reserves on its node; its limit stays the policy's default cpu. Unset: the limit "
         "(Guaranteed, like a cold pod). Lower it to keep many pods on few nodes: a claimed pod then gets its full "
-        "CPU only while the node has it spare."), json_schema_extra=_quantity_range("10m", "64", "100m"))
+        "CPU share only once its in-place resize to the limit fits the node (pods/resize; until then, what it "
+        "reserved)."), json_schema_extra=_quantity_range("10m", "64", "100m"))
+
+
+class Sessions(ApiModel):
+    """Whether runs of this policy may share a sandbox as a CodeRunSession, and how much. Off unless set: a
+    session keeps a pod (its memory, its CPU) for as long as it lives, and lets one program's files (and, with
+    keepState, its variables) reach the caller's next program."""
+    allowed: bool = Field(False, description=(
+        "Let CodeRunSessions select this policy. False (the default): a session naming it ends at once, "
+        "reason PolicyDenied, and a policy changed to false ends its sessions (PolicyRemoved)."))
+    max_sessions: int | None = Field(None, ge=1, le=1000, description=(
+        "Sessions of this policy alive at once in the namespace (each holds a pod); a session beyond it ends "
+        "at once, reason PolicyDenied. Unset: no cap beyond the namespace's quota."))
+    max_lifetime_seconds: int = Field(3600, ge=60, le=86400, description=(
+        "The longest spec.maxLifetimeSeconds a session may ask for (default 3600); a session asking more gets "
+        "this, and its status.expiresAt says so."))
+    max_idle_timeout_seconds: int = Field(1800, ge=10, le=86400, description=(
+        "The longest spec.idleTimeoutSeconds a session may ask for (default 1800); a session asking more gets "
+        "this."))
+    allow_keep_state: bool = Field(True, description=(
+        "Let sessions set keepState: true (one interpreter for all their runs, so variables persist). False: "
+        "such a session ends at once, reason PolicyDenied; sessions with keepState false still keep files."))
 
 
 class CodeRunPolicySpec(ApiModel):
@@ -89,9 +111,6 @@ class CodeRunPolicySpec(ApiModel):
              f"{list(UNSANDBOXED_RUNTIME_CLASSES)})",
              "runtimeClassName runc runs generated code without a sandbox: set allowUnsandboxedRuntime: true "
              "only if you mean it", ".runtimes"),
-        _cel("!has(self.warmPool) || self.warmPool.size == 0 || !has(self.egress) || size(self.egress) == 0",
-             "a warm pool cannot serve a policy with egress (its pods start with no network at all): remove "
-             "warmPool or egress", ".warmPool"),
     ]})
     description: str | None = Field(None, max_length=1024, description="What this policy is for.")
     runtimes: list[Runtime] | None = Field(None, max_length=32, description=(
@@ -131,6 +150,8 @@ class CodeRunPolicySpec(ApiModel):
     allow_unsandboxed_runtime: bool = Field(False, description=(
         "Allow runtimeClassName runc: generated code then runs on the host kernel. For trusted code only."))
     warm_pool: WarmPool | None = None
+    sessions: Sessions | None = Field(None, description=(
+        "CodeRunSessions of this policy: allowed or not, how many, how long. Unset: no sessions."))
 
     @field_validator("egress")
     @classmethod
@@ -141,6 +162,22 @@ class CodeRunPolicySpec(ApiModel):
         return egress
 
 
+class WarmPoolStatus(ApiModel):
+    """How the policy's warm pool stands, every language together."""
+    size: int = Field(description="Pods the pool keeps waiting: warmPool.size for each of its languages.")
+    ready: int = Field(description="Pods waiting ready to be claimed now.")
+
+
+class CodeRunPolicyStatus(ApiModel):
+    """Whether the operator applies the policy, and how its warm pool stands. Only the operator writes it."""
+    observed_generation: int | None = Field(None, description="The metadata.generation this status was written for.")
+    conditions: list[Condition] | None = Field(None, description=(
+        "Accepted: True when the operator applies the policy to the runs that select it; False when it cannot "
+        "(the message says what to change), and those runs are refused."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    warm_pool: WarmPoolStatus | None = Field(None, description="The warm pool, for a policy that has one.")
+
+
 class CodeRunPolicy(ApiModel):
     """A policy for CodeRuns in its namespace: which languages, how much, what code, which network."""
     model_config = ConfigDict(extra="ignore")
@@ -148,6 +185,7 @@ class CodeRunPolicy(ApiModel):
     kind: str = POLICY_KIND
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: CodeRunPolicySpec
+    status: CodeRunPolicyStatus | None = None
 
 
 def spec_digest(spec: dict[str, Any]) -> str:

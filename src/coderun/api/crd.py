@@ -1,4 +1,4 @@
-"""Generates the CodeRun and CodeRunPolicy CRDs from the pydantic models: `python -m coderun.api.crd crds`.
+"""Generates the CodeRun, CodeRunPolicy and CodeRunSession CRDs from the pydantic models: `python -m coderun.api.crd crds`.
 
 The API server wants a *structural* schema: no $ref, no anyOf for optional fields, no additionalProperties
 beside properties. This module turns pydantic's JSON Schema into that form and adds the CRD envelope.
@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from . import coderunpolicy, identity, models
+from . import coderunpolicy, coderunsession, identity, models
 from .schema import resolve
 
 # `kubectl get coderun-all` lists CodeRuns and CodeRunPolicies. kubectl expands a category before it resolves a
@@ -62,6 +62,11 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 
 POLICY_PRINTER_COLUMNS = [
+    {"name": "Accepted", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Accepted\")].status",
+     "description": "True when the operator applies the policy; False: see the Accepted condition's message"},
+    {"name": "Warm-Ready", "type": "integer", "jsonPath": ".status.warmPool.ready",
+     "description": "Warm pool pods ready to be claimed"},
+    {"name": "Warm-Size", "type": "integer", "jsonPath": ".status.warmPool.size", "priority": 1},
     {"name": "Admission", "type": "string", "jsonPath": ".spec.admission"},
     {"name": "Max-Concurrent", "type": "integer", "jsonPath": ".spec.maxConcurrentRuns"},
     {"name": "Approval", "type": "string", "jsonPath": ".spec.approval.required"},
@@ -111,14 +116,33 @@ def crd() -> dict[str, Any]:
 
 def policy_crd() -> dict[str, Any]:
     return _crd(coderunpolicy.POLICY_KIND, coderunpolicy.POLICY_PLURAL, coderunpolicy.POLICY_SHORT_NAME,
-                openapi_schema(coderunpolicy.CodeRunPolicy, coderunpolicy.CodeRunPolicySpec, None),
-                POLICY_PRINTER_COLUMNS, False)
+                openapi_schema(coderunpolicy.CodeRunPolicy, coderunpolicy.CodeRunPolicySpec,
+                               coderunpolicy.CodeRunPolicyStatus), POLICY_PRINTER_COLUMNS, True)
+
+
+SESSION_PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
+    {"name": "Runs", "type": "integer", "jsonPath": ".status.runsDone", "description": "Runs ended in the session"},
+    {"name": "Keep-State", "type": "boolean", "jsonPath": ".spec.keepState"},
+    {"name": "Expires", "type": "string", "jsonPath": ".status.expiresAt", "priority": 1},
+    {"name": "Pod", "type": "string", "jsonPath": ".status.podName", "priority": 1},
+    {"name": "Creator", "type": "string", "jsonPath": ".status.creator", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def session_crd() -> dict[str, Any]:
+    return _crd(coderunsession.SESSION_KIND, coderunsession.SESSION_PLURAL, coderunsession.SESSION_SHORT_NAME,
+                openapi_schema(coderunsession.CodeRunSession, coderunsession.CodeRunSessionSpec,
+                               coderunsession.CodeRunSessionStatus), SESSION_PRINTER_COLUMNS, True)
 
 
 # file name under crds/ -> (generator, the module its models live in)
 CRDS = {
     "coderun.io_coderuns.yaml": (crd, "src/coderun/api/models.py"),
     "coderun.io_coderunpolicies.yaml": (policy_crd, "src/coderun/api/coderunpolicy.py"),
+    "coderun.io_coderunsessions.yaml": (session_crd, "src/coderun/api/coderunsession.py"),
 }
 
 

@@ -1,6 +1,6 @@
 """Who created a run and who approved it, as the API server knows them: never a string the caller chose.
 
-Two admission policies run inside the API server itself (no webhook that can be down):
+Three admission policies run inside the API server itself (no webhook that can be down):
 
 - the MutatingAdmissionPolicy `identity.coderun.io` stamps coderun.io/created-by (and -groups) with the
   requester's identity on CREATE, over whatever the caller wrote, and rewrites a newly set approved-by or
@@ -9,7 +9,12 @@ Two admission policies run inside the API server itself (no webhook that can be 
 - the ValidatingAdmissionPolicy `approval.coderun.io` refuses what the mutation cannot make true: a verdict at
   creation, a changed creator, a verdict that is not the requester's own name or from someone without the RBAC
   verb `approve` on coderuns, and a verdict changed once given (a self-approval, which does not count, may be
-  replaced by another approver).
+  replaced by another approver);
+- the ValidatingAdmissionPolicy `session.coderun.io` refuses a CodeRun naming a CodeRunSession that another
+  identity created, or that has ended (docs/sessions.md): the sessions are its parameters.
+
+The first two cover CodeRunSessions too: a session's creator is recorded the same way, and is the one identity
+whose runs may use it.
 
 The operator trusts these annotations only while the ValidatingAdmissionPolicy and its binding are installed
 (it checks). `python -m coderun.api.crd` writes them to crds/ (what `make up-host` applies) and to the chart.
@@ -18,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import GROUP, PLURAL
+from .coderunsession import SESSION_KIND, SESSION_PLURAL
+from .models import API_VERSION, GROUP, PLURAL
 
 CREATED_BY = f"{GROUP}/created-by"
 CREATED_BY_GROUPS = f"{GROUP}/created-by-groups"  # newline-separated; groups containing a newline are left out
@@ -29,10 +35,13 @@ USE_VERB = "use"  # on coderunpolicies/<name>: needed to name a policy other tha
 
 APPROVAL_POLICY = "approval.coderun.io"
 IDENTITY_POLICY = "identity.coderun.io"
+SESSION_POLICY = "session.coderun.io"
 ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 
+# Runs and sessions: the API server records who created each, and keeps it (a session's creator is the one
+# identity whose runs may use it). The verdict rules have nothing to act on for a session: nobody approves one.
 _MATCH = {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-                             "resources": [PLURAL]}]}
+                             "resources": [PLURAL, SESSION_PLURAL]}]}
 _GROUPS = "request.userInfo.groups.filter(g, !g.contains('\\n')).join('\\n')"
 
 
@@ -139,6 +148,41 @@ def identity_policy() -> dict[str, Any]:
                      "variables": variables, "mutations": mutations}}
 
 
+def session_policy() -> dict[str, Any]:
+    """A CodeRun naming a session (spec.session) is refused at creation unless the requester created that session
+    and it has not ended. CEL cannot fetch the session, so the sessions are the policy's parameters: the binding
+    selects every CodeRunSession of the run's namespace, the rules are evaluated once per session, and only the
+    one the run names can refuse it. No session at all (or not the one named, or one the API server has not seen
+    yet) lets the run through: the operator then refuses it (SessionNotFound), and checks the creator again
+    before any run starts (the backstop)."""
+    named = "params.metadata.name == object.spec.session"
+    creator = _annotation("params", CREATED_BY)
+    validations = [
+        _rule(f"!variables.named || (variables.sessionCreator != '' && variables.sessionCreator == "
+              "request.userInfo.username)", "session-creator",
+              message_expression="'CodeRunSession ' + object.spec.session + ' was created by another identity: only "
+              "its creator may run in it; create a session of your own (rule session-creator)'"),
+        _rule("!variables.named || !has(params.status) || !has(params.status.phase) || params.status.phase != "
+              "'Ended'", "session-ended",
+              message_expression="'CodeRunSession ' + object.spec.session + ' has ended (' + "
+              "(has(params.status.reason) ? params.status.reason : 'no reason given') + '): create a new session "
+              "(rule session-ended)'"),
+    ]
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": SESSION_POLICY, "labels": {"app.kubernetes.io/part-of": "coderun"}},
+            # Ignore, not Fail: when the API server cannot resolve the paramKind (seen right after the CRDs were
+            # applied again) a Fail policy refuses every CodeRun, session or not; the operator's backstop still
+            # refuses another identity's run in a session before it starts (SessionForbidden).
+            "spec": {"failurePolicy": "Ignore", "paramKind": {"apiVersion": API_VERSION, "kind": SESSION_KIND},
+                     # CREATE only: a run's later updates (finalizers, approvals) must not fail once its session ended.
+                     "matchConstraints": {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": ["*"],
+                                                             "operations": ["CREATE"], "resources": [PLURAL]}]},
+                     "matchConditions": [{"name": "names-a-session", "expression": "has(object.spec.session)"}],
+                     "variables": [{"name": "named", "expression": named},
+                                   {"name": "sessionCreator", "expression": creator}],
+                     "validations": validations}}
+
+
 def _binding(kind: str, name: str, **spec: Any) -> dict[str, Any]:
     return {"apiVersion": ADMISSION_API_VERSION, "kind": f"{kind}Binding",
             "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "coderun"}},
@@ -147,7 +191,11 @@ def _binding(kind: str, name: str, **spec: Any) -> dict[str, Any]:
 
 def admission_policies() -> list[dict[str, Any]]:
     return [identity_policy(), _binding("MutatingAdmissionPolicy", IDENTITY_POLICY),
-            approval_policy(), _binding("ValidatingAdmissionPolicy", APPROVAL_POLICY, validationActions=["Deny"])]
+            approval_policy(), _binding("ValidatingAdmissionPolicy", APPROVAL_POLICY, validationActions=["Deny"]),
+            session_policy(), _binding("ValidatingAdmissionPolicy", SESSION_POLICY, validationActions=["Deny"],
+                                       # No namespace: the run's own. Allow: a namespace without sessions (and
+                                       # every run without spec.session in it) must not be refused for it.
+                                       paramRef={"selector": {}, "parameterNotFoundAction": "Allow"})]
 
 
 def binding_enforces(binding: dict[str, Any] | None) -> bool:

@@ -20,6 +20,8 @@ from ..egress.rules import HOST_PATTERN, MAX_NAME_LENGTH, Rule, valid_host_rule
 from .reasons import Phase
 
 GROUP = "coderun.io"
+# The millisecond the client created a run (the SDK and the CLI write it): creationTimestamp has seconds only.
+CREATED_AT_ANNOTATION = "coderun.io/created-at"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "CodeRun"
@@ -35,6 +37,13 @@ MAX_INPUT_TOTAL_CHARS = 768 * 1024  # code + stdin + files must fit one ConfigMa
 MAX_OUTPUT_BYTES = 256 * 1024       # per stream, so the status stays far below etcd's 1.5 MiB object limit
 
 LANGUAGE_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+# A CodeRunSession's name as a run names it: a DNS-1123 subdomain (what the API server allows as an object name).
+SESSION_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+MAX_SESSION_NAME_CHARS = 253
+SESSION_NO_POLICY_REF = "a run in a session takes the session's policy: remove spec.policyRef"
+SESSION_NO_POD_LIMITS = ("a run in a session shares the session's pod: set memory, cpu and disk on the "
+                         "CodeRunSession; a run may set only limits.timeoutSeconds and limits.outputBytes")
+SESSION_NO_CACHE = "the cache does not apply to runs in a session (their result depends on the session's state)"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|Ki|Mi|Gi)?$"
 
 
@@ -81,11 +90,12 @@ class ResourceLimits(Limits):
     """Limits with every field set: a policy's defaults and maximums, and a run's effective limits. The one
     shape of limits everywhere (spec, policy, status, SDK), so no conversion can drop or misspell one."""
     model_config = ConfigDict(frozen=True)
-    timeout_seconds: int
-    memory: str
-    cpu: str
-    disk: str
-    output_bytes: int
+    # Required here, described as in Limits (a redeclared field keeps nothing of the parent's).
+    timeout_seconds: int = Field(description=Limits.model_fields["timeout_seconds"].description)
+    memory: str = Field(description=Limits.model_fields["memory"].description)
+    cpu: str = Field(description=Limits.model_fields["cpu"].description)
+    disk: str = Field(description=Limits.model_fields["disk"].description)
+    output_bytes: int = Field(description=Limits.model_fields["output_bytes"].description)
 
 
 class FileInput(ApiModel):
@@ -138,6 +148,11 @@ class CodeRunSpec(ApiModel):
              "self.files.map(f, has(f.content) ? size(f.content) : size(f.contentBase64)).sum() : 0)"
              f" <= {MAX_INPUT_TOTAL_CHARS}",
              f"code, stdin and files together must stay under {MAX_INPUT_TOTAL_CHARS // 1024} KiB"),
+            _cel("!has(self.session) || !has(self.policyRef)", SESSION_NO_POLICY_REF, ".policyRef"),
+        _cel("!has(self.session) || !has(self.limits) || (!has(self.limits.memory) && !has(self.limits.cpu) && "
+             "!has(self.limits.disk))", SESSION_NO_POD_LIMITS, ".limits"),
+        _cel("!has(self.session) || !has(self.cache) || !has(self.cache.enabled) || !self.cache.enabled",
+             SESSION_NO_CACHE, ".cache"),
     ]})
     language: str = Field(pattern=LANGUAGE_PATTERN, description=(
         "The runtime to use, e.g. python. The policy maps it to an image and command."))
@@ -155,6 +170,26 @@ class CodeRunSpec(ApiModel):
     cache: CacheSpec | None = Field(None, description="Optional reuse of an identical earlier result.")
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
         "Delete the CodeRun this many seconds after it finished (default from the policy)."))
+    session: str | None = Field(None, min_length=1, max_length=MAX_SESSION_NAME_CHARS, pattern=SESSION_NAME_PATTERN,
+                                description=(
+        "Run in this CodeRunSession's sandbox (same namespace), after the session's earlier runs, one at a time: "
+        "files in the working directory stay from run to run, and with the session's keepState so do the "
+        "interpreter's variables. Only the identity that created the session may name it. The session's policy "
+        "and pod limits apply (policyRef, and limits other than timeoutSeconds and outputBytes, must be unset); "
+        "the cache does not."))
+
+    @model_validator(mode="after")
+    def _session_rules(self) -> "CodeRunSpec":
+        # The same rules as the CEL above, so the SDK and the webhook say it before the API server does.
+        if self.session is not None:
+            if self.policy_ref is not None:
+                raise ValueError(SESSION_NO_POLICY_REF)
+            if self.limits is not None and any(v is not None for v in (self.limits.memory, self.limits.cpu,
+                                                                           self.limits.disk)):
+                raise ValueError(SESSION_NO_POD_LIMITS)
+            if self.cache is not None and self.cache.enabled:
+                raise ValueError(SESSION_NO_CACHE)
+        return self
 
 
 IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:@-]*$"
@@ -264,16 +299,19 @@ class DecisionRecord(ApiModel):
     policy: str = Field(description="The CodeRunPolicy that applied, or builtin-default.")
     policy_digest: str = Field(description="sha256 of that policy's spec, for audit.")
     runtime: Runtime
-    limits: ResourceLimits
-    egress: list[EgressRule] | None = Field(None, max_length=64)
+    limits: ResourceLimits = Field(description="The limits the run got: its own, else the policy's defaults.")
+    egress: list[EgressRule] | None = Field(None, max_length=64, description=(
+        "The destinations the run may reach (the policy's egress); unset: none."))
     egress_budget: EgressBudget | None = None
-    redaction_patterns: list[str] | None = Field(None, max_length=64)
-    max_processes: int
-    max_inodes: int
-    ttl_seconds_after_finished: int
-    approval_required: bool = False
-    allow_self_approval: bool = False
-    max_concurrent_runs: int | None = None
+    redaction_patterns: list[str] | None = Field(None, max_length=64, description=(
+        "The policy's own redaction patterns (RE2), applied to the output besides the built-in ones."))
+    max_processes: int = Field(description="The most processes the program may have at once.")
+    max_inodes: int = Field(description="The most files and directories the program may create under /tmp.")
+    ttl_seconds_after_finished: int = Field(description="Seconds the finished run is kept before it is deleted.")
+    approval_required: bool = Field(False, description="The run waited for a person's approval before it started.")
+    allow_self_approval: bool = Field(False, description="The run's creator could approve it.")
+    max_concurrent_runs: int | None = Field(None, description=(
+        "Runs of the policy with a sandbox at once in the namespace; more wait Queued. Unset: no cap."))
 
 
 class ApprovalRecord(ApiModel):
@@ -313,12 +351,14 @@ class Artifact(ApiModel):
 
 
 class SkippedArtifact(ApiModel):
-    name: str
+    """An output file that was not kept as an artifact, and why."""
+    name: str = Field(description="Path relative to the output directory.")
     why: str = Field(description="symlink, not-a-regular-file, too-large, too-many, total-too-large or corrupt "
                                  "(its bytes did not match the size and sha256 the runner reported).")
 
 
 class Validation(ApiModel):
+    """The output checked against spec.expect."""
     valid: bool = Field(description="Whether the output met spec.expect.")
     errors: list[str] = Field(default_factory=list, description="What did not match, one line each.")
 
@@ -355,16 +395,143 @@ class NetworkStatus(ApiModel):
         "False when a proxy replica could not be asked when the run ended: its requests are missing here."))
     log_config_map: str | None = Field(None, description="The ConfigMap with every request's record (requests.jsonl).")
     log_truncated: bool | None = Field(None, description="The ConfigMap holds only the first records (it is capped).")
+    proxy_pod: str | None = Field(None, description=(
+        "The egress proxy pod the run was pinned to when it started: the only one its program dials, which counts "
+        "its budget."))
+
+
+# status.audit's bounds (docs/audit.md, "The status"): the agent's summary is cut to these again by the operator.
+AUDIT_SOURCES = ("gvisor-trace", "Unavailable")
+MAX_AUDIT_FILES = 50
+MAX_AUDIT_CONNECTS = 50
+MAX_AUDIT_SOCKETS = 20
+MAX_AUDIT_PROCESSES = 50
+MAX_AUDIT_EXAMPLES = 10
+MAX_AUDIT_ARGV = 16
+MAX_AUDIT_PATH_CHARS = 512
+MAX_AUDIT_ARG_CHARS = 256
+MAX_AUDIT_MESSAGE_CHARS = 1024
+
+
+class AuditFile(ApiModel):
+    """A file the program opened under the run's own directories (the work dir's shown relative to it)."""
+    path: str = Field(max_length=MAX_AUDIT_PATH_CHARS, description=(
+        "The path as the program named it, resolved against its directory (links not followed), controls escaped, "
+        "secrets redacted."))
+    count: int = Field(0, ge=0, description="Opens that succeeded.")
+    failed: int | None = Field(None, ge=0, description="Opens that failed for another reason than a denial.")
+    denied: int | None = Field(None, ge=0, description="Opens refused (EACCES, EPERM, EROFS).")
+    bytes: int | None = Field(None, ge=0, description="Bytes written, when the nodes trace writes.")
+
+
+class AuditOutside(ApiModel):
+    """Opens outside the run's own directories (libraries, /etc, /proc): counted; unusual ones named."""
+    reads: int = Field(0, ge=0, description="Opens for reading.")
+    writes: int = Field(0, ge=0, description="Opens for writing.")
+    denied: int = Field(0, ge=0, description="Opens refused.")
+    examples: list[str] | None = Field(None, max_length=MAX_AUDIT_EXAMPLES, description=(
+        f"Paths that are not routine library reads, or were refused; at most {MAX_AUDIT_EXAMPLES}."),
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_AUDIT_PATH_CHARS}})
+
+
+class AuditConnect(ApiModel):
+    """An address the program tried to connect to, and what came of it."""
+    family: str = Field(max_length=32, description="inet, inet6, unix, netlink, ...")
+    address: str = Field("", max_length=MAX_AUDIT_PATH_CHARS, description=(
+        "The IP address or unix socket path ('' when unreadable)."))
+    port: int | None = Field(None, ge=0, le=65535, description="The port (inet, inet6).")
+    result: str = Field(max_length=32, description=(
+        "connected, inProgress, refused, timedOut, unreachable, denied, or the errno's name."))
+    count: int = Field(0, ge=0, description="Attempts with this address and result.")
+
+
+class AuditSocket(ApiModel):
+    """Sockets the program made, by kind (a raw or packet socket stands out)."""
+    family: str = Field(max_length=32, description="inet, inet6, unix, netlink, packet, ...")
+    protocol: str = Field(max_length=32, description="tcp, udp, raw, unix, ...")
+    result: str = Field(max_length=32, description="created, or why socket(2) failed.")
+    count: int = Field(0, ge=0, description="Sockets of this kind and result.")
+
+
+class AuditProcess(ApiModel):
+    """A process of the program (the runner's own helpers are only counted, in runner)."""
+    argv: list[str] = Field(default_factory=list, max_length=MAX_AUDIT_ARGV, description=(
+        f"Its command line, at most {MAX_AUDIT_ARGV} items of {MAX_AUDIT_ARG_CHARS} characters, secrets redacted."),
+        json_schema_extra={"items": {"type": "string", "maxLength": MAX_AUDIT_ARG_CHARS}})
+    argv_omitted: int | None = Field(None, ge=0, description="Arguments left out of argv.")
+    from_memfd: bool | None = Field(None, description="Its binary was run from a memfd (never on disk).")
+    exit_code: int | None = Field(None, description="Its exit code, when it exited by itself.")
+    signal: str | None = Field(None, max_length=16, description="The signal that ended it (SIGKILL, ...).")
+
+
+class AuditCounts(ApiModel):
+    """Totals, whatever the lists show."""
+    processes: int = Field(0, ge=0, description="Processes of the program.")
+    failed_execs: int = Field(0, ge=0, description="exec calls that failed (a missing binary).")
+    connect_attempts: int = Field(0, ge=0, description="connect calls.")
+    syscalls_denied: int = Field(0, ge=0, description="Calls gVisor refused with EACCES, EPERM or EROFS.")
+    openat2: int = Field(0, ge=0, description="openat2 calls (their path is not recorded).")
+    addressed_sends: int = Field(0, ge=0, description="sendto/sendmsg calls with an address (not recorded).")
+    points_lost: int = Field(0, ge=0, description="Trace points dropped on the way: the record misses them.")
+    points_unknown: int = Field(0, ge=0, description="Trace points of a kind the agent does not read.")
+
+
+class AuditRunner(ApiModel):
+    """What coderun's runner did in the sandbox (since the claim, for a warm pod), apart from the program."""
+    files_read: int = Field(0, ge=0, description="Files it opened for reading.")
+    files_written: int = Field(0, ge=0, description="Files it opened for writing.")
+    processes: int = Field(0, ge=0, description="Helper processes it started.")
+
+
+class AuditOmitted(ApiModel):
+    """What the bounded lists left out, per list."""
+    files_read: int | None = Field(None, ge=0, description="Entries left out of filesRead.")
+    files_written: int | None = Field(None, ge=0, description="Entries left out of filesWritten.")
+    connect_attempts: int | None = Field(None, ge=0, description="Entries left out of connectAttempts.")
+    sockets_opened: int | None = Field(None, ge=0, description="Entries left out of socketsOpened.")
+    processes: int | None = Field(None, ge=0, description="Entries left out of processes.")
+    outside_workdir_examples: int | None = Field(None, ge=0, description="Paths left out of outsideWorkdir.examples.")
+
+
+class AuditStatus(ApiModel):
+    """What the program touched, as gVisor's trace points recorded it on the sandbox's node (docs/audit.md):
+    files, connections, processes. Unavailable, with a message, when it could not be known: never an empty list
+    that reads as "nothing happened"."""
+    source: str = Field(description="gvisor-trace, or Unavailable (message says why).",
+                        json_schema_extra={"enum": list(AUDIT_SOURCES)})
+    message: str | None = Field(None, max_length=MAX_AUDIT_MESSAGE_CHARS, description=(
+        "Why the audit is unavailable or partial, and what to check."))
+    complete: bool | None = Field(None, description=(
+        "The record reached the run's end (the runner's or every program process's exit): false, some of the "
+        "run's activity may be missing."))
+    files_read: list[AuditFile] | None = Field(None, max_length=MAX_AUDIT_FILES, description=(
+        f"Files read under the run's own directories, the work dir first; at most {MAX_AUDIT_FILES}."))
+    files_written: list[AuditFile] | None = Field(None, max_length=MAX_AUDIT_FILES, description=(
+        f"Files written under the run's own directories; at most {MAX_AUDIT_FILES}."))
+    outside_workdir: AuditOutside | None = Field(None, description="Opens outside the run's own directories.")
+    connect_attempts: list[AuditConnect] | None = Field(None, max_length=MAX_AUDIT_CONNECTS, description=(
+        f"Addresses the program tried to connect to; at most {MAX_AUDIT_CONNECTS}."))
+    sockets_opened: list[AuditSocket] | None = Field(None, max_length=MAX_AUDIT_SOCKETS, description=(
+        f"Sockets the program made, by kind; at most {MAX_AUDIT_SOCKETS}."))
+    processes: list[AuditProcess] | None = Field(None, max_length=MAX_AUDIT_PROCESSES, description=(
+        f"The program's processes; at most {MAX_AUDIT_PROCESSES}."))
+    counts: AuditCounts | None = Field(None, description="Totals, whatever the lists show.")
+    runner: AuditRunner | None = Field(None, description="coderun's runner's own activity, counted apart.")
+    omitted: AuditOmitted | None = Field(None, description="What the bounded lists left out.")
+    record_config_map: str | None = Field(None, max_length=253, description=(
+        "The ConfigMap with the full record (audit.jsonl, one trace point a line), owned by the run."))
+    record_cut: int | None = Field(None, ge=0, description=(
+        "Records left out of that ConfigMap (the agent's bound and the ConfigMap's size limit)."))
 
 
 class Condition(ApiModel):
     """Kubernetes API conventions: lastTransitionTime moves only when status flips."""
-    type: str
-    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
-    reason: str
-    message: str = ""
-    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = None
+    type: str = Field(description="What the condition is about (the status's conditions field lists the types).")
+    status: str = Field(description="True, False or Unknown.", json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    reason: str = Field(description="Why, a CamelCase word.")
+    message: str = Field("", description="What happened, for a person.")
+    last_transition_time: str = Field(description="When status last changed.", json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, description="The metadata.generation the condition was set for.")
 
 
 class CodeRunStatus(ApiModel):
@@ -386,12 +553,16 @@ class CodeRunStatus(ApiModel):
     redactions: int | None = Field(None, description="How many secret-like strings were redacted.")
     error: RunError | None = None
     metrics: Metrics | None = None
-    artifacts: list[Artifact] | None = None
-    artifacts_skipped: list[SkippedArtifact] | None = None
+    artifacts: list[Artifact] | None = Field(None, description=(
+        "Files the program wrote to $CODERUN_OUTPUT_DIR, kept in a ConfigMap owned by the run."))
+    artifacts_skipped: list[SkippedArtifact] | None = Field(None, description=(
+        "Output files that were not kept, and why."))
     artifacts_skipped_unlisted: int | None = Field(None, description=(
         "How many more output files were skipped beyond those listed in artifactsSkipped."))
-    validation: Validation | None = None
+    validation: Validation | None = Field(None, description="The output checked against spec.expect, when it has one.")
     network: NetworkStatus | None = Field(None, description="The run's requests through the egress proxy.")
+    audit: AuditStatus | None = Field(None, description=(
+        "What the program touched (files, connections, processes), from gVisor's trace points."))
     code_hash: str | None = Field(None, description="sha256 of the code, stdin and files.")
     image: str | None = Field(None, description="The image that ran, with its digest.")
     runtime_class: str | None = Field(None, description="The RuntimeClass of the sandbox pod.")
@@ -401,18 +572,22 @@ class CodeRunStatus(ApiModel):
     approval: ApprovalRecord | None = Field(None, description="Who approved or rejected the run, and when.")
     policy_rule: str | None = Field(None, description="The policy rule that refused the run, when one did.")
     effective_limits: Limits | None = Field(None, description="The limits the run got after policy defaults.")
-    pod_name: str | None = None
+    pod_name: str | None = Field(None, description="The sandbox pod (deleted once the result is written).")
     start_mode: str | None = Field(None, description=(
-        "Warm: the run took a pre-started pod from its policy's warm pool; Cold: a pod was created for it."),
-        json_schema_extra={"enum": ["Warm", "Cold"]})
+        "Warm: the run took a pre-started pod from its policy's warm pool; Cold: a pod was created for it; "
+        "Session: it ran in its session's sandbox."),
+        json_schema_extra={"enum": ["Warm", "Cold", "Session"]})
     cached_from: str | None = Field(None, description="The earlier CodeRun whose result was reused.")
     cache_key: str | None = Field(None, description="sha256 of everything that decides the result (see spec.cache).")
     start_time: str | None = Field(None, description="When the sandbox pod was created.",
                                    json_schema_extra={"format": "date-time"})
-    completion_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = None
-    conditions: list[Condition] | None = Field(None, json_schema_extra={
-        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    completion_time: str | None = Field(None, description="When the run ended (result written, or refused).",
+                                        json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, description="The metadata.generation this status was written for.")
+    conditions: list[Condition] | None = Field(None, description=(
+        "Accepted, Running, Complete, Failed, Finished (True once the run ended, however it ended: what "
+        "`kubectl wait --for=condition=Finished` waits for) and OutputValid, per the Kubernetes API conventions."),
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
 
 
 class CodeRun(ApiModel):

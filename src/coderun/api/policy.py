@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from pydantic import ValidationError
 
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
-                            APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, merged_limits, spec_digest)
+                            APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, Sessions, merged_limits, spec_digest)
 from .models import DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
 
 
@@ -45,6 +45,7 @@ class Policy:
     warm_pool_languages: tuple[str, ...] = ()
     warm_pool_cpu_request: str | None = None
     uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
+    sessions: Sessions | None = None  # CodeRunSessions of this policy (None: none allowed)
     # Its RE2 patterns compiled by the operator's loader (coderun_operator/policy/patterns.py): they live and go with
     # this object, one per CodeRunPolicy uid and spec digest.
     compiled_patterns: Any = field(default=None, compare=False, repr=False)
@@ -152,4 +153,5 @@ def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | N
         allow_self_approval=spec.approval.allow_self_approval if spec.approval else False,
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
         warm_pool_cpu_request=spec.warm_pool.cpu_request if spec.warm_pool else None,
-        warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else ())
+        warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else (),
+        sessions=spec.sessions)

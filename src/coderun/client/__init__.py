@@ -4,13 +4,29 @@
     result = CodeRunClient().run("print(6*7)")
     assert result.stdout == "42\\n"
 """
-from .aio import AsyncCodeRunClient
+from typing import TYPE_CHECKING
+
 from .errors import CodeRunError, PolicyDenied, RunNotFound, RunRejected, RunTimeout
 from .request import RunRequest, file_input
 from .result import RunResult
 from .runtimes import RuntimeInfo
-from .sync import CodeRunClient
+from .sessions import SessionEnded, SessionInfo
+from .sync import CodeRunClient, Session
 from .waiting import WaitStats
 
+if TYPE_CHECKING:
+    from .aio import AsyncCodeRunClient
+
+
+def __getattr__(name: str):
+    # The async client loads aiohttp and kubernetes.aio (about a second): only for those who ask for it, not for
+    # every `coderun` command.
+    if name == "AsyncCodeRunClient":
+        from .aio import AsyncCodeRunClient
+        return AsyncCodeRunClient
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["AsyncCodeRunClient", "CodeRunClient", "CodeRunError", "PolicyDenied", "RunNotFound", "RunRejected",
-           "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "WaitStats", "file_input"]
+           "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "Session", "SessionEnded", "SessionInfo",
+           "WaitStats", "file_input"]

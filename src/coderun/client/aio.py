@@ -1,58 +1,330 @@
-"""AsyncCodeRunClient: the sync client's calls run in worker threads (asyncio.to_thread).
+"""AsyncCodeRunClient: the SDK on asyncio, over the kubernetes package's own asyncio API (kubernetes.aio, aiohttp).
 
-Why not a native async client: the kubernetes package is synchronous, and a second API stack
-(kubernetes_asyncio) would double the SDK's dependencies for no gain in a call that mostly waits on a
-watch. Each call holds one thread while it waits; cancelling the awaiting task returns at once, and the
-thread ends with its current watch request (at most `watch_seconds`, default 60 s).
+A wait holds one watch connection and no thread, so one event loop keeps hundreds of runs in flight (an MCP server,
+an agent framework). The logic is the sync client's: both run the same plans (steps.py: waiting.wait_plan,
+creating.create_plan) and the same pure helpers; only the performing of a step is awaited here. Cancelling an
+awaiting task returns at once and closes its watch connection.
+
+One client per event loop (its aiohttp session belongs to the loop of its first request). Close it with
+`await client.close()`, or use it as `async with AsyncCodeRunClient() as client:`.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
-from ..api.models import CodeRunSpec
-from .request import RunRequest
-from .result import RunResult
-from .runtimes import RuntimeInfo
-from .sync import CodeRunClient
+import aiohttp
+from kubernetes.aio import client as aio_client
+from kubernetes.aio.client.exceptions import ApiException
+
+from ..api.coderunpolicy import POLICY_PLURAL
+from ..api.coderunsession import SESSION_PLURAL
+from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, Limits
+from .connection import connect_async, default_namespace
+from .creating import create_plan
+from .deleting import delete_plan
+from .errors import CodeRunError, RunNotFound, raise_if_rejected
+from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec,
+                       session_info, session_spec)
+from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
+from .artifacts import artifact_bytes, find_artifact
+from .result import RunResult, result_from_object, results_from_list
+from .runtimes import RuntimeInfo, runtimes_plan
+from .steps import Create, Delete, Fetch, Get, GetPolicy, NextEvent, OpenWatch, Plan, Sleep, Step, T, advance
+from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
+                      fetched, run_wait_seconds, wait_outcome, wait_plan, watch_event)
+
+# Connections the client may hold open at once: each wait in flight holds one (its watch).
+DEFAULT_MAX_CONNECTIONS = 1000
+
+_NETWORK_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+AsyncWatch = Callable[[OpenWatch], AsyncIterator[tuple[str, Mapping[str, Any]]]]
 
 
 class AsyncCodeRunClient:
-    """The same API as CodeRunClient, awaitable. Construct with the same arguments, or wrap a client."""
+    """CodeRunClient's API, awaitable: the same constructor arguments and methods.
 
-    def __init__(self, *args: Any, sync_client: CodeRunClient | None = None, **kwargs: Any):
-        self.sync = sync_client or CodeRunClient(*args, **kwargs)
+    >>> async with AsyncCodeRunClient() as client:
+    ...     results = await asyncio.gather(*(client.run(f"print({n})") for n in range(100)))
+    """
 
-    @property
-    def namespace(self) -> str:
-        return self.sync.namespace
+    def __init__(self, namespace: str | None = None, *, kubeconfig: str | None = None, context: str | None = None,
+                 api_client: aio_client.ApiClient | None = None, client_name: str = "sdk",
+                 watch_seconds: float = DEFAULT_WATCH_SECONDS, max_connections: int = DEFAULT_MAX_CONNECTIONS):
+        # The namespace is read now (a missing kubeconfig fails here, as with the sync client); the connection
+        # is made at the first request, inside the caller's event loop.
+        self.namespace = namespace or ("default" if api_client is not None else default_namespace(kubeconfig, context))
+        self.client_name = client_name
+        self.watch_seconds = watch_seconds
+        self._kubeconfig, self._context, self._max_connections = kubeconfig, context, max_connections
+        self._api_client = api_client
+        self._owns_api_client = api_client is None
+        self._connecting = asyncio.Lock()
+        self._custom: aio_client.CustomObjectsApi | None = None
+        self._core: aio_client.CoreV1Api | None = None
 
-    async def run(self, code: str, language: str = "python", **kwargs: Any) -> RunResult:
-        return await asyncio.to_thread(self.sync.run, code, language, **kwargs)
+    async def __aenter__(self) -> AsyncCodeRunClient:
+        return self
 
-    async def submit(self, request: RunRequest, **kwargs: Any) -> RunResult:
-        return await asyncio.to_thread(self.sync.submit, request, **kwargs)
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
 
-    async def create(self, spec: CodeRunSpec | RunRequest, **kwargs: Any) -> RunResult:
-        return await asyncio.to_thread(self.sync.create, spec, **kwargs)
+    async def close(self) -> None:
+        """Close the HTTP session (the client connects again if used after)."""
+        if self._owns_api_client and self._api_client is not None:
+            api_client, self._api_client, self._custom, self._core = self._api_client, None, None, None
+            await api_client.close()
 
-    async def get(self, name: str, **kwargs: Any) -> RunResult:
-        return await asyncio.to_thread(self.sync.get, name, **kwargs)
+    # ---- the one call an agent needs
+    async def run(self, code: str, language: str = "python", *, files: Mapping[str, str | bytes] | list | None = None,
+                  stdin: str | None = None, limits: Limits | Mapping[str, Any] | None = None,
+                  timeout: int | None = None, wait: bool = True, wait_timeout: float | None = None,
+                  namespace: str | None = None, labels: Mapping[str, str] | None = None,
+                  on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        """CodeRunClient.run, awaitable."""
+        request = RunRequest(code=code, language=language, files=files, stdin=stdin, timeout=timeout)
+        return await self.submit(request, limits=limits, wait=wait, wait_timeout=wait_timeout, namespace=namespace,
+                                 labels=labels, on_update=on_update)
 
-    async def wait(self, name: str, **kwargs: Any) -> RunResult:
-        return await asyncio.to_thread(self.sync.wait, name, **kwargs)
+    async def submit(self, request: RunRequest, *, limits: Limits | Mapping[str, Any] | None = None,
+                     wait: bool = True, wait_timeout: float | None = None, namespace: str | None = None,
+                     labels: Mapping[str, str] | None = None,
+                     on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        spec = request.to_spec(limits)
+        created = await self.create(spec, namespace=namespace, labels=labels)
+        if not wait:
+            return created
+        return raise_if_rejected(await self.wait(created.name, namespace=created.namespace,
+                                                 timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update))
 
-    async def list(self, **kwargs: Any) -> list[RunResult]:
-        return await asyncio.to_thread(self.sync.list, **kwargs)
+    # ---- the building blocks
+    async def create(self, spec: CodeRunSpec | RunRequest, *, namespace: str | None = None,
+                     labels: Mapping[str, str] | None = None, name: str | None = None,
+                     name_prefix: str = DEFAULT_NAME_PREFIX) -> RunResult:
+        if isinstance(spec, RunRequest):
+            spec = spec.to_spec()
+        body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
+        return result_from_object(await drive_async(create_plan(body), self._performer(namespace or self.namespace)))
 
-    async def delete(self, name: str, **kwargs: Any) -> bool:
-        return await asyncio.to_thread(self.sync.delete, name, **kwargs)
+    async def get(self, name: str, *, namespace: str | None = None) -> RunResult:
+        custom = await self._apis()
+        return result_from_object(await self._call(f"get CodeRun {name}", custom.get_namespaced_custom_object,
+                                                   GROUP, VERSION, namespace or self.namespace, PLURAL, name))
+
+    async def wait(self, name: str, *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
+                   on_update: Callable[[RunResult], None] | None = None,
+                   stats: WaitStats | None = None) -> RunResult:
+        namespace = namespace or self.namespace
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        notify = (lambda obj: on_update(result_from_object(obj))) if on_update else None
+        plan = wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds, clock=loop.time, on_update=notify,
+                         stats=stats)
+        last, finished = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
+        return wait_outcome(name, namespace, loop.time() - started, last, finished)
+
+    async def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
+                   mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
+        custom = await self._apis()
+        selector = label_selector(self.client_name, labels, mine)
+        if all_namespaces:
+            listed = await self._call("list CodeRuns", custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                                      label_selector=selector)
+        else:
+            listed = await self._call("list CodeRuns", custom.list_namespaced_custom_object, GROUP, VERSION,
+                                      namespace or self.namespace, PLURAL, label_selector=selector)
+        return results_from_list(listed)
+
+    async def delete(self, name: str, *, namespace: str | None = None, missing_ok: bool = True) -> bool:
+        return await drive_async(delete_plan(name, missing_ok=missing_ok),
+                                 self._performer(namespace or self.namespace))
 
     async def artifact(self, result: RunResult, name: str) -> bytes:
-        return await asyncio.to_thread(self.sync.artifact, result, name)
+        artifact = find_artifact(result, name)
+        core = await self._core_api()
+        configmap = await self._call(f"read ConfigMap {artifact.config_map}", core.read_namespaced_config_map,
+                                     artifact.config_map, result.namespace)
+        return artifact_bytes(artifact, configmap.binary_data)
 
     async def artifacts(self, result: RunResult) -> Mapping[str, bytes]:
-        return await asyncio.to_thread(self.sync.artifacts, result)
+        names = [a.name for a in result.artifacts or ()]
+        return dict(zip(names, await asyncio.gather(*(self.artifact(result, n) for n in names))))
 
     async def runtimes(self, namespace: str | None = None, policy: str | None = None) -> list[RuntimeInfo]:
-        return await asyncio.to_thread(self.sync.runtimes, namespace, policy)
+        return await drive_async(runtimes_plan(policy), self._performer(namespace or self.namespace))
+
+    # ---- sessions: many runs, one sandbox (docs/sessions.md)
+    async def session(self, language: str = "python", *, policy: str | None = None, keep_state: bool = False,
+                      limits: Limits | Mapping[str, Any] | None = None, idle_timeout: int | None = None,
+                      max_lifetime: int | None = None, namespace: str | None = None,
+                      labels: Mapping[str, str] | None = None, name: str | None = None) -> AsyncSession:
+        """CodeRunClient.session, awaitable: `async with await client.session() as s: await s.run(...)`."""
+        spec = session_spec(language, policy=policy, keep_state=keep_state, limits=limits,
+                            idle_timeout=idle_timeout, max_lifetime=max_lifetime)
+        namespace = namespace or self.namespace
+        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name)
+        custom = await self._apis()
+        created = await self._call("create CodeRunSession", custom.create_namespaced_custom_object,
+                                   GROUP, VERSION, namespace, SESSION_PLURAL, body)
+        return AsyncSession(self, created["metadata"]["name"], namespace, language)
+
+    # ---- API plumbing
+    async def _apis(self) -> aio_client.CustomObjectsApi:
+        """The CodeRun API; the first call connects (once, however many calls wait for it)."""
+        if self._custom is None:
+            async with self._connecting:
+                if self._custom is None:
+                    if self._api_client is None:
+                        self._api_client = await connect_async(self._kubeconfig, self._context,
+                                                               self._max_connections)
+                    self._custom = aio_client.CustomObjectsApi(self._api_client)
+        return self._custom
+
+    async def _core_api(self) -> aio_client.CoreV1Api:
+        """The core API, for artifacts' ConfigMaps only. Importing its models takes seconds: done in a thread,
+        at the first artifact, so the event loop never stalls on it."""
+        await self._apis()
+        if self._core is None:
+            self._core = (await asyncio.to_thread(lambda: aio_client.CoreV1Api))(self._api_client)
+        return self._core
+
+    async def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        with _api_failures(what):
+            return await fn(*args, _request_timeout=float(API_REQUEST_TIMEOUT), **kwargs)
+
+    def _performer(self, namespace: str) -> Callable[[Step], Any]:
+        """Performs a plan's steps (steps.py) in `namespace`."""
+        async def perform(step: Step) -> Any:
+            if isinstance(step, Sleep):
+                return await asyncio.sleep(step.seconds)
+            custom = await self._apis()
+            if isinstance(step, Create):
+                return await self._call("create CodeRun", custom.create_namespaced_custom_object,
+                                        GROUP, VERSION, namespace, PLURAL, step.body)
+            if isinstance(step, Get):
+                return await self._call(f"get CodeRun {step.name}", custom.get_namespaced_custom_object,
+                                        GROUP, VERSION, namespace, PLURAL, step.name)
+            if isinstance(step, Delete):
+                return await self._call(f"delete CodeRun {step.name}", custom.delete_namespaced_custom_object,
+                                        GROUP, VERSION, namespace, PLURAL, step.name,
+                                        propagation_policy="Background")
+            if isinstance(step, GetPolicy):
+                return await self._call(f"get CodeRunPolicy {step.name}", custom.get_namespaced_custom_object,
+                                        GROUP, VERSION, namespace, POLICY_PLURAL, step.name)
+            assert isinstance(step, Fetch), step
+            with _api_failures(f"list CodeRun {step.name}", waiting=True):
+                listed = await custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={step.name}",
+                    _request_timeout=float(API_REQUEST_TIMEOUT))
+            return fetched(listed)
+        return perform
+
+    def _watcher(self, namespace: str) -> AsyncWatch:
+        # The watch stream is read here, not with kubernetes.aio.watch.Watch: each Watch builds an ApiClient and
+        # so an SSL context (about 30 ms of blocked event loop apiece), which made 300 waits take seconds to start.
+        async def watch_from(step: OpenWatch) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+            custom = await self._apis()
+            what = f"watch CodeRun {step.name}"
+            with _api_failures(what, waiting=True):
+                response = await custom.list_namespaced_custom_object_without_preload_content(
+                    GROUP, VERSION, namespace, PLURAL, watch=True, field_selector=f"metadata.name={step.name}",
+                    resource_version=step.resource_version, allow_watch_bookmarks=True,
+                    timeout_seconds=max(1, int(step.seconds)),
+                    # A connection that goes silent is noticed instead of hanging past the deadline.
+                    _request_timeout=float(step.seconds + API_REQUEST_TIMEOUT))
+                try:
+                    if response.status >= 300:
+                        raise ApiException(status=response.status, reason=response.reason,
+                                           body=await response.text())
+                    async for line in response.content:
+                        if line.strip():
+                            yield watch_event(what, line)
+                finally:
+                    response.release()  # closes the connection of an unfinished stream: no watch outlives its wait
+        return watch_from
+
+
+async def drive_async(plan: Plan[T], perform: Callable[[Step], Any], watch: AsyncWatch | None = None) -> T:
+    """steps.drive, awaiting: `perform` answers every step but the watch's; `watch` opens event streams."""
+    events: AsyncIterator[tuple[str, Mapping[str, Any]]] | None = None
+    answer, failure_ = None, None
+    try:
+        while True:
+            done, step = advance(plan, answer, failure_)
+            if done:
+                return step
+            answer, failure_ = None, None
+            try:
+                if isinstance(step, OpenWatch):
+                    await _aclose(events)
+                    events = watch(step)
+                elif isinstance(step, NextEvent):
+                    answer = await anext(events, None)
+                else:
+                    answer = await perform(step)
+            except Exception as e:  # the plan decides what a failed step means
+                failure_ = e
+    finally:
+        await _aclose(events)  # also when the task is cancelled: the watch connection does not outlive it
+        plan.close()
+
+
+async def _aclose(events: AsyncIterator[Any] | None) -> None:
+    aclose = getattr(events, "aclose", None)
+    if aclose:
+        await aclose()
+
+
+def _api_failures(what: str, *, waiting: bool = False):
+    return api_failures(what, ApiException, _NETWORK_ERRORS, waiting=waiting)
+
+
+class AsyncSession:
+    """Session (the sync client's), awaitable."""
+
+    def __init__(self, client: AsyncCodeRunClient, name: str, namespace: str, language: str):
+        self.client, self.name, self.namespace, self.language = client, name, namespace, language
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.delete()
+
+    async def run(self, code: str, *, files: Mapping[str, str | bytes] | list | None = None,
+                  stdin: str | None = None, timeout: int | None = None, wait: bool = True,
+                  wait_timeout: float | None = None, labels: Mapping[str, str] | None = None,
+                  on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        spec = run_in_session_spec(RunRequest(code=code, language=self.language, files=files, stdin=stdin,
+                                              timeout=timeout), self.name)
+        try:
+            created = await self.client.create(spec, namespace=self.namespace, labels=labels)
+        except CodeRunError:
+            info = await self.info()
+            if info.ended:
+                raise SessionEnded(info) from None
+            raise
+        if not wait:
+            return created
+        result = await self.client.wait(created.name, namespace=self.namespace,
+                                        timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
+        if refused_as_ended(result):
+            raise SessionEnded(await self.info())
+        return raise_if_rejected(result)
+
+    async def info(self) -> SessionInfo:
+        custom = await self.client._apis()
+        return session_info(await self.client._call(f"get CodeRunSession {self.name}",
+                                                    custom.get_namespaced_custom_object, GROUP, VERSION,
+                                                    self.namespace, SESSION_PLURAL, self.name))
+
+    async def delete(self) -> bool:
+        custom = await self.client._apis()
+        try:
+            await self.client._call(f"delete CodeRunSession {self.name}", custom.delete_namespaced_custom_object,
+                                    GROUP, VERSION, self.namespace, SESSION_PLURAL, self.name,
+                                    propagation_policy="Background")
+            return True
+        except RunNotFound:
+            return False

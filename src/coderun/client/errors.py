@@ -75,6 +75,13 @@ class RunTimeout(CodeRunError):
                          f"(last seen: {phase}); wait longer with wait(timeout=...) or delete it")
 
 
+def raise_if_rejected(result: RunResult) -> RunResult:
+    """The result, unless the operator refused the run: then PolicyDenied or RunRejected."""
+    if result.rejected:
+        raise (PolicyDenied if result.reason == "PolicyDenied" else RunRejected)(result)
+    return result
+
+
 def describe_invalid(error: ValidationError) -> str:
     """`timeout: Input should be ...; files.0.path: ...`: one line naming each field, for people and models."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors())

@@ -6,18 +6,25 @@ Anthropic tool definitions (coderun.tools), so the three cannot drift apart.
 from __future__ import annotations
 
 import base64
+import secrets
+import uuid
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..api.models import (API_VERSION, KIND, LANGUAGE_PATTERN, MAX_CODE_BYTES, MAX_FILES, MAX_STDIN_BYTES,
-                          CodeRunSpec, FileInput, Limits)
+from ..api.models import (API_VERSION, CREATED_AT_ANNOTATION, KIND, LANGUAGE_PATTERN, MAX_CODE_BYTES, MAX_FILES,
+                          MAX_STDIN_BYTES, QUANTITY_PATTERN, CodeRunSpec, FileInput, Limits)
 
-CREATED_AT_ANNOTATION = "coderun.io/created-at"
+# Unique to one create call: a retried create that meets AlreadyExists adopts the run only when it carries this.
+CREATE_TOKEN_ANNOTATION = "coderun.io/create-token"
 CLIENT_LABEL = "coderun.io/client"
 DEFAULT_NAME_PREFIX = "run-"
+# generateName's alphabet (no vowels, so no words; no 0/1/3 beside o/l/e); 27^8 names per prefix.
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+NAME_SUFFIX_LENGTH = 8
+MAX_NAME_LENGTH = 63
 
 
 class RunRequest(BaseModel):
@@ -35,6 +42,20 @@ class RunRequest(BaseModel):
     stdin: str | None = Field(None, max_length=MAX_STDIN_BYTES, description="Text passed on standard input.")
     timeout: int | None = Field(None, ge=1, le=3600, description=(
         "Seconds the program may run before it is stopped (reason Timeout). Default from the policy (5)."))
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "Memory for the program, e.g. 512Mi or 1Gi (reason OOMKilled when exceeded). Default from the policy "
+        "(256Mi)."))
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "CPU for the program, e.g. 500m or 2. Default from the policy (1)."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, value: Any) -> Any:
+        """A null argument means the default (a strict tool schema makes a model send every property, the ones
+        it does not need as null), so the policy's default applies as when the argument is left out."""
+        if isinstance(value, Mapping):
+            return {key: item for key, item in value.items() if item is not None}
+        return value
 
     @field_validator("files", mode="before")
     @classmethod
@@ -45,10 +66,10 @@ class RunRequest(BaseModel):
         return value
 
     def to_spec(self, limits: Limits | Mapping[str, Any] | None = None) -> CodeRunSpec:
-        """The CodeRun spec; `timeout` wins over limits.timeoutSeconds when both are given."""
+        """The CodeRun spec; `timeout`, `memory` and `cpu` win over `limits`' own when both are given."""
         merged = Limits.model_validate(limits) if isinstance(limits, Mapping) else (limits or Limits())
-        if self.timeout is not None:
-            merged = merged.model_copy(update={"timeout_seconds": self.timeout})
+        asked = {"timeout_seconds": self.timeout, "memory": self.memory, "cpu": self.cpu}
+        merged = merged.model_copy(update={key: value for key, value in asked.items() if value is not None})
         has_limits = merged.model_dump(exclude_none=True) != {}
         return CodeRunSpec(language=self.language, code=self.code, stdin=self.stdin, files=self.files,
                            limits=merged if has_limits else None)
@@ -76,18 +97,29 @@ def rfc3339_millis(moment: datetime) -> str:
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 
+def new_run_name(prefix: str = DEFAULT_NAME_PREFIX) -> str:
+    """A unique name chosen by the client, as generateName would, but before the first attempt: a create
+    retried after a lost answer then meets its own run (AlreadyExists) instead of making a second one."""
+    suffix = "".join(secrets.choice(NAME_ALPHABET) for _ in range(NAME_SUFFIX_LENGTH))
+    return prefix[:MAX_NAME_LENGTH - NAME_SUFFIX_LENGTH] + suffix
+
+
 def build_body(spec: CodeRunSpec, *, client_name: str, labels: Mapping[str, str] | None = None,
                name: str | None = None, name_prefix: str = DEFAULT_NAME_PREFIX,
-               now: datetime | None = None) -> dict[str, Any]:
-    """The CodeRun to create. Without `name` the API server picks a unique one from `name_prefix`, so two
-    callers never collide; the client label lets an agent list its own runs."""
+               now: datetime | None = None, create_token: str | None = None) -> dict[str, Any]:
+    """The CodeRun to create. Without `name` the client picks a unique one from `name_prefix`; the create
+    token marks the object as this call's own; the client label lets an agent list its own runs."""
     metadata: dict[str, Any] = {
+        "name": name or new_run_name(name_prefix),
         "labels": {CLIENT_LABEL: client_name, **(labels or {})},
-        "annotations": {CREATED_AT_ANNOTATION: rfc3339_millis(now or datetime.now(timezone.utc))},
+        "annotations": {CREATED_AT_ANNOTATION: rfc3339_millis(now or datetime.now(timezone.utc)),
+                        CREATE_TOKEN_ANNOTATION: create_token or uuid.uuid4().hex},
     }
-    if name:
-        metadata["name"] = name
-    else:
-        metadata["generateName"] = name_prefix
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
             "spec": spec.model_dump(by_alias=True, exclude_none=True)}
+
+
+def label_selector(client_name: str, labels: Mapping[str, str] | None, mine: bool) -> str | None:
+    """`list`'s filter: label equality, plus this client's coderun.io/client when `mine`."""
+    wanted = {**({CLIENT_LABEL: client_name} if mine else {}), **(labels or {})}
+    return ",".join(f"{k}={v}" for k, v in wanted.items()) or None

@@ -56,3 +56,10 @@ def result_from_object(obj: Mapping[str, Any]) -> RunResult:
 
 def is_finished(obj: Mapping[str, Any] | None) -> bool:
     return bool(obj) and (obj.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def results_from_list(listed: Mapping[str, Any]) -> list[RunResult]:
+    """A CodeRun list as results, oldest first."""
+    results = [result_from_object(item) for item in listed.get("items") or []]
+    return sorted(results, key=lambda r: (r.created_at or "", r.name))
+

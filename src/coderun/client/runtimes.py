@@ -6,7 +6,10 @@ from typing import Any, Mapping
 from pydantic import BaseModel
 
 from ..api.models import ResourceLimits
+from ..api.coderunpolicy import NAMESPACE_DEFAULT_POLICY
 from ..api.policy import DEFAULT_POLICY, InvalidPolicy, Policy, read_policy_object
+from .errors import CodeRunError
+from .steps import GetPolicy, Plan
 
 
 class RuntimeInfo(BaseModel):
@@ -19,6 +22,19 @@ class RuntimeInfo(BaseModel):
     egress: list[str] = []
     approval: str = "Never"
     max_concurrent_runs: int | None = None
+
+
+def runtimes_plan(policy: str | None) -> Plan[list[RuntimeInfo]]:
+    """What a run gets: the CodeRunPolicy named `policy`, else the namespace's `default`, else the built-in
+    baseline (the operator's selection). A missing `default` means the baseline; a missing named one is an error."""
+    name = policy or NAMESPACE_DEFAULT_POLICY
+    try:
+        found = yield GetPolicy(name)
+    except CodeRunError as e:
+        if e.status != 404 or name != NAMESPACE_DEFAULT_POLICY:
+            raise
+        found = None
+    return offered_runtimes(effective_policy(found))
 
 
 def effective_policy(policy_object: Mapping[str, Any] | None) -> Policy:

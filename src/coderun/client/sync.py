@@ -1,10 +1,7 @@
 """CodeRunClient: create a CodeRun, wait for it with a watch, read the typed result. The SDK's only I/O module."""
 from __future__ import annotations
 
-import base64
-import json
 import time
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
 import urllib3
@@ -13,32 +10,24 @@ from kubernetes.client.rest import ApiException
 
 from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, Limits
 from .connection import connect
-from .errors import CodeRunError, PolicyDenied, RunRejected, RunTimeout
-from .request import CLIENT_LABEL, DEFAULT_NAME_PREFIX, RunRequest, build_body
-from .result import RunResult, result_from_object
-from .runtimes import RuntimeInfo, effective_policy, offered_runtimes
-from ..api.coderunpolicy import NAMESPACE_DEFAULT_POLICY, POLICY_PLURAL
-from .waiting import WaitStats, WatchDropped, is_transient, refuse, wait_until_finished
+from .creating import create_plan
+from .deleting import delete_plan
+from .errors import CodeRunError, RunNotFound, raise_if_rejected
+from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
+from .artifacts import artifact_bytes, find_artifact
+from .result import RunResult, result_from_object, results_from_list
+from .runtimes import RuntimeInfo, runtimes_plan
+from .steps import Create, Delete, Fetch, Get, GetPolicy, OpenWatch, Sleep, Step, drive
+from ..api.coderunpolicy import POLICY_PLURAL
+from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
+from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec,
+                       session_info, session_spec)
+from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
+                      default_wait_seconds, fetched, run_wait_seconds, wait_outcome, wait_plan)
 
-# The caller's default wait: the run's own time limit plus room for scheduling and sandbox start-up.
-STARTUP_ALLOWANCE_SECONDS = 120
-UNKNOWN_RUN_TIMEOUT_SECONDS = 60
-DEFAULT_WAIT_SECONDS = 300
-# One watch request lasts at most this long server-side; then the client lists and watches again.
-DEFAULT_WATCH_SECONDS = 60
-API_REQUEST_TIMEOUT = 30
+__all__ = ["CodeRunClient", "default_wait_seconds", "raise_if_rejected"]  # the last two: for the CLI and tests
 
 _NETWORK_ERRORS = (urllib3.exceptions.HTTPError, OSError)
-
-
-def default_wait_seconds(run_timeout: int | None) -> float:
-    return (run_timeout or UNKNOWN_RUN_TIMEOUT_SECONDS) + STARTUP_ALLOWANCE_SECONDS
-
-
-def raise_if_rejected(result: RunResult) -> RunResult:
-    if result.rejected:
-        raise (PolicyDenied if result.reason == "PolicyDenied" else RunRejected)(result)
-    return result
 
 
 class CodeRunClient:
@@ -88,9 +77,7 @@ class CodeRunClient:
         created = self.create(spec, namespace=namespace, labels=labels)
         if not wait:
             return created
-        run_timeout = spec.limits.timeout_seconds if spec.limits else None
-        result = self.wait(created.name, namespace=created.namespace,
-                           timeout=wait_timeout if wait_timeout is not None else default_wait_seconds(run_timeout),
+        result = self.wait(created.name, namespace=created.namespace, timeout=run_wait_seconds(spec, wait_timeout),
                            on_update=on_update)
         return raise_if_rejected(result)
 
@@ -98,14 +85,12 @@ class CodeRunClient:
     def create(self, spec: CodeRunSpec | RunRequest, *, namespace: str | None = None,
                labels: Mapping[str, str] | None = None, name: str | None = None,
                name_prefix: str = DEFAULT_NAME_PREFIX) -> RunResult:
-        """Create the CodeRun (a unique generated name unless `name` is given); returns it without a status."""
+        """Create the CodeRun (a unique name chosen here unless `name` is given); returns it without a status.
+        A create refused with 429 or 5xx, or left unanswered, is retried without ever making two runs."""
         if isinstance(spec, RunRequest):
             spec = spec.to_spec()
-        namespace = namespace or self.namespace
         body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
-        created = self._call("create CodeRun", self._custom.create_namespaced_custom_object,
-                             GROUP, VERSION, namespace, PLURAL, body)
-        return result_from_object(created)
+        return result_from_object(drive(create_plan(body), self._performer(namespace or self.namespace)))
 
     def get(self, name: str, *, namespace: str | None = None) -> RunResult:
         obj = self._call(f"get CodeRun {name}", self._custom.get_namespaced_custom_object,
@@ -119,52 +104,33 @@ class CodeRunClient:
         namespace = namespace or self.namespace
         started = time.monotonic()
         notify = (lambda obj: on_update(result_from_object(obj))) if on_update else None
-        last, finished = wait_until_finished(
-            self._fetcher(namespace, name), self._watcher(namespace, name), started + timeout,
-            max_watch_seconds=self.watch_seconds, on_update=notify, stats=stats)
-        if not finished:
-            raise RunTimeout(name, namespace, time.monotonic() - started,
-                             result_from_object(last) if last else None)
-        return result_from_object(last)
+        last, finished = drive(wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds,
+                                         on_update=notify, stats=stats),
+                               self._performer(namespace), self._watcher(namespace))
+        return wait_outcome(name, namespace, time.monotonic() - started, last, finished)
 
     def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
              mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
         """Runs, oldest first; `labels` filters by label equality, `mine` by this client's coderun.io/client."""
-        wanted = {**({CLIENT_LABEL: self.client_name} if mine else {}), **(labels or {})}
-        selector = ",".join(f"{k}={v}" for k, v in wanted.items()) or None
+        selector = label_selector(self.client_name, labels, mine)
         if all_namespaces:
             listed = self._call("list CodeRuns", self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
                                 label_selector=selector)
         else:
             listed = self._call("list CodeRuns", self._custom.list_namespaced_custom_object, GROUP, VERSION,
                                 namespace or self.namespace, PLURAL, label_selector=selector)
-        results = [result_from_object(item) for item in listed.get("items", [])]
-        return sorted(results, key=lambda r: (r.created_at or "", r.name))
+        return results_from_list(listed)
 
     def delete(self, name: str, *, namespace: str | None = None, missing_ok: bool = True) -> bool:
         """Delete the run (its pod, ConfigMaps and artifacts go with it). False when it was already gone."""
-        try:
-            self._call(f"delete CodeRun {name}", self._custom.delete_namespaced_custom_object,
-                       GROUP, VERSION, namespace or self.namespace, PLURAL, name,
-                       propagation_policy="Background")
-            return True
-        except CodeRunError as e:
-            if e.status == 404 and missing_ok:
-                return False
-            raise
+        return drive(delete_plan(name, missing_ok=missing_ok), self._performer(namespace or self.namespace))
 
     def artifact(self, result: RunResult, name: str) -> bytes:
         """The bytes of one artifact the program wrote to $CODERUN_OUTPUT_DIR."""
-        artifact = next((a for a in result.artifacts or () if a.name == name), None)
-        if artifact is None:
-            offered = ", ".join(a.name for a in result.artifacts or ()) or "none"
-            raise KeyError(f"run {result.name} has no artifact {name!r} (artifacts: {offered})")
+        artifact = find_artifact(result, name)
         configmap = self._call(f"read ConfigMap {artifact.config_map}", self._core.read_namespaced_config_map,
                                artifact.config_map, result.namespace)
-        encoded = (configmap.binary_data or {}).get(artifact.key)
-        if encoded is None:
-            raise CodeRunError(f"ConfigMap {artifact.config_map} has no key {artifact.key} for artifact {name}")
-        return base64.b64decode(encoded)
+        return artifact_bytes(artifact, configmap.binary_data)
 
     def artifacts(self, result: RunResult) -> dict[str, bytes]:
         return {a.name: self.artifact(result, a.name) for a in result.artifacts or ()}
@@ -172,69 +138,146 @@ class CodeRunClient:
     def runtimes(self, namespace: str | None = None, policy: str | None = None) -> list[RuntimeInfo]:
         """What a run in the namespace gets: the CodeRunPolicy named `policy`, else the namespace's `default`,
         else the built-in baseline (the same selection the operator makes)."""
+        return drive(runtimes_plan(policy), self._performer(namespace or self.namespace))
+
+    # ---- sessions: many runs, one sandbox (docs/sessions.md)
+    def session(self, language: str = "python", *, policy: str | None = None, keep_state: bool = False,
+                limits: Limits | Mapping[str, Any] | None = None, idle_timeout: int | None = None,
+                max_lifetime: int | None = None, namespace: str | None = None,
+                labels: Mapping[str, str] | None = None, name: str | None = None) -> Session:
+        """Create a CodeRunSession and return it; use it as `with client.session() as s: s.run(...)` so it is
+        deleted (its pod with it) when the block ends. Files the runs write in the working directory stay for
+        the session's next runs; `limits` (memory, cpu, disk) are the sandbox's for the whole session."""
+        return self.create_session(session_spec(language, policy=policy, keep_state=keep_state, limits=limits,
+                                                idle_timeout=idle_timeout, max_lifetime=max_lifetime),
+                                   namespace=namespace, labels=labels, name=name)
+
+    def create_session(self, spec: CodeRunSessionSpec, *, namespace: str | None = None,
+                       labels: Mapping[str, str] | None = None, name: str | None = None) -> Session:
+        """`session` for a ready CodeRunSessionSpec (what the CLI builds)."""
         namespace = namespace or self.namespace
-        name = policy or NAMESPACE_DEFAULT_POLICY
-        try:
-            found = self._call(f"get CodeRunPolicy {name}", self._custom.get_namespaced_custom_object,
-                               GROUP, VERSION, namespace, POLICY_PLURAL, name)
-        except CodeRunError as e:
-            if e.status != 404 or policy not in (None, NAMESPACE_DEFAULT_POLICY):
-                raise
-            found = None
-        return offered_runtimes(effective_policy(found))
+        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name)
+        created = self._call("create CodeRunSession", self._custom.create_namespaced_custom_object,
+                             GROUP, VERSION, namespace, SESSION_PLURAL, body)
+        return Session(self, created["metadata"]["name"], namespace, spec.language)
+
+    def open_session(self, name: str, *, namespace: str | None = None) -> Session:
+        """A session that exists already (created by this identity: only its creator may run in it)."""
+        return Session(self, name, namespace or self.namespace)
 
     # ---- API plumbing
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _api_failures(what):
             return fn(*args, _request_timeout=API_REQUEST_TIMEOUT, **kwargs)
-        except ApiException as e:
-            raise refuse(what, e.status, _api_message(e)) from e
-        except _NETWORK_ERRORS as e:
-            raise CodeRunError(f"{what} failed: the API server did not answer ({e})") from e
 
-    def _fetcher(self, namespace: str, name: str):
-        def fetch() -> tuple[dict[str, Any] | None, str]:
-            with _transient_failures_dropped(f"list CodeRun {name}"):
-                listed = self._custom.list_namespaced_custom_object(
-                    GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={name}",
-                    _request_timeout=API_REQUEST_TIMEOUT)
-            items = listed.get("items") or []
-            return (items[0] if items else None), listed["metadata"]["resourceVersion"]
-        return fetch
+    def _performer(self, namespace: str) -> Callable[[Step], Any]:
+        """Performs a plan's steps (steps.py) in `namespace`."""
+        def perform(step: Step) -> Any:
+            if isinstance(step, Create):
+                return self._call("create CodeRun", self._custom.create_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, PLURAL, step.body)
+            if isinstance(step, Get):
+                return self._call(f"get CodeRun {step.name}", self._custom.get_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, PLURAL, step.name)
+            if isinstance(step, Delete):
+                return self._call(f"delete CodeRun {step.name}", self._custom.delete_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, PLURAL, step.name, propagation_policy="Background")
+            if isinstance(step, GetPolicy):
+                return self._call(f"get CodeRunPolicy {step.name}", self._custom.get_namespaced_custom_object,
+                                  GROUP, VERSION, namespace, POLICY_PLURAL, step.name)
+            if isinstance(step, Fetch):
+                with _api_failures(f"list CodeRun {step.name}", waiting=True):
+                    listed = self._custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={step.name}",
+                        _request_timeout=API_REQUEST_TIMEOUT)
+                return fetched(listed)
+            assert isinstance(step, Sleep), step
+            time.sleep(step.seconds)
+        return perform
 
-    def _watcher(self, namespace: str, name: str):
-        def watch_from(resource_version: str, seconds: float) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    def _watcher(self, namespace: str) -> Callable[[OpenWatch], Iterator[tuple[str, Mapping[str, Any]]]]:
+        def watch_from(step: OpenWatch) -> Iterator[tuple[str, Mapping[str, Any]]]:
             watcher = watch.Watch()
             try:
-                with _transient_failures_dropped(f"watch CodeRun {name}"):
+                with _api_failures(f"watch CodeRun {step.name}", waiting=True):
                     for event in watcher.stream(
                             self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                            field_selector=f"metadata.name={name}", resource_version=resource_version,
-                            allow_watch_bookmarks=True, timeout_seconds=max(1, int(seconds)),
+                            field_selector=f"metadata.name={step.name}", resource_version=step.resource_version,
+                            allow_watch_bookmarks=True, timeout_seconds=max(1, int(step.seconds)),
                             # A connection that goes silent is noticed instead of hanging past the deadline.
-                            _request_timeout=(API_REQUEST_TIMEOUT, seconds + 10)):
+                            _request_timeout=(API_REQUEST_TIMEOUT, step.seconds + 10)):
                         yield event["type"], event["object"]
             finally:
                 watcher.stop()
         return watch_from
 
 
-@contextmanager
-def _transient_failures_dropped(what: str) -> Iterator[None]:
-    """While waiting: a transient failure means list and watch again (WatchDropped); a refusal is final."""
-    try:
-        yield
-    except ApiException as e:
-        if is_transient(e.status):
-            raise WatchDropped(f"{what} answered {e.status} {e.reason}") from e
-        raise refuse(what, e.status, _api_message(e)) from e
-    except _NETWORK_ERRORS as e:
-        raise WatchDropped(f"{what}: connection lost ({e})") from e
+def _api_failures(what: str, *, waiting: bool = False):
+    return api_failures(what, ApiException, _NETWORK_ERRORS, waiting=waiting)
 
 
-def _api_message(e: ApiException) -> str:
-    """The API server's own message (it names the refused field), else the HTTP reason."""
-    try:
-        return json.loads(e.body).get("message") or e.reason
-    except (TypeError, ValueError, AttributeError):
-        return e.reason or ""
+class Session:
+    """One CodeRunSession: its runs go one at a time through its sandbox, in the order they are created."""
+
+    def __init__(self, client: CodeRunClient, name: str, namespace: str, language: str | None = None):
+        self.client, self.name, self.namespace = client, name, namespace
+        self._language = language  # read from the session's spec at the first run when not given
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.delete()
+
+    @property
+    def language(self) -> str:
+        if self._language is None:
+            self._language = self._object()["spec"]["language"]
+        return self._language
+
+    def run(self, code: str, *, files: Mapping[str, str | bytes] | list | None = None, stdin: str | None = None,
+            timeout: int | None = None, wait: bool = True, wait_timeout: float | None = None,
+            labels: Mapping[str, str] | None = None,
+            on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        """CodeRunClient.run in this session's sandbox (the session's language, limits and policy). Raises
+        SessionEnded when the session has ended, RunRejected when the run was refused otherwise."""
+        return self.submit(RunRequest(code=code, language=self.language, files=files, stdin=stdin, timeout=timeout),
+                           wait=wait, wait_timeout=wait_timeout, labels=labels, on_update=on_update)
+
+    def submit(self, request: RunRequest, *, wait: bool = True, wait_timeout: float | None = None,
+               labels: Mapping[str, str] | None = None,
+               on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        """`run` for a ready RunRequest (what the agent loop holds); its memory and cpu must be unset."""
+        spec = run_in_session_spec(request, self.name)
+        try:
+            created = self.client.create(spec, namespace=self.namespace, labels=labels)
+        except CodeRunError:
+            info = self.info()  # the API server refuses a run naming an ended session: say how it ended
+            if info.ended:
+                raise SessionEnded(info) from None
+            raise
+        if not wait:
+            return created
+        result = self.client.wait(created.name, namespace=self.namespace,
+                                  timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
+        if refused_as_ended(result):
+            raise SessionEnded(self.info())
+        return raise_if_rejected(result)
+
+    def info(self) -> SessionInfo:
+        """Where the session stands: phase, reason, pod, runs done, when it expires."""
+        return session_info(self._object())
+
+    def delete(self) -> bool:
+        """End the session now (its pod goes with it). False when it was already gone."""
+        try:
+            self.client._call(f"delete CodeRunSession {self.name}", self.client._custom.delete_namespaced_custom_object,
+                              GROUP, VERSION, self.namespace, SESSION_PLURAL, self.name,
+                              propagation_policy="Background")
+            return True
+        except RunNotFound:
+            return False
+
+    def _object(self) -> dict[str, Any]:
+        return self.client._call(f"get CodeRunSession {self.name}", self.client._custom.get_namespaced_custom_object,
+                                 GROUP, VERSION, self.namespace, SESSION_PLURAL, self.name)

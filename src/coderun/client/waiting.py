@@ -5,25 +5,43 @@ not finished, watch from that resourceVersion; when the watch ends for any reaso
 410 Gone, a dropped connection) list again and watch again, all under one overall deadline. Listing after
 every watch means an event missed while no watch was open can never be lost.
 
-I/O is injected (`fetch`, `watch`), so the loop is tested without a cluster.
+The loop is a plan of steps (steps.py): the sync and the async client run the same one, and tests drive it with
+scripted fakes, without a cluster.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound
-from .result import is_finished
+from ..api.models import CodeRunSpec
+from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound, RunTimeout
+from .result import RunResult, is_finished, result_from_object
+from .steps import Fetch, NextEvent, OpenWatch, Plan, Sleep
 
 log = logging.getLogger("coderun.client")
 
-# (object or None when absent, the list's resourceVersion)
-Fetch = Callable[[], tuple[dict[str, Any] | None, str]]
-# (resourceVersion, seconds) -> (event type, object) until the server ends the watch
-Watch = Callable[[str, float], Iterable[tuple[str, Mapping[str, Any]]]]
+# The caller's default wait: the run's own time limit plus room for scheduling and sandbox start-up.
+STARTUP_ALLOWANCE_SECONDS = 120
+UNKNOWN_RUN_TIMEOUT_SECONDS = 60
+DEFAULT_WAIT_SECONDS = 300
+# One watch request lasts at most this long server-side; then the client lists and watches again.
+DEFAULT_WATCH_SECONDS = 60
+API_REQUEST_TIMEOUT = 30
 
+
+def default_wait_seconds(run_timeout: int | None) -> float:
+    return (run_timeout or UNKNOWN_RUN_TIMEOUT_SECONDS) + STARTUP_ALLOWANCE_SECONDS
+
+
+def run_wait_seconds(spec: CodeRunSpec, wait_timeout: float | None) -> float:
+    """How long `run` and `submit` wait: the caller's `wait_timeout`, else the run's limit plus start-up."""
+    if wait_timeout is not None:
+        return wait_timeout
+    return default_wait_seconds(spec.limits.timeout_seconds if spec.limits else None)
 
 class WatchDropped(Exception):
     """The watch ended abnormally (connection lost, 410 Gone, 5xx): list again and watch again."""
@@ -39,12 +57,11 @@ class WaitStats:
     phases: list[str] = field(default_factory=list)
 
 
-def wait_until_finished(fetch: Fetch, watch: Watch, deadline: float, *, max_watch_seconds: float,
-                        clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                        on_update: Callable[[Mapping[str, Any]], None] | None = None,
-                        stats: WaitStats | None = None) -> tuple[dict[str, Any] | None, bool]:
+def wait_plan(name: str, deadline: float, *, max_watch_seconds: float, clock: Callable[[], float] = time.monotonic,
+              on_update: Callable[[Mapping[str, Any]], None] | None = None,
+              stats: WaitStats | None = None) -> Plan[tuple[dict[str, Any] | None, bool]]:
     """(last object seen, finished?). Returns unfinished when the deadline passed; raises RunNotFound when the
-    object is absent or deleted, CodeRunError for API refusals (fetch and watch raise those themselves)."""
+    object is absent or deleted, CodeRunError for API refusals (the steps raise those themselves)."""
     stats = stats if stats is not None else WaitStats()
     last: dict[str, Any] | None = None
     backoff = 0.0
@@ -60,7 +77,7 @@ def wait_until_finished(fetch: Fetch, watch: Watch, deadline: float, *, max_watc
 
     while True:
         try:
-            obj, resource_version = fetch()
+            obj, resource_version = yield Fetch(name)
             stats.lists += 1
             if obj is None:
                 raise RunNotFound("the CodeRun does not exist (deleted, or expired after its TTL)", status=404)
@@ -71,7 +88,9 @@ def wait_until_finished(fetch: Fetch, watch: Watch, deadline: float, *, max_watc
             if remaining <= 0:
                 return last, False
             stats.watches += 1
-            for event_type, event_obj in watch(resource_version, min(remaining, max_watch_seconds)):
+            yield OpenWatch(name, resource_version, min(remaining, max_watch_seconds))
+            while (event := (yield NextEvent())) is not None:
+                event_type, event_obj = event
                 stats.events += 1
                 if event_type == "DELETED":
                     raise RunNotFound("the CodeRun was deleted while waiting for it", status=404)
@@ -86,9 +105,23 @@ def wait_until_finished(fetch: Fetch, watch: Watch, deadline: float, *, max_watc
             # Back off only after a failure, so an unreachable API server is not hammered.
             backoff = min(max(backoff * 2, 0.25), 5.0)
             log.debug("watch or list dropped (%s); listing again in %.2fs", e, backoff)
-            sleep(min(backoff, max(0.0, deadline - clock())))
+            yield Sleep(min(backoff, max(0.0, deadline - clock())))
         if deadline - clock() <= 0:
             return last, False
+
+
+def fetched(listed: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Fetch's answer from the list by name: (the run or None, the list's resourceVersion to watch from)."""
+    items = listed.get("items") or []
+    return (items[0] if items else None), listed["metadata"]["resourceVersion"]
+
+
+def wait_outcome(name: str, namespace: str, waited_seconds: float, last: Mapping[str, Any] | None,
+                 finished: bool) -> RunResult:
+    """The finished run, or RunTimeout with the last state seen."""
+    if not finished:
+        raise RunTimeout(name, namespace, waited_seconds, result_from_object(last) if last else None)
+    return result_from_object(last)
 
 
 def is_transient(status: int | None) -> bool:
@@ -107,3 +140,43 @@ def refuse(what: str, status: int | None, detail: str) -> CodeRunError:
     cls = RunNotFound if status == 404 else CodeRunError
     return cls(f"{what} failed: {status or 'no answer'} {detail}".rstrip() + (f" ({hint})" if hint else ""),
                status=status)
+
+
+def failure(what: str, status: int | None, detail: str, *, waiting: bool = False) -> Exception:
+    """A failed API call as the SDK sees it, from either client's exception: `status` None when no answer came.
+    While waiting, a transient failure means list and watch again (WatchDropped); otherwise it is the caller's."""
+    if waiting and is_transient(status):
+        return WatchDropped(f"{what}: {status or 'connection lost'} {detail}")
+    if status is None:
+        return CodeRunError(f"{what} failed: the API server did not answer ({detail})")
+    return refuse(what, status, detail)
+
+
+def api_message(error: Any) -> str:
+    """The API server's own message from an ApiException (it names the refused field), else the HTTP reason."""
+    try:
+        return json.loads(error.body).get("message") or error.reason
+    except (TypeError, ValueError, AttributeError):
+        return error.reason or ""
+
+
+def watch_event(what: str, line: bytes | str) -> tuple[str, dict[str, Any]]:
+    """(event type, object) from one line of a watch stream; an ERROR event (410 Gone, say) as the failure its
+    Status names, so the wait lists and watches again."""
+    event = json.loads(line)
+    if event.get("type") == "ERROR":
+        status = event.get("object") or {}
+        raise failure(what, status.get("code"), status.get("message") or status.get("reason") or "", waiting=True)
+    return event["type"], event["object"]
+
+
+@contextmanager
+def api_failures(what: str, api_exception: type[Exception], network_errors: tuple[type[Exception], ...], *,
+                 waiting: bool = False) -> Iterator[None]:
+    """A client's failures (its kubernetes package's ApiException, its transport's errors) as the SDK's."""
+    try:
+        yield
+    except api_exception as e:
+        raise failure(what, e.status, api_message(e), waiting=waiting) from e
+    except network_errors as e:
+        raise failure(what, None, str(e) or type(e).__name__, waiting=waiting) from e

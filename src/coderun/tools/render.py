@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..api.models import AuditStatus
 from ..api.text import one_line, printable
 from ..client.result import RunResult
 from ..client.runtimes import RuntimeInfo
@@ -55,6 +56,57 @@ def error_line(result: RunResult, code: str | None = None) -> str | None:
     return printable(text)
 
 
+MAX_TOUCHED_CHARS = 400
+MAX_TOUCHED_NAMES = 3
+
+
+def touched_line(audit: AuditStatus | None) -> str | None:
+    """One line of what the program touched (status.audit): `touched: 3 files read (data/visits.csv, ...), 1
+    written (...), 1 connect attempt (10.96.0.1:443 timedOut), 2 processes`; or why that is unknown. None when
+    the operator recorded no audit (the run never had a sandbox, or an operator without the audit)."""
+    if audit is None:
+        return None
+    if audit.source != "gvisor-trace":
+        return one_line(f"audit unavailable: {audit.message or 'no reason given'}")[:MAX_TOUCHED_CHARS]
+    omitted = audit.omitted
+
+    def files(rows, left_out: int | None, one: str, many: str) -> str | None:
+        total = len(rows or ()) + (left_out or 0)
+        if not total:
+            return None
+        return f"{_plural(total, one, many)} ({_names([f.path for f in rows or ()], total)})"
+
+    parts = [files(audit.files_read, omitted and omitted.files_read, "file read", "files read"),
+             files(audit.files_written, omitted and omitted.files_written, "file written", "files written")]
+    counts = audit.counts
+    connects = audit.connect_attempts or []
+    if counts and counts.connect_attempts:
+        shown = [f"{c.address}{f':{c.port}' if c.port is not None else ''} {c.result}" for c in connects]
+        parts.append(f"{_plural(counts.connect_attempts, 'connect attempt', 'connect attempts')} "
+                     f"({_names(shown, len(shown) + ((omitted and omitted.connect_attempts) or 0))})")
+    if counts and counts.processes:
+        parts.append(_plural(counts.processes, "process", "processes"))
+    if counts and counts.failed_execs:
+        parts.append(_plural(counts.failed_execs, "failed exec", "failed execs"))
+    if audit.outside_workdir and audit.outside_workdir.denied:
+        parts.append(f"{audit.outside_workdir.denied} denied outside the work dir")
+    text = ", ".join(p for p in parts if p) or "nothing outside the runner"
+    if not audit.complete:
+        text += " (incomplete: the record missed the run's end)"
+    line = one_line(f"touched: {text}")
+    return line if len(line) <= MAX_TOUCHED_CHARS else line[:MAX_TOUCHED_CHARS - 1] + "…"
+
+
+def _plural(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def _names(names: list[str], total: int) -> str:
+    shown = names[:MAX_TOUCHED_NAMES]
+    more = total > len(shown)
+    return ", ".join(shown) + (", ..." if more and shown else "..." if more else "")
+
+
 def render_result(result: RunResult, code: str | None = None) -> str:
     """The tool result text for a model: compact, outcome first, nothing the model cannot act on."""
     parts = [outcome_line(result), error_line(result, code),
@@ -64,6 +116,7 @@ def render_result(result: RunResult, code: str | None = None) -> str:
         parts.append(one_line("artifacts: " + ", ".join(f"{a.name} ({a.size} bytes)" for a in result.artifacts)))
     if result.validation and not result.validation.valid:
         parts.append(printable("output validation failed: " + "; ".join(result.validation.errors)))
+    parts.append(touched_line(result.audit))
     if result.finished and not (result.stdout or result.stderr or result.rejected):
         parts.append("(no output)")
     return "\n".join(p for p in parts if p)

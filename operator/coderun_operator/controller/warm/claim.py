@@ -16,15 +16,17 @@ from typing import Any, Callable, Mapping
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import StartMode
 from ... import metrics
-from ...builders import LABEL_POOL, build_input_configmap, claim_patch, code_hash, warm_input
+from ...builders import LABEL_POOL, build_network_policy, claim_patch, code_hash, warm_input
+from ...builders.egress import EgressAccess
 from ...builders.names import CONTAINER_NAME
 from ...policy import Decision, Policy
 from ...results.status import cold_again_status, parse_time, started_status
+from ..children import input_configmap
 from ..store import Store
 from ..writer import StatusWriter
 from . import session
-from .trust import (accepted_line, deadline_seconds, is_genuine, is_ready, key_of, nonce_digest, run_pool_key,
-                    wanted_pools)
+from .trust import (accepted_line, claimed_cpu_request, deadline_seconds, is_genuine, is_ready, key_of,
+                    nonce_digest, run_pool_key, wanted_pools)
 
 log = logging.getLogger("coderun")
 
@@ -51,9 +53,12 @@ class Claims:
         self.cold_only.discard(uid)
         self.accepted_elsewhere.discard(uid)
 
-    def try_start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None) -> bool:
+    def try_start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
+                  egress: EgressAccess | None = None) -> bool:
         """Start the run on a warm pod if its policy keeps a pool it fits and a pod is ready: True when it did
-        (or the run is gone), False to start it cold."""
+        (or the run is gone), False to start it cold. `egress`: the proxy, for a policy with host rules (the
+        run's credential, for the proxy pod `egress` is pinned to, travels with its input; the pool's NetworkPolicy
+        already routes its pods to every proxy pod)."""
         meta = run["metadata"]
         ns, uid = meta["namespace"], meta["uid"]
         claimed = self.store.pod(uid)
@@ -94,23 +99,25 @@ class Claims:
             self.store.put_pod(patched)
             metrics.POOL_CLAIMS.labels(language).inc()
             self._wake_pool()
-            return self._accept(run, spec, decision, key, patched, nonce)
+            return self._accept(run, spec, decision, key, patched, nonce, egress)
         metrics.POOL_MISSES.labels(language, "empty").inc()
         self._wake_pool()
         return False
 
     def _accept(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
-                pod: Mapping[str, Any], nonce: str) -> bool:
+                pod: Mapping[str, Any], nonce: str, egress: EgressAccess | None) -> bool:
         """The claim in the status, then the input: the session attaches while the status is written (the
         handshake is off the critical path) and sends only once the claim is recorded."""
         meta, pod_name = run["metadata"], pod["metadata"]["name"]
         status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.WARM, self.now(),
-                                f"warm sandbox pod {pod_name} claimed; sending the program")
+                                f"warm sandbox pod {pod_name} claimed; sending the program",
+                                egress.pod if egress else None)
         recorded: queue.Queue[bool] = queue.Queue(maxsize=1)
-        document = warm_input(build_input_configmap(run, spec, decision), nonce)
+        document = warm_input(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce)
+        after_sent = self._after_sent(run, decision, egress, pod_name)
         thread = threading.Thread(target=self._serve, name=f"warm-{meta['name'][:40]}", daemon=True,
                                   args=(meta["uid"], meta["namespace"], pod_name, document, nonce,
-                                        decision.limits.timeout_seconds, recorded))
+                                        decision.limits.timeout_seconds, recorded, after_sent))
         self.sessions[meta["uid"]] = thread
         thread.start()
         written = None
@@ -123,14 +130,39 @@ class Claims:
         return True
 
     def _serve(self, uid: str, ns: str, pod_name: str, document: bytes, nonce: str, timeout_seconds: int,
-               recorded: queue.Queue) -> None:
+               recorded: queue.Queue, after_sent: Callable[[], None]) -> None:
         def hand_back(text: str | None) -> None:
             self.sessions.pop(uid, None)
             self._hand_back(uid, pod_name, text, nonce)
         try:
-            session.run(self.api, ns, pod_name, document, timeout_seconds, recorded, hand_back)
+            session.run(self.api, ns, pod_name, document, timeout_seconds, recorded, hand_back, after_sent)
         finally:
             self.sessions.pop(uid, None)
+
+    def _after_sent(self, run: Mapping[str, Any], decision: Decision, egress: EgressAccess | None,
+                    pod_name: str) -> Callable[[], None]:
+        """What a claimed pod gets while its program starts, off the input's path, each best effort (the program
+        runs either way): a pool that reserves less CPU than its pods' limit asks for all of it (pods/resize);
+        a policy with egress gives the run its own NetworkPolicy, as a cold run has, so its routes are the ones
+        its decision recorded for as long as it runs, whatever becomes of the pool's."""
+        ns = run["metadata"]["namespace"]
+        cpu = claimed_cpu_request(decision.limits.cpu) if decision.policy.warm_pool_cpu_request else None
+        routes = (build_network_policy(run, decision.policy.egress, egress.route if egress else None)
+                  if decision.policy.egress else None)
+
+        def best_effort(what: str, call: Callable[[], Any]) -> None:
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+                log.info("warm pod %s/%s: %s: %s", ns, pod_name, what, str(e)[:300])
+
+        def after_sent() -> None:
+            if cpu:
+                best_effort("its CPU request stays the pool's",
+                            lambda: self.api.resize_pod_cpu(ns, pod_name, CONTAINER_NAME, cpu))
+            if routes:
+                best_effort("its own NetworkPolicy was not made", lambda: self.api.create_or_get(routes))
+        return after_sent
 
     def go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> bool:
         """Give a warm pod up before its program ran: delete it and write the run back to Pending without a pod.

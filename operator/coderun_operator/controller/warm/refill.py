@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from coderun.api.coderunpolicy import WarmPoolStatus
 from ... import metrics
 from ...builders import LABEL_POOL, LABEL_POOL_LANGUAGE, build_pool_pod
 from ...builders.names import fit_name
 from ...policy import Decision
 from ...results.status import parse_time
-from ..children import ensure_namespace_default_deny
+from ...builders.egress import ProxyRoute
+from ...proxy import EgressProxy, ProxyUnavailable, access_for
+from ..children import ensure_namespace_default_deny, ensure_pool_routes
 from ..store import Store, owner_uid
 from .trust import POOL_IDLE_SECONDS, is_genuine, is_ready, is_spent, key_of, wanted_pools
 
@@ -27,8 +30,12 @@ REFUSED_RETRY_SECONDS = 30
 
 
 class Refill:
-    def __init__(self, api, store: Store):
-        self.api, self.store = api, store
+    """`on_pools` is told, after each pass, how every policy's pool stands ((namespace, policy) -> size, ready)."""
+
+    def __init__(self, api, store: Store, proxy: EgressProxy | None = None,
+                 on_pools: Callable[[Mapping[tuple[str, str], WarmPoolStatus]], None] = lambda stands: None):
+        self.api, self.store, self.proxy = api, store, proxy
+        self._on_pools = on_pools
         self.started = time.monotonic()
         self._wakeup = threading.Event()
         self._ready_seen: set[str] = set()
@@ -78,17 +85,21 @@ class Refill:
                     self._delete_unclaimed(pod)
                 continue
             by_pool.setdefault(pool, []).append(pod)
+        stands: dict[tuple[str, str], WarmPoolStatus] = {}
         for (namespace, key), (language, decision, size) in wanted.items():
             pods = sorted(by_pool.get((namespace, key), ()),
                           key=lambda p: p["metadata"].get("creationTimestamp") or "")
-            metrics.POOL_READY.labels(namespace, decision.policy.name, language).set(
-                sum(1 for p in pods if is_ready(p)))
+            ready = sum(1 for p in pods if is_ready(p))
+            metrics.POOL_READY.labels(namespace, decision.policy.name, language).set(ready)
+            held = stands.get((namespace, decision.policy.name), WarmPoolStatus(size=0, ready=0))
+            stands[(namespace, decision.policy.name)] = WarmPoolStatus(size=held.size + size, ready=held.ready + ready)
             for extra in pods[size:]:
                 self._delete_unclaimed(extra)
             starting = sum(1 for p in pods if not is_ready(p))
             missing = min(size - len(pods), MAX_STARTING - starting)
             if missing > 0:
                 self._create(namespace, key, language, decision, missing)
+        self._on_pools(stands)
 
     def _delete_unclaimed(self, pod: Mapping[str, Any]) -> None:
         """Delete a pool pod only as we saw it: if a run claimed it meanwhile, its resourceVersion moved and the
@@ -100,18 +111,25 @@ class Refill:
         if self._refused_until.get((namespace, key), 0) > time.monotonic():
             return
         try:
-            if ensure_namespace_default_deny(self.api, namespace):
-                log.warning("warm pool of %s/%s: the namespace's default-deny policy is not coderun's; no pool "
-                            "pods", namespace, decision.policy.name)
+            conflict = (ensure_namespace_default_deny(self.api, namespace)
+                        or ensure_pool_routes(self.api, namespace, decision.policy, self._proxy_route(decision)))
+            if conflict:
+                log.warning("warm pool of %s/%s: %s; no pool pods", namespace, decision.policy.name, conflict)
                 return
             labels = {LABEL_POOL: fit_name(decision.policy.name), LABEL_POOL_LANGUAGE: language, "key": key}
             for _ in range(count):
                 created = self.api.create_pod(build_pool_pod(namespace, decision, labels, POOL_IDLE_SECONDS))
                 self.store.put_pod(created)
-        except self.api.Refused as e:  # a quota, an admission policy, a namespace going away: try again later
+        # A quota, an admission policy, a namespace going away, the egress proxy down: try again later.
+        except (self.api.Refused, ProxyUnavailable) as e:
             self._refused_until[(namespace, key)] = time.monotonic() + REFUSED_RETRY_SECONDS
             log.warning("warm pool of %s/%s: %s; trying again in %d s", namespace, decision.policy.name, e,
                         REFUSED_RETRY_SECONDS)
+
+    def _proxy_route(self, decision: Decision) -> ProxyRoute | None:
+        """Where the pool's pods reach the egress proxy, for a policy with host rules."""
+        access = access_for(self.proxy, decision.policy.egress)
+        return access.route if access else None
 
     def _observe_ready(self, pod: Mapping[str, Any]) -> None:
         """Refill time: a pool pod's creation to its runner running (once per pod)."""

@@ -24,33 +24,10 @@ STREAM_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 def run(api, ns: str, pod_name: str, document: bytes, timeout_seconds: int, recorded: queue.Queue,
-        hand_back: Callable[[str | None], None]) -> None:
+        hand_back: Callable[[str | None], None], on_sent: Callable[[], None] = lambda: None) -> None:
     """A failure before the input was sent gives the pod up (the run goes cold); after it, the log is the
-    fallback."""
-    received, sent, attached = b"", False, None
-    try:
-        attached = api.attach(ns, pod_name, CONTAINER_NAME)
-    except api.Transient as e:
-        log.warning("warm pod %s/%s: %s", ns, pod_name, e)
-    except Exception as e:  # noqa: BLE001 - a session must never take the operator down
-        log.error("warm pod %s/%s: attach failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
-    try:
-        if not recorded.get(timeout=ATTACH_SECONDS * 3):
-            return  # the claim is not in the status: nothing may be sent
-        if attached is not None:
-            attached.send(document)
-            sent = True
-            received = attached.read_until(has_frame, STREAM_LIMIT_BYTES,
-                                           timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
-    except queue.Empty:
-        return
-    except api.Transient as e:
-        log.warning("warm pod %s/%s: %s", ns, pod_name, e)
-    except Exception as e:  # noqa: BLE001
-        log.error("warm pod %s/%s: session failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
-    finally:
-        if attached is not None:
-            attached.close()
+    fallback. `on_sent`: what to do while the program starts (off the input's path)."""
+    sent, received = exchange(api, ns, pod_name, document, has_frame, timeout_seconds, recorded, on_sent)
     if not sent:
         metrics.POOL_ATTACH_FAILURES.inc()
         hand_back(None)
@@ -58,3 +35,35 @@ def run(api, ns: str, pod_name: str, document: bytes, timeout_seconds: int, reco
     text = received.decode("ascii", "replace")
     if FRAME_PREFIX in text:
         hand_back(text)
+
+
+def exchange(api, ns: str, pod_name: str, document: bytes, until: Callable[[bytes], bool], timeout_seconds: int,
+             recorded: queue.Queue | None = None, on_sent: Callable[[], None] = lambda: None) -> tuple[bool, bytes]:
+    """Attach, wait until `recorded` says the document may go (None: at once), send it, read the stream until
+    `until` holds (or the run's timeout and the pod margin pass), close: (whether it was sent, what was read).
+    The transport of a warm pod's input and of each run of a session (controller/session)."""
+    received, sent, attached = b"", False, None
+    try:
+        attached = api.attach(ns, pod_name, CONTAINER_NAME)
+    except api.Transient as e:
+        log.warning("pod %s/%s: %s", ns, pod_name, e)
+    except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+        log.error("pod %s/%s: attach failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
+    try:
+        if recorded is not None and not recorded.get(timeout=ATTACH_SECONDS * 3):
+            return False, b""  # the claim is not in the status: nothing may be sent
+        if attached is not None:
+            attached.send(document)
+            sent = True
+            on_sent()
+            received = attached.read_until(until, STREAM_LIMIT_BYTES, timeout_seconds + POD_DEADLINE_MARGIN_SECONDS)
+    except queue.Empty:
+        return False, b""
+    except api.Transient as e:
+        log.warning("pod %s/%s: %s", ns, pod_name, e)
+    except Exception as e:  # noqa: BLE001
+        log.error("pod %s/%s: session failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
+    finally:
+        if attached is not None:
+            attached.close()
+    return sent, received

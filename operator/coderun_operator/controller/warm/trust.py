@@ -37,7 +37,7 @@ def run_pool_key(namespace: str, decision: Decision) -> str:
 
 def wanted_pools(namespace: str, policy: Policy) -> dict[str, tuple[str, Decision]]:
     """The pools a policy asks for: pool key -> (language, the decision its pods are built from)."""
-    if not isinstance(policy, Policy) or policy.warm_pool_size <= 0 or policy.egress:
+    if not isinstance(policy, Policy) or policy.warm_pool_size <= 0:
         return {}
     pools = {}
     for language in policy.warm_pool_languages or tuple(policy.runtimes):
@@ -107,6 +107,12 @@ def deadline_seconds(pod: Mapping[str, Any], timeout_seconds: int, now: datetime
         return None
     wanted = math.ceil(max((now - started).total_seconds(), 0)) + timeout_seconds + POD_DEADLINE_MARGIN_SECONDS
     return wanted if wanted <= current else None
+
+
+def claimed_cpu_request(limit: str) -> str:
+    """The CPU request a claimed pod of a pool that reserves less asks for: a millicore under its limit, since an
+    in-place resize may not change the pod's QoS class (its request at the limit would make it Guaranteed)."""
+    return f"{max(math.ceil(parse_quantity(limit) * 1000) - 1, 1)}m"
 
 
 def nonce_digest(nonce: str) -> str:

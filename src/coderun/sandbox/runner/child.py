@@ -178,11 +178,16 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
     return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
 
 
-def child_metrics(wall_seconds: float) -> dict:
+def child_metrics(wall_seconds: float, before=None) -> dict:
+    """What the program used; `before` (the children's usage when it started) takes out a session's earlier runs'
+    CPU. maxRSSBytes is the largest of any child so far: in a session, of this run or an earlier one."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = usage.ru_utime + usage.ru_stime
+    if before is not None:
+        cpu_seconds -= before.ru_utime + before.ru_stime
     return {
         "wallMillis": int(round(wall_seconds * 1000)),
-        "cpuMillis": int(round((usage.ru_utime + usage.ru_stime) * 1000)),
+        "cpuMillis": int(round(cpu_seconds * 1000)),
         "maxRSSBytes": int(usage.ru_maxrss) * 1024,  # ru_maxrss is KiB on Linux
     }
 

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import re
+import stat
 
 from .capture import READ_CHUNK
 
@@ -175,29 +176,49 @@ def read_exactly(stream, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_stdin_input(stream, input_dir: str) -> str:
-    """Read the warm pool's input document from `stream` into `input_dir`, laid out as the ConfigMap mount is
-    (one file per key), and return the nonce. InputIncomplete on a short stream, InvalidInput on a bad one."""
+def read_length_line(stream) -> int:
+    """The ASCII decimal length that starts a document. InputIncomplete when the stream ends first (a clean end
+    of stream before any byte of it too: the caller tells the two apart by what it expects)."""
     header = stream.readline(24)
     if not header.endswith(b"\n"):
         raise InputIncomplete("the input stream ended before its length line")
     _require(header[:-1].isdigit(), "the input's length line is not a decimal number")
-    length = int(header)
-    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
+    return int(header)
+
+
+def parse_input_document(body: bytes) -> tuple[str, dict[str, bytes]]:
+    """(nonce, {ConfigMap key: content}) of one input document, or InvalidInput naming what is wrong."""
     try:
-        document = json.loads(read_exactly(stream, length))
+        document = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput(f"the input is not valid JSON: {str(exc)[:200]}") from None
     _require(isinstance(document, dict), "the input must be a JSON object")
     nonce, data, binary = document.get("nonce"), document.get("data") or {}, document.get("binaryData") or {}
     _require(isinstance(nonce, str) and bool(NONCE.match(nonce)), "the input's nonce must be 32-128 hex digits")
     _require(isinstance(data, dict) and isinstance(binary, dict), "data and binaryData must be objects")
-    os.makedirs(input_dir, mode=0o700, exist_ok=True)
+    entries = {}
     for key, value in [*data.items(), *binary.items()]:
         _require(isinstance(key, str) and bool(CONFIGMAP_KEY.match(key)) and isinstance(value, str),
                  f"input key {str(key)[:64]!r} must be a ConfigMap key with a string value")
-        content = value.encode("utf-8", "surrogatepass") if key in data else _base64(value, key)
+        _require(key not in entries, f"input key {key!r} is in both data and binaryData")
+        entries[key] = value.encode("utf-8", "surrogatepass") if key in data else _base64(value, key)
+    return nonce, entries
+
+
+def lay_out_input(entries: dict[str, bytes], input_dir: str) -> None:
+    """The keys as the ConfigMap mount has them: one file per key."""
+    os.makedirs(input_dir, mode=0o700, exist_ok=True)
+    for key, content in entries.items():
         write_new_file(input_dir, key, content)
+
+
+def read_stdin_input(stream, input_dir: str) -> str:
+    """Read the warm pool's input document from `stream` into `input_dir`, laid out as the ConfigMap mount is
+    (one file per key), and return the nonce. InputIncomplete on a short stream, InvalidInput on a bad one."""
+    length = read_length_line(stream)
+    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
+    nonce, entries = parse_input_document(read_exactly(stream, length))
+    lay_out_input(entries, input_dir)
     return nonce
 
 
@@ -209,16 +230,51 @@ def _base64(value: str, key: str) -> bytes:
 
 
 def write_new_file(work_dir: str, relative: str, content: bytes) -> None:
-    """Create one input file under work_dir; never through a symlink."""
-    target = resolve_inside(work_dir, relative)
+    """Create one input file under work_dir; never through a symlink. A file (or symlink) already at the path (a
+    session's earlier run left it) is unlinked first, never written through: the new file is always made afresh
+    (O_EXCL|O_NOFOLLOW), so a symlink a program planted cannot redirect the write. A directory there is refused."""
+    parent = os.path.dirname(relative)
+    target = os.path.join(resolve_inside(work_dir, parent) if parent else os.path.realpath(work_dir),
+                          os.path.basename(relative))
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        resolve_inside(work_dir, relative)  # parents exist now: re-check them
+        if parent:
+            resolve_inside(work_dir, parent)  # parents exist now: re-check them
+        _unlink_unless_directory(target, relative)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as exc:  # e.g. "a" and "a/b" both given
         raise InvalidInput(f"cannot create {relative!r}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
+
+
+def _unlink_unless_directory(path: str, relative: str) -> None:
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise InvalidInput(f"cannot create {relative!r}: a directory is in its place")
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def empty_directory(path: str) -> None:
+    """An empty directory at path, whatever a program left there: a symlink or file in its place is removed,
+    never followed, and so is every entry below it (a mount point, such as a warm pod's input volume, stays)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for root, dirs, files in os.walk(path, topdown=False):  # symlinks to directories are listed, not entered
+        for name in files:
+            os.unlink(os.path.join(root, name))
+        for name in dirs:
+            entry = os.path.join(root, name)
+            if os.path.islink(entry):
+                os.unlink(entry)
+            else:
+                os.rmdir(entry)
 
 
 def materialise_inputs(spec: dict, input_dir: str, work_dir: str) -> None:

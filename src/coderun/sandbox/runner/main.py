@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+import resource
 import signal
 import sys
 import time
@@ -14,27 +17,46 @@ from .child import OOM_EVIDENCE_WAIT_SECONDS, cgroup_reports_oom_kill, child_env
 from .confinement import enter_user_namespace, make_undumpable, mount_capped_scratch
 from .errors import V8_HEAP_EXHAUSTED
 from .frame import encode_frame, failure_frame, result_frame, termination_summary
-from .inputs import InputIncomplete, InvalidInput, load_run_spec, materialise_inputs, read_stdin_input
+from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
+                     read_stdin_input)
 from .limits import Guards
 from .processes import kill_all_other_processes
-from .protocol import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR
+from .protocol import (ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
+                       SESSION_SETTINGS_KEY)
+from .session import SessionInputs
 
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
+SESSION_KEY = re.compile(r"^(?:[0-9a-f]{2}){32,64}$")
+
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
 
 
+class ScratchMount:
+    """Whether the scratch dir is a capped tmpfs of ours (confinement.mount_capped_scratch). It is mounted once,
+    over the empty scratch dir, before the first program: a session's later runs keep it, and what is in it."""
+
+    def __init__(self):
+        self.tried, self.capped = False, False
+
+    def ensure(self, spec: dict, scratch_dir: str, own_namespaces: bool) -> bool:
+        if not self.tried:
+            self.tried = True
+            self.capped = bool(own_namespaces and spec["scratchTmpfs"] and mount_capped_scratch(
+                scratch_dir, spec["maxInodes"], spec["diskBytes"]))
+        return self.capped
+
+
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
-            own_namespaces: bool = False) -> dict:
+            own_namespaces: bool = False, scratch: ScratchMount | None = None) -> dict:
     # Absolute, because the program's cwd is the work dir.
     work, outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
     scratch_dir = os.path.dirname(work)
-    scratch_capped = False
+    scratch = scratch or ScratchMount()
     try:
         spec = load_run_spec(args.input)
         # Before the inputs are laid out there: they count against the caps, as the walk counts them.
-        scratch_capped = own_namespaces and spec["scratchTmpfs"] and mount_capped_scratch(
-            scratch_dir, spec["maxInodes"], spec["diskBytes"])
+        scratch_capped = scratch.ensure(spec, scratch_dir, own_namespaces)
         materialise_inputs(spec, args.input, work)
         stdin_path = None
         if spec["stdinKey"] is not None:
@@ -50,12 +72,13 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
                             spec["memoryBytes"] if spec["language"] == "javascript" else None)
     guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
                     is_pid1, os.path.abspath(args.input), scratch_capped)
+    usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # a session's earlier runs are not this one's
     try:
         outcome = run_child(spec["command"], work, env, stdin_path,
                             spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
     except OSError as exc:  # e.g. the image lacks the interpreter
         return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
-    metrics = child_metrics(outcome.wall_seconds)
+    metrics = child_metrics(outcome.wall_seconds, usage_before)
     oom_killed = outcome.runner_kill_reason is None and (
         (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
         or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
@@ -69,24 +92,25 @@ DEFAULT_PATHS = {
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
 }
-USAGE = ("usage: python3 -I /opt/coderun [--input DIR] [--input-stdin] [--work DIR] [--outputs DIR]\n"
+USAGE = ("usage: python3 -I /opt/coderun [--input DIR] [--input-stdin | --session] [--work DIR] [--outputs DIR]\n"
          "                               [--termination-log FILE]\n"
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
-         "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.")
+         "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.\n"
+         "--session (a session pod): one run per input document on stdin, a frame each, until stdin ends.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
     """`--name VALUE` or `--name=VALUE` for the four paths. Hand-rolled
     because importing argparse costs ~10 ms on every run."""
     paths = dict(DEFAULT_PATHS)
-    args, input_stdin = list(argv), False
+    args, flags = list(argv), {"input_stdin": False, "session": False}
     while args:
         option = args.pop(0)
         if option in ("-h", "--help"):
             print(USAGE)
             sys.exit(0)
-        if option == "--input-stdin":
-            input_stdin = True
+        if option in ("--input-stdin", "--session"):
+            flags[option[2:].replace("-", "_")] = True
             continue
         name, has_value, value = option.partition("=")
         key = name[2:].replace("-", "_") if name.startswith("--") else None
@@ -94,7 +118,10 @@ def parse_args(argv: list[str]) -> types.SimpleNamespace:
             print(f"{USAGE}\ncoderun-runner: bad argument {option!r}", file=sys.stderr)
             sys.exit(2)
         paths[key] = value if has_value else args.pop(0)
-    return types.SimpleNamespace(**paths, input_stdin=input_stdin)
+    if flags["input_stdin"] and flags["session"]:
+        print(f"{USAGE}\ncoderun-runner: --input-stdin and --session are two modes: give one", file=sys.stderr)
+        sys.exit(2)
+    return types.SimpleNamespace(**paths, **flags)
 
 
 def open_termination_log(path: str) -> int | None:
@@ -117,6 +144,25 @@ def write_termination_log(fd: int | None, summary: bytes) -> None:
         os.close(fd)
 
 
+def print_frame(frame: dict, is_pid1: bool) -> bytes:
+    """Print the frame once nothing of the program is left to print after it; return its JSON text."""
+    if is_pid1:
+        kill_all_other_processes()
+    frame_json = encode_frame(frame)
+    out = sys.stdout.buffer
+    # The leading newline ends any partial line a program wrote to our stdout
+    # (via /proc/1/fd/1), so the frame always starts its own line.
+    out.write(b"\n" + FRAME_PREFIX.encode("ascii") + frame_json + b"\n")
+    out.flush()
+    return frame_json
+
+
+def announce_accepted(nonce: str) -> None:
+    """The operator's proof that the program may be running: a digest of the nonce, never the nonce."""
+    sys.stdout.buffer.write(f"{ACCEPTED_PREFIX}{hashlib.sha256(nonce.encode()).hexdigest()[:16]}\n".encode())
+    sys.stdout.buffer.flush()
+
+
 def accept_stdin_input(input_dir: str) -> tuple[str | None, dict | None]:
     """A warm pod's input: (nonce, None) once all of it is read, announced on stdout (the operator's proof that
     the program may be running); else (None, the failure frame). The nonce is never written anywhere the
@@ -129,8 +175,7 @@ def accept_stdin_input(input_dir: str) -> tuple[str | None, dict | None]:
         return None, failure_frame(INVALID_INPUT, str(exc))
     except OSError as exc:
         return None, failure_frame(RUNNER_ERROR, f"could not read the input: {exc}")
-    sys.stdout.buffer.write(f"{ACCEPTED_PREFIX}{hashlib.sha256(nonce.encode()).hexdigest()[:16]}\n".encode())
-    sys.stdout.buffer.flush()
+    announce_accepted(nonce)
     return nonce, None
 
 
@@ -146,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in SHIELDED_SIGNALS:
         signal.signal(getattr(signal, name), lambda number, _frame: None)
     termination_fd = open_termination_log(args.termination_log)
+    if args.session:
+        serve_session(args, is_pid1, termination_fd, own_namespaces)
+        return 0
     nonce, frame = None, None
     if args.input_stdin:
         nonce, frame = accept_stdin_input(args.input)
@@ -158,13 +206,90 @@ def main(argv: list[str] | None = None) -> int:
     frame["startedAtMillis"] = started_at_millis
     if nonce is not None:
         frame["nonce"] = nonce
-    if is_pid1:
-        kill_all_other_processes()
-    frame_json = encode_frame(frame)
-    out = sys.stdout.buffer
-    # The leading newline ends any partial line a program wrote to our stdout
-    # (via /proc/1/fd/1), so the frame always starts its own line.
-    out.write(b"\n" + FRAME_PREFIX.encode("ascii") + frame_json + b"\n")
-    out.flush()
+    frame_json = print_frame(frame, is_pid1)
     write_termination_log(termination_fd, termination_summary(frame, frame_json))
     return 0
+
+
+def session_key(entries: dict[str, bytes]) -> bytes:
+    """The session's key from its first document's `session.json` ({"key": 64-128 hex digits, "keepState"}),
+    taken out of the run's keys: the program never sees it. InvalidInput if there is none or it is malformed."""
+    try:
+        settings = json.loads(entries.pop(SESSION_SETTINGS_KEY))
+    except KeyError:
+        raise InvalidInput(f"the session's first input has no {SESSION_SETTINGS_KEY}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidInput(f"{SESSION_SETTINGS_KEY} is not valid JSON") from None
+    key = settings.get("key") if isinstance(settings, dict) else None
+    if not (isinstance(key, str) and SESSION_KEY.match(key)):
+        raise InvalidInput(f"{SESSION_SETTINGS_KEY}: key must be 64-128 hex digits")
+    if settings.get("keepState", False) is not False:
+        raise InvalidInput(f"{SESSION_SETTINGS_KEY}: keepState sessions are not supported by this runner yet")
+    return bytes.fromhex(key)
+
+
+def session_run(document, args, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
+                scratch: ScratchMount) -> dict:
+    """One run of a session: its keys laid out afresh in the input dir (nothing of the last run's input stays),
+    the outputs dir emptied, the work dir as the last run left it, and the program run as a cold run's."""
+    if document.error is not None:
+        return failure_frame(INVALID_INPUT, document.error)
+    try:
+        empty_directory(args.input)
+        lay_out_input(document.entries, args.input)
+        empty_directory(args.outputs)
+    except InvalidInput as exc:
+        return failure_frame(INVALID_INPUT, str(exc))
+    except OSError as exc:
+        return failure_frame(RUNNER_ERROR, f"could not lay out the run's input: {exc}")
+    if termination_fd is not None:
+        os.ftruncate(termination_fd, 0)  # what an earlier run wrote there was that run's violation, not this one's
+    announce_accepted(document.nonce)
+    return execute(args, is_pid1, termination_fd, own_namespaces, scratch)
+
+
+def killed_unasked(frame: dict) -> bool:
+    """The program died of a SIGKILL that the runner did not send (its own kills have their own reasons)."""
+    return frame.get("reason") == SIGNALED and frame.get("signal") == signal.SIGKILL and not frame.get("oomKilled")
+
+
+def serve_session(args, is_pid1: bool, termination_fd: int | None, own_namespaces: bool) -> None:
+    """--session: a run per document on stdin (session.SessionInputs), each answered by a frame with its own
+    nonce, until the stream ends. The first document carries the session's key; every later one must carry its
+    MAC. Every process a run left is killed before its frame, so none is alive when the next run starts, and
+    none can print into a later run's output. The termination log gets the last frame's summary at the end
+    (emptied before each run: a program that writes it breaks the sandbox's rule in its own run, as cold)."""
+    inputs = SessionInputs(sys.stdin.buffer)
+    scratch = ScratchMount()
+    frame_json, frame = None, None
+    try:
+        for document in inputs:
+            started_at_millis = int(time.time() * 1000)
+            first = inputs.key is None
+            try:
+                if first and document.error is None:
+                    inputs.key = session_key(document.entries)
+                frame = session_run(document, args, is_pid1, termination_fd, own_namespaces, scratch)
+            except InvalidInput as exc:
+                frame = failure_frame(INVALID_INPUT, str(exc))
+            except Exception as exc:  # the frame must still be printed
+                frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
+            frame["startedAtMillis"] = started_at_millis
+            if document.nonce is not None:
+                frame["nonce"] = document.nonce
+            frame_json = print_frame(frame, is_pid1)
+            if inputs.key is None:
+                return  # without the session's key no later document could be told from another client's
+            if killed_unasked(frame):
+                # A SIGKILL the runner did not send is most often the sandbox's memory running out (gVisor's
+                # cgroupfs keeps no OOM count to read here). The container's end is what says so (OOMKilled, as
+                # for a cold run), and a sandbox under that pressure cannot be vouched for: the session ends.
+                return
+    except InputIncomplete as exc:  # the stream broke: nothing after could be read in step
+        frame = failure_frame(INPUT_INCOMPLETE, str(exc))
+        frame_json = print_frame(frame, is_pid1)
+    finally:
+        if frame_json is not None:
+            write_termination_log(termination_fd, termination_summary(frame, frame_json))
+        elif termination_fd is not None:
+            os.close(termination_fd)

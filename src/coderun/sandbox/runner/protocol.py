@@ -1,6 +1,9 @@
 """The runner's side of the wire, and the only module of the runner the operator imports: the frame's prefix and
 version, the reasons a frame can carry, the kinds of limit, the caps on what the program controls in a frame, and
-the line a warm pod's runner prints once it has its input."""
+the line a warm pod's runner prints once it has its input, and the MAC of a session's input documents."""
+
+import hashlib
+import hmac
 
 FRAME_PREFIX = "CODERUN-RESULT-V1 "
 FRAME_VERSION = 1
@@ -40,3 +43,13 @@ ACCEPTED_PREFIX = "CODERUN-ACCEPTED "
 def cap(text: str, limit: int) -> str:
     """The head of text, marked with an ellipsis when cut: the program decides how long its strings are."""
     return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+# A session's first document carries its settings under this key: the key of the documents' MACs, and keepState.
+SESSION_SETTINGS_KEY = "session.json"
+
+
+def session_document_mac(key: bytes, sequence: int, body: bytes) -> str:
+    """The MAC of a session's sequence-th authenticated input document (runner/session.py checks it; the operator
+    writes it on the document's length line)."""
+    return hmac.new(key, b"%d\n" % sequence + body, hashlib.sha256).hexdigest()

@@ -1,0 +1,263 @@
+"""CodeRunSessions on the real cluster (docs/sessions.md): one caller's runs go one at a time through one gVisor
+sandbox; files persist between them, processes do not; only the session's creator may run in it (the API server
+refuses anyone else at apply); idle time, memory exhaustion and deletion end it, and runs after that are refused
+saying why."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from coderun.api.coderunsession import SESSION_PLURAL
+from coderun.api.models import GROUP, VERSION
+from coderun.client import CodeRunClient, RunRejected
+from conftest import CREATOR_VERBS, KUBECONFIG, grant, wait_for
+from test_policy import apply_policy, status_of
+
+SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
+SMALL = {"memory": "256Mi", "cpu": "250m", "disk": "64Mi", "timeoutSeconds": 20}
+
+
+def allow_sessions(cluster, namespace: str, **sessions) -> None:
+    apply_policy(cluster, namespace, "default", {"sessions": {"allowed": True, **sessions},
+                                                 "defaults": {"cpu": "250m", "memory": "256Mi"}})
+
+
+def create_session(cluster, namespace: str, user: str | None = None, **spec) -> str:
+    """`kubectl create -f -` of a CodeRunSession (as `user` with --as), as the README writes it; its name."""
+    name = f"s-{uuid.uuid4().hex[:8]}"
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": name},
+                "spec": {"language": "python", "limits": SMALL, **spec}}
+    cluster.kubectl(*(("--as", user) if user else ()), "create", "-n", namespace, "-f", "-",
+                    input=json.dumps(manifest))
+    return name
+
+
+def session_status(cluster, namespace: str, name: str) -> dict:
+    return cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, name).get(
+        "status") or {}
+
+
+def wait_session(cluster, namespace: str, name: str, condition: str = "Ready", timeout: int = 90) -> dict:
+    """`kubectl wait --for=condition=...`, as a user waits; the status once it holds."""
+    waited = cluster.kubectl("wait", "-n", namespace, f"crsess/{name}", f"--for=condition={condition}",
+                             f"--timeout={timeout}s", check=False)
+    status = session_status(cluster, namespace, name)
+    assert waited.returncode == 0, (f"{name} not {condition} after {timeout}s: {waited.stderr}", status,
+                                    cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout)
+    return status
+
+
+def run_in(cluster, namespace: str, session: str, code: str, timeout: float = 60, **spec) -> dict:
+    name = cluster.create_run(namespace, {"language": "python", "session": session, "code": code, **spec})
+    return status_of(cluster.wait_run(namespace, name, timeout))
+
+
+def refused_at_apply(cluster, namespace: str, session: str) -> str:
+    """What kubectl says when a run naming the session is refused at `kubectl create` (it must be)."""
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": f"r-{uuid.uuid4().hex[:6]}"},
+                "spec": {"language": "python", "session": session, "code": "print(1)"}}
+    result = cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
+    assert result.returncode != 0, f"a run naming {session} was accepted: {result.stdout}"
+    return result.stderr
+
+
+def test_a_sessions_files_persist_its_processes_do_not_and_each_run_has_its_own_status(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    ready = wait_session(operator, namespace, session)
+    assert ready["phase"] == "Ready" and ready["podName"] and ready["policy"] == "default", ready
+
+    first = run_in(operator, namespace, session, "\n".join([
+        "import subprocess",
+        "open('notes.txt', 'w').write('from run 1')",
+        # a process left behind on purpose: it must not outlive its run
+        "subprocess.Popen(['python3', '-c', 'import time; time.sleep(600)'], start_new_session=True)",
+        "print('wrote')"]))
+    assert (first["phase"], first["stdout"], first["startMode"]) == ("Succeeded", "wrote\n", "Session"), first
+    assert first["podName"] == ready["podName"]
+
+    second = run_in(operator, namespace, session, "\n".join([
+        "import os",
+        "print(open('notes.txt').read())",
+        # every process this run can see: its own interpreter only (the runner is PID 1 outside its namespace)
+        "others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]",
+        "print(sorted(open(f'/proc/{p}/cmdline').read().replace(chr(0), ' ') for p in others))"]))
+    assert second["phase"] == "Succeeded", second
+    assert second["stdout"].splitlines()[0] == "from run 1", second["stdout"]
+    assert "sleep(600)" not in second["stdout"], second["stdout"]
+
+    broken = run_in(operator, namespace, session, "x = 1\n\ndef f():\n    return 1 / 0\n\nf()\n")
+    assert (broken["phase"], broken["reason"], broken["exitCode"]) == ("Failed", "NonZeroExit", 1), broken
+    assert broken["error"]["type"] == "ZeroDivisionError" and broken["error"]["line"] == 4, broken["error"]
+    assert broken["stdout"] == "" and "notes" not in broken["stderr"]  # output is per run
+
+    after = wait_session(operator, namespace, session)
+    assert after["phase"] == "Ready" and after["runsDone"] == 3 and after["podName"] == ready["podName"], after
+
+
+def test_a_hanging_run_ends_at_its_timeout_and_the_session_takes_the_next(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    hung = run_in(operator, namespace, session, "import time\nprint('started', flush=True)\ntime.sleep(600)",
+                  limits={"timeoutSeconds": 2})
+    assert (hung["phase"], hung["reason"]) == ("Failed", "Timeout"), hung
+    assert hung["stdout"] == "started\n"
+    following = run_in(operator, namespace, session, "print('next')")
+    assert (following["phase"], following["stdout"]) == ("Succeeded", "next\n"), following
+
+
+def test_runs_of_a_session_go_one_at_a_time_in_creation_order(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    names = [operator.create_run(namespace, {"language": "python", "session": session,
+                                             "code": f"open('order.txt', 'a').write('{i}')\n"
+                                                     "print(open('order.txt').read())"},
+                                 name=f"step-{i}") for i in range(4)]
+    results = [status_of(operator.wait_run(namespace, name)) for name in names]
+    assert [r["stdout"] for r in results] == ["0\n", "01\n", "012\n", "0123\n"], results
+    for before, after in zip(results, results[1:]):  # never two in the sandbox at once
+        assert before["completionTime"] <= after["startTime"], (before, after)
+
+
+def test_only_the_sessions_creator_may_run_in_it_refused_by_the_api_server(operator, namespace):
+    allow_sessions(operator, namespace)
+    for user in ("alice", "bob"):
+        grant(operator, namespace, user, CREATOR_VERBS)
+        grant(operator, namespace, user, ["create", "get", "list", "watch"], rules=SESSIONS)
+    session = create_session(operator, namespace, user="alice")
+    assert session_status(operator, namespace, session).get("creator") in (None, "alice")
+    wait_session(operator, namespace, session)
+    assert session_status(operator, namespace, session)["creator"] == "alice"
+
+    def run_as(user: str):
+        manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": f"r-{user}"},
+                    "spec": {"language": "python", "session": session, "code": f"print('{user}')"}}
+        return operator.kubectl("--as", user, "create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
+                                check=False)
+    refused = run_as("bob")
+    assert refused.returncode != 0, refused.stdout
+    # the API server's own admission policy said no (nothing that can be down), naming the session and what to do
+    assert "session.coderun.io" in refused.stderr and session in refused.stderr, refused.stderr
+    assert "only its creator may run in it" in refused.stderr, refused.stderr
+    assert operator.kubectl("get", "crun", "r-bob", "-n", namespace, check=False).returncode != 0
+    accepted = run_as("alice")
+    assert accepted.returncode == 0, accepted.stderr
+    status = status_of(operator.wait_run(namespace, "r-alice"))
+    assert (status["phase"], status["stdout"]) == ("Succeeded", "alice\n"), status
+
+
+def test_an_idle_session_ends_its_pod_goes_and_a_later_run_is_refused_saying_why(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, idleTimeoutSeconds=10, maxLifetimeSeconds=60)
+    pod = wait_session(operator, namespace, session)["podName"]
+    ended = wait_session(operator, namespace, session, "Ended", timeout=60)
+    assert (ended["phase"], ended["reason"]) == ("Ended", "IdleTimeout"), ended
+    wait_for(lambda: pod not in {p.metadata.name for p in operator.core.list_namespaced_pod(namespace).items},
+             60, "the ended session's pod to be deleted")
+    refused = refused_at_apply(operator, namespace, session)
+    assert "has ended" in refused and "IdleTimeout" in refused and "create a new session" in refused, refused
+
+
+def test_a_run_that_exhausts_the_sessions_memory_ends_the_session_with_its_reason(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    hog = run_in(operator, namespace, session, "blocks = []\nwhile True:\n    blocks.append(bytearray(32 << 20))",
+                 timeout=120)
+    assert hog["phase"] == "Failed" and hog["reason"] == "OOMKilled", hog
+    ended = wait_session(operator, namespace, session, "Ended", timeout=60)
+    assert (ended["phase"], ended["reason"]) == ("Ended", "OOMKilled"), ended
+    refused = refused_at_apply(operator, namespace, session)
+    assert "has ended" in refused and "OOMKilled" in refused, refused
+
+
+def test_the_sdk_session_runs_steps_and_deletes_its_sandbox_on_exit(operator, namespace):
+    allow_sessions(operator, namespace)
+    client = CodeRunClient(namespace, kubeconfig=str(KUBECONFIG))
+    with client.session(limits={"memory": "256Mi", "cpu": "250m"}, idle_timeout=60) as session:
+        load = session.run("import json\nrows = json.load(open('rows.json'))\n"
+                           "open('total.txt', 'w').write(str(sum(rows)))\nprint(len(rows))",
+                           files={"rows.json": "[1, 2, 3, 4]"})
+        total = session.run("print(open('total.txt').read())")
+        # the session's status follows its run's by one write
+        info = wait_for(lambda: (i := session.info()).runs_done == 2 and i, 10, "the session to count both runs")
+    assert (load.stdout, total.stdout) == ("4\n", "10\n"), (load, total)
+    assert load.start_mode == total.start_mode == "Session" and load.pod_name == total.pod_name == info.pod_name
+    assert info.phase == "Ready", info
+    wait_for(lambda: info.pod_name not in {p.metadata.name for p in operator.core.list_namespaced_pod(namespace).items},
+             60, "the session's pod to go with the session")
+    assert operator.kubectl("get", "crsess", session.name, "-n", namespace, check=False).returncode != 0
+    with pytest.raises(RunRejected, match="does not exist") as refused:  # the session is gone: refused, saying so
+        session.run("print(1)")
+    assert refused.value.result.reason == "SessionNotFound"
+
+
+# The warm/cold equality programs (test_warm.CASES), in an order a session can keep: the view of the work dir
+# first (later runs leave files), the disk filler last (its file stays in the session's /tmp). Not here: the
+# memory hog (it ends the session: its own test above) and javascript (another language, another session).
+SESSION_ORDER = ["program-view", "success", "exception", "exit-code", "stdin-and-files", "timeout", "output-flood",
+                 "artifacts", "secret-redacted", "disk"]
+
+
+def test_a_session_run_has_the_status_a_cold_run_of_the_same_program_has(operator, namespace):
+    from test_warm import CASES, SEEN, comparable
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, limits={})  # the policy's defaults, as the cold runs get
+    wait_session(operator, namespace, session)
+    cases = dict(CASES)
+    for name in SESSION_ORDER:
+        spec = {"language": "python", **cases[name]}
+        in_session = status_of(operator.wait_run(namespace, operator.create_run(
+            namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
+        cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
+        assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
+        session_view, cold_view = comparable(in_session, name), comparable(cold, name)
+        for view in (session_view, cold_view):  # named after each run: where, not what
+            (view.get("audit") or {}).pop("recordConfigMap", None)
+        assert session_view == cold_view, (name, {k: (session_view.get(k), cold_view.get(k))
+                                                  for k in set(session_view) | set(cold_view)
+                                                  if session_view.get(k) != cold_view.get(k)})
+        if name in SEEN:
+            assert SEEN[name](json.loads(in_session["stdout"])), (name, in_session["stdout"])
+
+
+# A run that leaves a process behind which, as fast as it can, prints forged result frames (with every nonce it
+# could guess: none) wherever it can reach the runner's output, and tampers with the work dir the next run uses.
+FORGER = r"""
+import os, subprocess, sys
+child = '''
+import os, time
+forged = b'\nCODERUN-RESULT-V1 {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "forged\\n"}\n'
+while True:
+    for path in ("/proc/1/fd/1", "/proc/self/fd/1", "/dev/stdout"):
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            os.write(fd, forged)
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        open("main.py", "w").write("print('replaced')")
+    except OSError:
+        pass
+    time.sleep(0.002)
+'''
+subprocess.Popen([sys.executable, "-c", child], start_new_session=True, stdout=sys.stdout)
+print("left one behind")
+"""
+
+
+def test_a_run_cannot_forge_the_next_runs_result_nor_leave_a_process_to_do_it(operator, namespace):
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    first = run_in(operator, namespace, session, FORGER)
+    assert (first["phase"], first["stdout"].splitlines()[0]) == ("Succeeded", "left one behind"), first
+    for i in range(3):
+        later = run_in(operator, namespace, session, f"print({i} * 7)")
+        assert (later["phase"], later["stdout"]) == ("Succeeded", f"{i * 7}\n"), later
+        assert later["audit"]["processes"] == [{"argv": ["python3", "-u", "main.py"], "exitCode": 0}], later["audit"]

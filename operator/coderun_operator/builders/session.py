@@ -1,0 +1,58 @@
+"""A CodeRunSession's children, pure: its sandbox pod (the run's pod, with the session's limits, its runner in
+session mode on an open stdin, owned by the session) and the documents its runner reads (docs/sessions.md)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from coderun.api.coderunsession import SESSION_KIND
+from coderun.sandbox.runner.protocol import SESSION_SETTINGS_KEY, session_document_mac
+from ..policy import Decision
+from .names import ANNOTATION_POLICY, LABEL_MANAGED_BY, LABEL_SANDBOX, LABEL_SESSION, LABEL_SESSION_UID, MANAGER, \
+    child_name, fit_name
+from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _sandbox_pod, input_document, \
+    owner_reference
+
+# The runner reads one document per run on stdin for as long as the session lives (runner main.serve_session).
+SESSION_RUNNER_COMMAND = (*RUNNER, "--session")
+
+
+def session_labels(session: Mapping[str, Any]) -> dict[str, str]:
+    meta = session["metadata"]
+    return {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_SESSION: fit_name(meta["name"]),
+            LABEL_SESSION_UID: meta["uid"]}
+
+
+def session_pod_name(session: Mapping[str, Any]) -> str:
+    """Named by the session's uid too: a session deleted and created again under its name at once gets a pod of
+    its own, not the old one's name while that pod is still terminating."""
+    meta = session["metadata"]
+    return child_name(meta["name"], f"session-{meta['uid'][:8]}")
+
+
+def build_session_pod(session: Mapping[str, Any], decision: Decision, lifetime_seconds: int) -> dict[str, Any]:
+    """The hardened sandbox pod every run gets (objects._sandbox_pod), with the session's limits, its runner in
+    --session mode on a stdin that stays open between attaches, its input written by the runner on a volume of its
+    own (as a warm pod's), owned by the session (it goes when the session goes), and the kubelet's deadline the
+    session's lifetime plus the usual margin (the backstop of the operator's tick)."""
+    meta = session["metadata"]
+    metadata = {"name": session_pod_name(session), "namespace": meta["namespace"], "labels": session_labels(session),
+                "annotations": {ANNOTATION_POLICY: decision.policy.name},
+                "ownerReferences": [owner_reference(session, SESSION_KIND)]}
+    pod = _sandbox_pod(metadata, decision, list(SESSION_RUNNER_COMMAND), lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS,
+                       {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
+    pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": False})
+    return pod
+
+
+def session_document(configmap: Mapping[str, Any], nonce: str, key: bytes, sequence: int) -> bytes:
+    """One run's document for the session's runner (runner/session.py): the first (`sequence` 0) carries the
+    session's key in session.json and no MAC (the runner has no key yet); every later one carries, on its length
+    line, its sequence number and the MAC under that key of that number and its body, so no other client of the
+    pod's stdin can run, replay or reorder a document (the runner takes only numbers past the last it read)."""
+    if sequence == 0:
+        body = input_document(configmap, nonce, {SESSION_SETTINGS_KEY: json.dumps({"key": key.hex(),
+                                                                                   "keepState": False})})
+        return b"%d\n" % len(body) + body
+    body = input_document(configmap, nonce)
+    return b"%d %d %s\n" % (len(body), sequence, session_document_mac(key, sequence, body).encode()) + body

@@ -1,0 +1,26 @@
+"""A finished run's audit: the node agent asked (audit.py), its record stored in a ConfigMap owned by the run
+before the status names it, the summary bounded and redacted into status.audit (results/audit.py). Only for
+runs that had a sandbox pod; never raises, never waits past the agent's deadline."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..audit import NOT_INSTALLED, AgentAnswer, AuditAgent, since_ns
+from ..policy.redact import Redactor
+from ..results.audit import audit_status, record_text, unavailable, with_audit, with_record
+from ..results.status import Outcome
+from .children import store_audit_record
+
+
+def audited(api, agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any], outcome: Outcome,
+            redactor: Redactor) -> Outcome:
+    """The outcome with status.audit: the agent's summary, or Unavailable saying why."""
+    answer = agent.ask(pod, since_ns(run.get("status") or {})) if agent is not None else NOT_INSTALLED
+    if not isinstance(answer, AgentAnswer):
+        return with_audit(outcome, unavailable(answer))
+    audit, redactions = audit_status(answer.summary, redactor)
+    if audit["source"] == "Unavailable":
+        return with_audit(outcome, audit)
+    text, cut = record_text(answer.record, redactor)
+    name = store_audit_record(api, run, text) if text else None
+    return with_audit(outcome, with_record(audit, name, answer.record_cut + cut), redactions)

@@ -1,0 +1,507 @@
+"""CodeRunSessions (docs/sessions.md), keepState false: admit a session (its policy allows it, caps, maxSessions),
+create its sandbox pod, keep its status (results/session.compute_session_status) and end it (idle, lifetime, pod
+lost, OOM, policy removed) on events and the controller's tick; and take a run naming a session through it, one at
+a time in creation order: its document (MAC'd under the session's key, a fresh nonce) over an attach
+(warm/session.exchange, the warm pool's transport), its frame handed back to the controller's finish.
+
+A session's key is derived from one key the operator keeps in a Secret of its own namespace (HMAC of the
+session's uid): nothing per session to create or delete, and a restarted operator derives it again.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from signal import SIGKILL
+from typing import Any, Callable, Mapping
+
+from pydantic import ValidationError
+
+from coderun.api.coderunsession import CodeRunSessionSpec
+from coderun.api.identity import CREATED_BY
+from coderun.api.models import CodeRunStatus, ResourceLimits
+from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
+from coderun.sandbox.runner.protocol import FRAME_PREFIX
+from ...builders import code_hash
+from ...builders.names import LABEL_SESSION_UID
+from ...builders.session import build_session_pod, session_document
+from ...key_secret import ensure_key, read_key
+from ...policy import Decision, Denial, Policy
+from ...policy.decide import parse_spec
+from ...policy.evaluate import needs_use_permission, select_policy
+from ...policy.session import run_in_session, session_verdict
+from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
+from ...results.session import admitted_status, compute_session_status, ended_status, runs_in_order
+from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
+                               waiting_status)
+from ..children import ensure_namespace_default_deny, input_configmap
+from ..store import Store
+from ..warm.session import exchange
+from ..writer import StatusWriter, to_wire
+
+log = logging.getLogger("coderun")
+
+KEY_SECRET = "coderun-session-key"
+KEY_ENTRY = "key"
+
+# What the controller does with a session run's stream: (run uid, pod name, sent, stream text, nonce).
+HandBack = Callable[[str, str, bool, str, str], None]
+# How long a frame killed by an unsent SIGKILL waits for the container's end to say whether memory ran out.
+KILL_EVIDENCE_SECONDS = 30.0
+# Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
+MAX_ATTACH_FAILURES = 3
+
+
+@dataclass(frozen=True)
+class HeldFrame:
+    """A run's frame finished once the sandbox's end says how it died: `oom_killed` from the container's state."""
+    frame: RunnerFrame
+    oom_killed: bool
+
+
+def session_key(master: bytes, session_uid: str) -> bytes:
+    """The session's own key: only the operator (who holds the master key) and the session's runner know it."""
+    return hmac.new(master, b"coderun-session\0" + session_uid.encode(), hashlib.sha256).digest()
+
+
+def frame_with(nonce: str) -> Callable[[bytes], bool]:
+    """Read the stream until a whole frame line carrying this run's nonce (a dropped document's frame, or another
+    client's, carries none)."""
+    marker = f'"nonce":"{nonce}"'.encode()
+
+    def done(received: bytes) -> bool:
+        at = received.rfind(b"\n" + FRAME_PREFIX.encode())
+        return at >= 0 and received.find(b"\n", at + 1) >= 0 and marker in received[at:]
+    return done
+
+
+class Sessions:
+    def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime], key_namespace: str,
+                 hand_back: HandBack, reconcile_runs: Callable[[list[str]], None],
+                 list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
+                 may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]]):
+        self.api, self.store, self.writer, self.now = api, store, writer, clock
+        self.key_namespace = key_namespace
+        self._hand_back, self._reconcile_runs, self._list_runs_once = hand_back, reconcile_runs, list_runs_once
+        # why the creators' annotations cannot be trusted now (the API server's identity policies are missing or
+        # do not enforce), or None: controller/identity.IdentityGuard
+        self._identity_problem = identity_problem
+        # for a session naming a policy other than `default`: may its creator (RBAC verb use) name it?
+        self._may_use = may_use
+        # run uid -> its frame, from the stream until the controller's finish of it succeeded (a retry of a
+        # failed finish, or a reconcile that comes first, finishes from it rather than call the run lost)
+        self.received: dict[str, RunnerFrame] = {}
+        self._attach_failures: dict[str, int] = {}  # session uid -> attaches in a row that sent nothing
+        self.sessions: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> the session as last seen
+        self.pods: dict[str, dict[str, Any]] = {}  # session uid -> its sandbox pod
+        self.streams: dict[str, threading.Thread] = {}  # run uid -> the thread sending it and reading its frame
+        # run uid -> (its frame, when it came): killed by a SIGKILL the runner did not send, so the runner ended
+        # the session after it, and the container's end (OOMKilled or not) decides the run's reason
+        self.killed: dict[str, tuple[RunnerFrame, float]] = {}
+        self._master: bytes | None = None  # _master_key
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ events
+    def on_session(self, session: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> None:
+        meta = session["metadata"]
+        with self._lock:
+            if deleted:
+                self.sessions.pop((meta["namespace"], meta["name"]), None)
+                self.pods.pop(meta["uid"], None)
+            else:
+                self.sessions[(meta["namespace"], meta["name"])] = held = _newest_count(
+                    dict(session), self.sessions.get((meta["namespace"], meta["name"])))
+                self._refresh(dict(held), ensure_policies)
+        self._reconcile_runs(self._waiting_runs(meta["namespace"], meta["name"]))
+
+    def on_pod(self, pod: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> bool:
+        """A session pod's event (False: not a session pod)."""
+        uid = (pod["metadata"].get("labels") or {}).get(LABEL_SESSION_UID)
+        if uid is None:
+            return False
+        with self._lock:
+            if deleted:
+                self.pods.pop(uid, None)
+            else:
+                self.pods[uid] = dict(pod)
+            session = next((s for s in self.sessions.values() if s["metadata"]["uid"] == uid), None)
+            if session is not None:
+                self._refresh(session, ensure_policies)
+        if session is not None:
+            self._reconcile_runs(self._waiting_runs(session["metadata"]["namespace"], session["metadata"]["name"]))
+        return True
+
+    def tick(self, ensure_policies: Callable[[], None]) -> None:
+        """The clocks (idle, lifetime) and the policy, for every live session."""
+        with self._lock:
+            for session in list(self.sessions.values()):
+                if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
+                    try:
+                        self._refresh(session, ensure_policies)
+                    except Exception as e:  # noqa: BLE001 - one session's trouble must not stop the others' clocks
+                        log.warning("session %s: %s: %s; will retry", session["metadata"]["name"],
+                                    type(e).__name__, str(e)[:300])
+
+    # ------------------------------------------------------------------ the session
+    def _refresh(self, session: dict[str, Any], ensure_policies: Callable[[], None]) -> None:
+        status = session.get("status") or {}
+        if status.get("phase") == SessionPhase.ENDED:
+            self._delete_pod(session)
+            return
+        ensure_policies()  # after a restart the sessions' events may come before the policies'
+        if not status.get("podName"):
+            self._admit(session)
+            return
+        policy = self.store.policies(session["metadata"]["namespace"]).get(status.get("policy"))
+        if not isinstance(policy, Policy) or policy.sessions is None or not policy.sessions.allowed:
+            self._end(session, SessionReason.POLICY_REMOVED, f"policy {status.get('policy')!r} was deleted or no "
+                      "longer allows sessions; create a new session under a policy that does")
+            return
+        new = compute_session_status(session, self._pod_of(session), self._runs(session), self.now())
+        if new is None:
+            return
+        wire = to_wire(new)
+        wire.pop("documentsSent", None)  # only _send moves it (from the cache a stale event may hold an old one)
+        if any(status.get(k) != v for k, v in wire.items() if k not in ("conditions",)) or \
+                _condition_states(status) != _condition_states(wire):
+            self._write(session, wire)
+        if wire.get("phase") == SessionPhase.ENDED:
+            self._delete_pod(session)
+
+    def _pod_of(self, session: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The session's pod as the watch delivered it; else as the API server has it. A session event can come
+        before its pod's (just created, or every object again after an operator restart): absence from the
+        watch alone is no proof that the pod is gone, and a session must not end on it."""
+        uid = session["metadata"]["uid"]
+        pod = self.pods.get(uid)
+        if pod is None:
+            pod = self.api.get_pod(session["metadata"]["namespace"], session["status"]["podName"])
+            if pod is not None and (pod["metadata"].get("labels") or {}).get(LABEL_SESSION_UID) == uid:
+                self.pods[uid] = pod
+            else:
+                pod = None
+        return pod
+
+    def _admit(self, session: dict[str, Any]) -> None:
+        meta, now = session["metadata"], self.now()
+        try:
+            spec = CodeRunSessionSpec.model_validate(session.get("spec") or {})
+        except ValidationError as e:
+            first = e.errors()[0]
+            self._end(session, SessionReason.INVALID_SPEC,
+                      f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:1024])
+            return
+        policy = select_policy(spec.policy_ref, self.store.policies(meta["namespace"]))
+        if isinstance(policy, Denial):
+            self._end(session, SessionReason.POLICY_DENIED, policy.message)
+            return
+        refused = self._may_use(session)(spec.policy_ref) if needs_use_permission(spec.policy_ref) else None
+        if refused is not None:  # as for a run: naming a policy other than default takes the verb use
+            self._end(session, SessionReason.POLICY_DENIED, refused.message)
+            return
+        if policy.approval_required():
+            self._end(session, SessionReason.POLICY_DENIED, f"policy {policy.name!r} requires a person's approval "
+                      "of each run, which sessions do not offer yet; run without a session, or under a policy "
+                      "without approval")
+            return
+        alive = sum(1 for s in self.sessions.values()
+                    if s["metadata"]["namespace"] == meta["namespace"] and s["metadata"]["uid"] != meta["uid"]
+                    and (s.get("status") or {}).get("podName") and (s.get("status") or {}).get("policy") == policy.name
+                    and (s.get("status") or {}).get("phase") != SessionPhase.ENDED)
+        verdict = session_verdict(spec, policy, alive)
+        if isinstance(verdict, Denial):
+            self._end(session, verdict.reason, verdict.message,
+                      {"policy": verdict.policy, "policyDigest": verdict.policy_digest})
+            return
+        if policy.egress:
+            self._end(session, SessionReason.START_FAILED, f"policy {policy.name!r} has egress rules, which sessions "
+                      "do not carry yet (their runs would have no network); use a policy without egress")
+            return
+        ensure_key(self.api, self.key_namespace, KEY_SECRET, KEY_ENTRY, "the sessions' key")
+        ensure_namespace_default_deny(self.api, meta["namespace"])
+        pod = build_session_pod(session, verdict.decision, verdict.max_lifetime_seconds)
+        try:
+            existing = self.api.create_or_get(pod)
+        except self.api.Refused as refused:
+            self._end(session, SessionReason.START_FAILED, f"{refused}; the namespace's quota or admission policy "
+                      "must allow the session's sandbox")
+            return
+        if existing is not None and (existing["metadata"].get("labels") or {}).get(LABEL_SESSION_UID) != meta["uid"]:
+            self._end(session, SessionReason.START_FAILED, f"a pod named {pod['metadata']['name']} exists and is not "
+                      "this session's; delete it or name the session differently")
+            return
+        self.pods.setdefault(meta["uid"], existing or pod)  # until the watch brings it (see _pod_of)
+        fields = {k: v for k, v in decision_fields(verdict.decision).items() if k != "decision"
+                  and k != "runtimeClass"}
+        self._write(session, to_wire(admitted_status(session, fields, pod["metadata"]["name"],
+                                                     verdict.idle_timeout_seconds, verdict.max_lifetime_seconds, now)))
+
+    def _end(self, session: dict[str, Any], reason: str, message: str, fields: Mapping[str, Any] | None = None) -> None:
+        self._write(session, to_wire(ended_status(session, reason, message, self.now(), fields)))
+        self._delete_pod(session)
+
+    def _delete_pod(self, session: Mapping[str, Any]) -> None:
+        pod = self.pods.get(session["metadata"]["uid"])
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            self.api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def _write(self, session: dict[str, Any], wire: dict[str, Any]) -> dict[str, Any] | None:
+        meta = session["metadata"]
+        written = self.api.patch_session_status(meta["namespace"], meta["name"], wire)
+        if written is not None:
+            self.sessions[(meta["namespace"], meta["name"])] = written
+            session.clear()
+            session.update(written)
+        return written
+
+    def _runs(self, session: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The session's runs in the store: unfinished ones, and the finished runs that went through it."""
+        meta = session["metadata"]
+        unfinished = [r for r in self.store.unfinished_in(meta["namespace"])
+                      if (r.get("spec") or {}).get("session") == meta["name"]]
+        return unfinished + self.store.finished_runs_of(meta["namespace"], meta["name"])
+
+    def _waiting_runs(self, namespace: str, name: str) -> list[str]:
+        return [r["metadata"]["uid"] for r in runs_in_order(
+            r for r in self.store.unfinished_in(namespace) if (r.get("spec") or {}).get("session") == name)]
+
+    def session_of(self, run: Mapping[str, Any]) -> dict[str, Any] | None:
+        ns, name = run["metadata"]["namespace"], run["spec"]["session"]
+        with self._lock:
+            held = self.sessions.get((ns, name))
+        if held is None:
+            held = self.api.get_session(ns, name)
+            if held is not None:
+                with self._lock:
+                    self.sessions.setdefault((ns, name), held)
+        return held
+
+    # ------------------------------------------------------------------ a run in a session
+    def step_run(self, run: Mapping[str, Any]) -> Outcome | HeldFrame | None:
+        """Take a run naming a session one step (under the run's lock): an Outcome when it must end here (refused,
+        or lost), or its HeldFrame once the sandbox's end decided it, for the controller's finish; None when it
+        waits, was sent, or is in the sandbox."""
+        meta, status = run["metadata"], run.get("status") or {}
+        session = self.session_of(run)
+        name = run["spec"]["session"]
+        if session is None and status.get("startMode") == StartMode.SESSION:
+            if meta["uid"] in self.streams:
+                return None  # its stream's thread finishes it
+            return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {name} was deleted while the run was "
+                           "in it")
+        if session is None:
+            return Outcome(Phase.REJECTED, Reason.SESSION_NOT_FOUND, f"CodeRunSession {name!r} does not exist in "
+                           "this namespace; create it first (and wait for it to be Ready), or fix spec.session")
+        sstatus = session.get("status") or {}
+        if status.get("startMode") == StartMode.SESSION:
+            return self._in_sandbox(run, session)
+        if sstatus.get("phase") == SessionPhase.ENDED:
+            return Outcome(Phase.REJECTED, Reason.SESSION_ENDED, f"CodeRunSession {name} has ended "
+                           f"({sstatus.get('reason')}): {sstatus.get('message')}; create a new session")
+        spec = parse_spec(run.get("spec") or {})
+        if isinstance(spec, Denial):
+            return Outcome(Phase.REJECTED, spec.reason, spec.message, refusal_fields(spec))
+        if spec.language != (session.get("spec") or {}).get("language"):
+            return Outcome(Phase.REJECTED, Reason.SESSION_MISMATCH, f"the run's language {spec.language!r} is not "
+                           f"the session's ({(session.get('spec') or {}).get('language')!r}); run it in a session of "
+                           "its language, or without one")
+        problem = self._identity_problem()
+        if problem:
+            return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"the creators of the run and of CodeRunSession "
+                           f"{name} cannot be verified, so no run may use a session: {problem}")
+        creator = (session["metadata"].get("annotations") or {}).get(CREATED_BY)
+        if creator != (meta.get("annotations") or {}).get(CREATED_BY):
+            return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"CodeRunSession {name} was created by another "
+                           "identity: only its creator may run in it; create a session of your own")
+        policy = self.store.policies(meta["namespace"]).get(sstatus.get("policy"))
+        if not sstatus.get("podName") or not isinstance(policy, Policy):
+            return self._wait(run, None, f"CodeRunSession {name} is {sstatus.get('phase') or 'not admitted yet'}; "
+                              "the run starts once it is Ready")
+        decision = run_in_session(spec, ResourceLimits.model_validate(sstatus["effectiveLimits"]), policy)
+        if isinstance(decision, Denial):
+            return Outcome(Phase.REJECTED, decision.reason, decision.message, refusal_fields(decision))
+        if decision.policy.approval_required():  # the policy changed since the session started
+            return Outcome(Phase.REJECTED, Reason.POLICY_DENIED, f"policy {policy.name!r} now requires a person's "
+                           "approval of each run, which sessions do not offer; run without a session")
+        self._list_runs_once(meta["namespace"])
+        queue = [r for r in runs_in_order(r for r in self.store.unfinished_in(meta["namespace"])
+                                          if (r.get("spec") or {}).get("session") == name)]
+        head = queue[0] if queue else run
+        if head["metadata"]["uid"] != meta["uid"]:
+            return self._wait(run, decision, f"waits for run {head['metadata']['name']}, ahead of it in "
+                              f"CodeRunSession {name} (runs go one at a time, in creation order)")
+        if sstatus.get("phase") != SessionPhase.READY:
+            return self._wait(run, decision, f"CodeRunSession {name} is {sstatus.get('phase')}; the run starts once "
+                              "it is Ready")
+        return self._send(run, spec, decision, session)
+
+    def _wait(self, run: Mapping[str, Any], decision: Decision | None, message: str) -> None:
+        status = run.get("status") or {}
+        if status.get("reason") == Reason.QUEUED and status.get("message") == message:
+            return None
+        if decision is None:
+            self.writer.write(run, CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.QUEUED,
+                                                                 "message": message}))
+        else:
+            self.writer.write(run, waiting_status(run, decision, Reason.QUEUED, message, self.now()))
+        return None
+
+    def _send(self, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any]) -> None:
+        """Reserve the document's sequence number in the session's status (Busy), record the start in the run's,
+        then send the document on a thread of its own; its frame comes back through `hand_back`. A number reserved
+        for a document never sent is a gap the runner accepts (it takes any number past the last it read), so
+        nothing is ever taken back."""
+        meta, sstatus = run["metadata"], session["status"]
+        sequence, pod_name = int(sstatus.get("documentsSent") or 0), sstatus["podName"]
+        master = self._master_key()
+        with self._lock:
+            reserved = self._write(session, {"documentsSent": sequence + 1, "phase": SessionPhase.BUSY,
+                                             "currentRun": meta["name"],
+                                             "message": f"run {meta['name']} is in the sandbox"})
+        if reserved is None:
+            return None
+        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, self.now())
+        # The sandbox is up already: the run is Running from here, in the one write that records its start.
+        running = running_status({**run, "status": to_wire(status)}, self.now())
+        status = status.model_copy(update={
+            "phase": running.phase, "reason": running.reason, "conditions": running.conditions,
+            "message": f"running in the sandbox of CodeRunSession {session['metadata']['name']}"})
+        if self.writer.write(run, status) is None:
+            return None
+        nonce = secrets.token_hex(32)
+        document = session_document(input_configmap(run, spec, decision, None, self.now().timestamp()), nonce,
+                                    session_key(master, session["metadata"]["uid"]), sequence)
+        timeout = decision.limits.timeout_seconds
+
+        def serve() -> None:
+            sent, received = False, b""
+            try:
+                sent, received = exchange(self.api, meta["namespace"], pod_name, document, frame_with(nonce), timeout)
+                self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
+            finally:
+                # only now: a reconcile of the run while its frame is being finished must wait, not call it lost
+                self.streams.pop(meta["uid"], None)
+        thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
+        self.streams[meta["uid"]] = thread
+        thread.start()
+        return None
+
+    def _master_key(self) -> bytes:
+        """The operator's key for sessions, read once (it never changes: a new one would orphan every session)."""
+        if self._master is None:
+            self._master = read_key(self.api, self.key_namespace, KEY_SECRET, KEY_ENTRY) or None
+            if self._master is None:
+                raise self.api.Transient("the sessions' key Secret cannot be read yet")
+        return self._master
+
+    def _in_sandbox(self, run: Mapping[str, Any], session: Mapping[str, Any]) -> Outcome | HeldFrame | None:
+        """A run whose document went to the sandbox: its stream's thread brings its frame; without one (the
+        operator restarted, or the session ended under it) it ends here, saying why."""
+        uid = run["metadata"]["uid"]
+        if uid in self.streams:
+            return None
+        frame = self.received.get(uid)
+        if frame is not None:  # a finish of it failed (and is retried): from the frame, not as lost
+            return HeldFrame(frame, oom_killed=False)
+        sstatus = session.get("status") or {}
+        held = self.killed.get(uid)
+        if held is not None:
+            frame, since = held
+            if sstatus.get("phase") != SessionPhase.ENDED and time.monotonic() - since < KILL_EVIDENCE_SECONDS:
+                return None
+            del self.killed[uid]
+            return HeldFrame(frame, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
+        if sstatus.get("phase") == SessionPhase.ENDED:
+            reason = Reason.OOM_KILLED if sstatus.get("reason") == SessionReason.OOM_KILLED else Reason.POD_DELETED
+            return Outcome(Phase.FAILED, reason, f"the session ended while the run was in it ({sstatus.get('reason')}: "
+                           f"{sstatus.get('message')})")
+        return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, "the operator lost this run's stream (it restarted while "
+                       "the run was in the session's sandbox), so its result cannot be vouched for; create the run "
+                       "again")
+
+    def streamed(self, run: Mapping[str, Any], sent: bool, text: str, nonce: str) -> HeldFrame | Outcome | None:
+        """What came back from the session's sandbox: the run's frame (a HeldFrame to finish), or why there is
+        none (an Outcome), or
+        None when the document was never sent (the run waits and is sent again) or when the program died of a
+        SIGKILL the runner did not send (the run waits for the sandbox's end: `_in_sandbox`)."""
+        session = self.session_of(run)
+        if not sent:
+            if session is not None:
+                with self._lock:
+                    uid = session["metadata"]["uid"]
+                    failures = self._attach_failures[uid] = self._attach_failures.get(uid, 0) + 1
+                    if (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
+                        pass  # it ended meanwhile (its pod went): the run is refused with how, on its reconcile
+                    elif failures >= MAX_ATTACH_FAILURES:
+                        self._end(session, SessionReason.POD_DELETED, f"the session's sandbox could not be attached "
+                                  f"{failures} times in a row; create a new session")
+                    else:
+                        self._write(session, {"phase": SessionPhase.READY, "currentRun": None})
+            self.writer.write(run, CodeRunStatus.model_validate({
+                "phase": Phase.PENDING, "reason": Reason.QUEUED, "podName": None, "startMode": None, "startTime": None,
+                "message": "the session's sandbox could not be attached; the run is sent again"}))
+            return None
+        if session is not None:
+            self._attach_failures.pop(session["metadata"]["uid"], None)
+        try:
+            frame = parse_streamed_frame(text, nonce)
+            if frame.reason == Reason.SIGNALED and frame.signal == SIGKILL and not frame.oomKilled:
+                self.killed[run["metadata"]["uid"]] = (frame, time.monotonic())  # _in_sandbox finishes it
+                return None
+            self.received[run["metadata"]["uid"]] = frame  # until finished(): see _in_sandbox
+            return HeldFrame(frame, oom_killed=False)
+        except FrameError as e:
+            if session is None:
+                return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {run['spec']['session']} was "
+                               "deleted while the run was in it")
+            if session is not None and (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
+                return self._in_sandbox(run, session)  # it ended under the run: the run says how
+            if session is not None:
+                with self._lock:
+                    self._end(session, SessionReason.INTERNAL_ERROR, f"the sandbox did not answer run "
+                              f"{run['metadata']['name']} ({e}); create a new session")
+            return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the session's sandbox did not answer ({e}); the "
+                           "session ended")
+
+    def sandbox_of(self, run: Mapping[str, Any]) -> dict[str, Any]:
+        """The pod a session run went to, as last seen; else its name, as the run's status records it."""
+        session = self.session_of(run)
+        pod = self.pods.get(session["metadata"]["uid"]) if session is not None else None
+        return pod or {"metadata": {"name": run["status"]["podName"]}}
+
+    def finished(self, run: Mapping[str, Any]) -> None:
+        """The controller wrote the run's terminal status: its frame is no longer needed."""
+        self.received.pop(run["metadata"]["uid"], None)
+        self.killed.pop(run["metadata"]["uid"], None)
+
+    def after_run(self, run: Mapping[str, Any], ensure_policies: Callable[[], None]) -> None:
+        """A run of the session finished: the session's status moves (Ready, runsDone, the idle clock) and the next
+        run may go."""
+        session = self.session_of(run)
+        if session is None:
+            return
+        with self._lock:
+            self._refresh(session, ensure_policies)
+        self._reconcile_runs(self._waiting_runs(run["metadata"]["namespace"], run["spec"]["session"]))
+
+
+def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The session as an event brings it, keeping the higher documentsSent of the event's and the one held: the
+    number only grows, and an event older than the operator's own last write must not take it back (a number
+    used twice would be refused by the runner as a replay)."""
+    if held is None or held["metadata"].get("uid") != event["metadata"].get("uid"):
+        return event
+    kept = int((held.get("status") or {}).get("documentsSent") or 0)
+    if kept > int((event.get("status") or {}).get("documentsSent") or 0):
+        event = {**event, "status": {**(event.get("status") or {}), "documentsSent": kept}}
+    return event
+
+
+def _condition_states(status: Mapping[str, Any]) -> set[tuple[str, str]]:
+    return {(c.get("type"), c.get("status")) for c in status.get("conditions") or ()}
+

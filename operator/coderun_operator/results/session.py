@@ -1,0 +1,127 @@
+"""A CodeRunSession's status, pure: (session, its pod, its runs, now) -> the status to write, including when and
+why it ends; and the order its runs go through its sandbox."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping
+
+from coderun.api.coderunsession import CodeRunSessionStatus
+from coderun.api.identity import CREATED_BY
+from coderun.api.models import CREATED_AT_ANNOTATION as CREATED_AT
+from coderun.api.reasons import SessionConditionType, SessionPhase, SessionReason, StartMode, TERMINAL_PHASES
+from .pod_state import is_running, terminated
+from .status import parse_time, rfc3339, set_condition
+
+
+def runs_in_order(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The order a session's runs go through its sandbox: creation, then the millisecond the client stamped
+    (creationTimestamp has a second's resolution; the SDK and CLI write coderun.io/created-at), then name. Only the
+    session's creator can add runs to it, so the client's stamp orders nobody's runs but its own."""
+    return sorted(runs, key=lambda r: (r["metadata"].get("creationTimestamp") or "",
+                                       str((r["metadata"].get("annotations") or {}).get(CREATED_AT) or ""),
+                                       r["metadata"]["name"]))
+
+
+def in_session(run: Mapping[str, Any], session_status: Mapping[str, Any]) -> bool:
+    """The run went into the session's sandbox (its document was, or is being, sent)."""
+    status = run.get("status") or {}
+    return status.get("startMode") == StartMode.SESSION and status.get("podName") == session_status.get("podName")
+
+
+def is_done(run: Mapping[str, Any]) -> bool:
+    return (run.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def admitted_status(session: Mapping[str, Any], fields: Mapping[str, Any], pod_name: str, idle_seconds: int,
+                    lifetime_seconds: int, now: datetime) -> CodeRunSessionStatus:
+    """Admitted, its pod created: Pending until the runner runs. The lifetime counts from here."""
+    gen = session["metadata"].get("generation")
+    return CodeRunSessionStatus.model_validate({
+        **fields, "phase": SessionPhase.PENDING, "reason": SessionReason.POD_CREATED,
+        "message": f"sandbox pod {pod_name} created; waiting for it to start", "podName": pod_name,
+        "startMode": StartMode.COLD, "creator": (session["metadata"].get("annotations") or {}).get(CREATED_BY), "idleTimeoutSeconds": idle_seconds, "documentsSent": 0, "runsDone": 0,
+        "expiresAt": rfc3339(now + timedelta(seconds=lifetime_seconds)), "observedGeneration": gen,
+        "conditions": _conditions(None, False, False, SessionReason.POD_CREATED, "waiting for the sandbox", gen, now)})
+
+
+def ended_status(session: Mapping[str, Any], reason: str, message: str, now: datetime,
+                 fields: Mapping[str, Any] | None = None) -> CodeRunSessionStatus:
+    """Ended for good, with why; kept until the session is deleted."""
+    gen = session["metadata"].get("generation")
+    return CodeRunSessionStatus.model_validate({
+        **dict(fields or {}), "phase": SessionPhase.ENDED, "reason": reason, "message": message,
+        "endTime": rfc3339(now), "currentRun": None, "observedGeneration": gen,
+        "conditions": _conditions((session.get("status") or {}).get("conditions"), False, True, reason, message,
+                                  gen, now)})
+
+
+def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | None,
+                           runs: Iterable[Mapping[str, Any]], now: datetime) -> CodeRunSessionStatus | None:
+    """The status of an admitted session (it has a pod name) as its pod and runs say now: Pending until the runner
+    runs, Ready between runs, Busy while one is in the sandbox, Ended (why) once its pod is gone, ran out of
+    memory or ended, its lifetime passed, or it was idle too long. None: not admitted yet, or already Ended
+    (an ended session never changes)."""
+    status = session.get("status") or {}
+    if not status.get("podName") or status.get("phase") == SessionPhase.ENDED:
+        return None
+    mine = [r for r in runs if in_session(r, status)]
+    current = next((r for r in runs_in_order(mine) if not is_done(r)), None)
+    started = status.get("startTime") or (rfc3339(now) if pod is not None and is_running(pod) else None)
+    # what the status held counts too: a finished run may be deleted (the CLI deletes its own), and neither the
+    # idle clock nor the count may go back
+    activity = [t for t in [started, status.get("lastActivity"), *(_run_times(r) for r in mine)] if t]
+    last = max(activity, key=lambda t: parse_time(t) or now) if activity else None
+    idle_expires = (rfc3339(parse_time(last) + timedelta(seconds=status["idleTimeoutSeconds"]))
+                    if last and status.get("idleTimeoutSeconds") else None)
+    ending = _ending(status, pod, current is not None, idle_expires, now)
+    fields = {"runsDone": max(sum(1 for r in mine if is_done(r)), status.get("runsDone") or 0), "lastActivity": last,
+              "idleExpiresAt": idle_expires}
+    if ending:
+        return ended_status(session, *ending, now, fields)
+    gen = session["metadata"].get("generation")
+    if started is None:
+        return CodeRunSessionStatus.model_validate({**status, **fields})
+    phase = SessionPhase.BUSY if current is not None else SessionPhase.READY
+    message = (f"run {current['metadata']['name']} is in the sandbox" if current is not None
+               else "the sandbox is ready for the next run")
+    return CodeRunSessionStatus.model_validate({
+        **status, **fields, "phase": phase, "reason": SessionReason.STARTED, "message": message,
+        "startTime": started, "currentRun": current["metadata"]["name"] if current is not None else None,
+        "conditions": _conditions(status.get("conditions"), True, False, SessionReason.STARTED,
+                                  "the session takes runs", gen, now)})
+
+
+def _run_times(run: Mapping[str, Any]) -> str | None:
+    """When a run of the session last moved: its end, else its start."""
+    status = run.get("status") or {}
+    return status.get("completionTime") or status.get("startTime")
+
+
+def _ending(status: Mapping[str, Any], pod: Mapping[str, Any] | None, busy: bool, idle_expires: str | None,
+            now: datetime) -> tuple[str, str] | None:
+    if pod is None or pod["metadata"].get("deletionTimestamp"):
+        return SessionReason.POD_DELETED, (f"the session's sandbox pod {status['podName']} was deleted or evicted; "
+                                           "create a new session")
+    ended = terminated(pod)
+    if ended and ended.get("reason") == "OOMKilled":
+        return SessionReason.OOM_KILLED, ("a run exhausted the session's memory and the sandbox went with it; create "
+                                          "a new session, with more memory if the policy allows")
+    pod_phase = (pod.get("status") or {}).get("phase")
+    expires = parse_time(status.get("expiresAt"))
+    if (expires is not None and now >= expires) or (pod.get("status") or {}).get("reason") == "DeadlineExceeded":
+        return SessionReason.LIFETIME_EXCEEDED, (f"the session reached its lifetime (expiresAt {status.get('expiresAt')})"
+                                                 "; create a new session to go on")
+    if ended or pod_phase in ("Succeeded", "Failed"):
+        return SessionReason.POD_DELETED, (f"the session's sandbox ended ({(ended or {}).get('reason') or pod_phase})"
+                                           "; create a new session")
+    if not busy and idle_expires and now >= (parse_time(idle_expires) or now):
+        return SessionReason.IDLE_TIMEOUT, (f"no run for {status.get('idleTimeoutSeconds')} s (idleTimeoutSeconds); "
+                                            "create a new session to go on")
+    return None
+
+
+def _conditions(conditions: list[dict] | None, ready: bool, ended: bool, reason: str, message: str,
+                generation: int | None, now: datetime) -> list[dict]:
+    conditions = set_condition(conditions, SessionConditionType.READY, ready, reason, message, generation, now)
+    return set_condition(conditions, SessionConditionType.ENDED, ended, reason, message, generation, now)
+

@@ -1,0 +1,98 @@
+"""Whose activity is it: the runner's or the program's, by process ancestry as the Sentry reports it.
+
+In the run's container the runner is the init (container/start names its thread group). It starts the program
+through helpers that never exec (the Popen child that mirrors the exit status, the program's PID namespace
+init) and a last fork that execs the language command. So: the container's init and every process it or they
+fork are the runner's, up to the first successful execve; that process (from its exec on) and every process
+it forks are the program's. The creator decides, not the parent: CLONE_PARENT cannot move a process to the
+runner's side. A process the table never saw created (its clone point was lost) takes its parent's side if the
+parent is known, else the program's: what cannot be proven to be the runner's is never hidden as the runner's.
+
+Thread and thread group ids are the sandbox's root PID namespace's (seccheck LoadSeccheckDataLocked), so the
+program's own PID namespace does not blur them."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+RUNNER, PROGRAM = "runner", "program"
+CLONE_THREAD = 0x00010000
+
+
+@dataclass
+class Process:
+    tgid: int
+    side: str
+    parent: int = 0
+    started_ns: int = 0
+    argv: list[str] = field(default_factory=list)
+    exec_path: str = ""
+    from_memfd: bool = False
+    wait_status: int | None = None  # as wait(2) reports it
+
+    def exit_fields(self) -> dict:
+        """{'exitCode': n} or {'signal': 'SIGKILL'}, or {} while no exit was seen."""
+        if self.wait_status is None:
+            return {}
+        if self.wait_status & 0x7F == 0:
+            return {"exitCode": (self.wait_status >> 8) & 0xFF}
+        number = self.wait_status & 0x7F
+        try:
+            return {"signal": signal.Signals(number).name}
+        except ValueError:
+            return {"signal": str(number)}
+
+
+class ProcessTable:
+    def __init__(self) -> None:
+        self.processes: dict[int, Process] = {}
+        self.runner_root: int | None = None
+        self.runner_exited = False
+
+    def start_container(self, tgid: int, argv: list[str], started_ns: int) -> None:
+        self.runner_root = tgid
+        self.processes[tgid] = Process(tgid, RUNNER, argv=list(argv), started_ns=started_ns)
+
+    def side(self, tgid: int, parent: int = 0) -> str:
+        return self.process(tgid, parent).side
+
+    def process(self, tgid: int, parent: int = 0) -> Process:
+        """The table's entry, made on first sight from the parent's side (see the module's docstring)."""
+        known = self.processes.get(tgid)
+        if known is None:
+            side = self.processes[parent].side if parent in self.processes else PROGRAM
+            known = self.processes[tgid] = Process(tgid, side, parent=parent)
+        return known
+
+    def clone(self, creator: int, creator_parent: int, child: int, flags: int, started_ns: int) -> Process | None:
+        """The new process, or None for a new thread of the creator's."""
+        maker = self.process(creator, creator_parent)
+        if flags & CLONE_THREAD or child == creator:
+            return None
+        # A recycled id starts afresh: nothing of the old process carries over.
+        new = self.processes[child] = Process(child, maker.side, parent=creator, started_ns=started_ns,
+                                              argv=list(maker.argv))
+        return new
+
+    def execve(self, tgid: int, parent: int, argv: list[str], path: str, from_memfd: bool) -> Process:
+        process = self.process(tgid, parent)
+        if process.side == RUNNER and tgid != self.runner_root:
+            process.side = PROGRAM
+        process.argv, process.exec_path, process.from_memfd = list(argv), path, from_memfd
+        return process
+
+    def program(self, since_ns: int = 0) -> list[Process]:
+        """The program's processes started since `since_ns` (a session's earlier runs ran in the same container)."""
+        return [p for p in self.processes.values() if p.side == PROGRAM and p.started_ns >= since_ns]
+
+    def program_ended(self, since_ns: int = 0) -> bool:
+        """The program ran and every process of its side was seen ending (a warm pod's frame comes before the
+        runner's own end: by then the runner has killed what the program left)."""
+        program = self.program(since_ns)
+        return bool(program) and all(p.wait_status is not None for p in program)
+
+    def exit(self, tgid: int, parent: int, wait_status: int) -> None:
+        self.process(tgid, parent).wait_status = wait_status
+        if tgid == self.runner_root:
+            self.runner_exited = True

@@ -1,0 +1,88 @@
+"""Sessions in the SDK (docs/sessions.md), the pure part: the CodeRunSession to create, a run's spec in it, and the
+session's status typed. The sync and async clients do the I/O (sync.Session, aio.AsyncSession).
+
+The SDK never waits for the session to be Ready before its first run: a run naming a session that is not Ready
+yet waits in the operator's queue (Pending, Queued) and starts once it is, so `run` right after `session(...)`
+costs no extra round trip.
+"""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from pydantic import ConfigDict, Field
+
+from ..api.coderunsession import SESSION_KIND, CodeRunSessionSpec, CodeRunSessionStatus
+from ..api.models import API_VERSION, CodeRunSpec, Limits
+from ..api.reasons import Reason, SessionPhase
+from .errors import CodeRunError
+from .result import RunResult
+from .request import CLIENT_LABEL, CREATE_TOKEN_ANNOTATION, CREATED_AT_ANNOTATION, RunRequest, new_run_name, \
+    rfc3339_millis
+
+DEFAULT_SESSION_PREFIX = "session-"
+
+
+class SessionInfo(CodeRunSessionStatus):
+    """A CodeRunSession's status (phase, reason, pod, runs done, when it expires) plus where it lives."""
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(description="The CodeRunSession's name.")
+    namespace: str = Field(description="The CodeRunSession's namespace.")
+
+    @property
+    def ended(self) -> bool:
+        return self.phase == SessionPhase.ENDED
+
+
+class SessionEnded(CodeRunError):
+    """The session ended (idle, lifetime, memory, policy, deleted): its status says why; start a new one."""
+
+    def __init__(self, info: SessionInfo):
+        self.info = info
+        super().__init__(f"CodeRunSession {info.namespace}/{info.name} has ended ({info.reason}): {info.message}; "
+                         "create a new session")
+
+
+def refused_as_ended(result: RunResult) -> bool:
+    """The operator refused the run because its session had ended (the session's status says how)."""
+    return result.rejected and result.reason == Reason.SESSION_ENDED
+
+
+def session_info(obj: Mapping[str, Any]) -> SessionInfo:
+    meta = obj.get("metadata") or {}
+    return SessionInfo.model_validate({**(obj.get("status") or {}), "name": meta.get("name", ""),
+                                       "namespace": meta.get("namespace", "")})
+
+
+def session_spec(language: str, *, policy: str | None, keep_state: bool, limits: Limits | Mapping[str, Any] | None,
+                 idle_timeout: int | None, max_lifetime: int | None) -> CodeRunSessionSpec:
+    """The session's spec from the SDK's keyword arguments (unset ones take the CRD's defaults)."""
+    fields: dict[str, Any] = {"language": language, "policy_ref": policy, "keep_state": keep_state,
+                              "limits": Limits.model_validate(limits) if isinstance(limits, Mapping) else limits}
+    if idle_timeout is not None:
+        fields["idle_timeout_seconds"] = idle_timeout
+    if max_lifetime is not None:
+        fields["max_lifetime_seconds"] = max_lifetime
+    return CodeRunSessionSpec(**fields)
+
+
+def build_session_body(spec: CodeRunSessionSpec, *, client_name: str, labels: Mapping[str, str] | None = None,
+                       name: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """The CodeRunSession to create, named by the client (as runs are) and labelled with the client's name."""
+    metadata = {"name": name or new_run_name(DEFAULT_SESSION_PREFIX),
+                "labels": {CLIENT_LABEL: client_name, **(labels or {})},
+                "annotations": {CREATED_AT_ANNOTATION: rfc3339_millis(now or datetime.now(timezone.utc)),
+                                CREATE_TOKEN_ANNOTATION: uuid.uuid4().hex}}
+    return {"apiVersion": API_VERSION, "kind": SESSION_KIND, "metadata": metadata,
+            "spec": spec.model_dump(by_alias=True, exclude_none=True)}
+
+
+def run_in_session_spec(request: RunRequest, session: str) -> CodeRunSpec:
+    """A run's spec in the session: the session's sandbox sets memory and cpu, so a request that asks for them
+    is refused here, before the API server would, saying what to do instead."""
+    if request.memory is not None or request.cpu is not None:
+        raise CodeRunError("a run in a session shares the session's sandbox: set memory and cpu when creating the "
+                           "session (limits=...), not per run")
+    return request.to_spec().model_copy(update={"session": session})

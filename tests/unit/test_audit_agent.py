@@ -1,0 +1,408 @@
+"""The node audit agent on real sockets: runsc's side is a SOCK_SEQPACKET peer sending the packets the remote sink
+sends (built with gVisor's classes, as test_audit_summary builds them), the operator's side a real HTTP client."""
+import hashlib
+import hmac
+import http.client
+import json
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+
+import pytest
+from test_audit_summary import CID, HELPER, NS_INIT, PROGRAM, RUNNER, Sandbox
+
+from coderun.audit import agent, bearer, session, wire
+from coderun.audit.points import common_pb2, sentry_pb2, syscall_pb2
+from coderun.audit.record import Record
+from coderun.audit.store import Limits, Store
+
+MT = common_pb2.MessageType
+PAUSE = "a1" * 32  # the pod sandbox's (pause) container, started first on every connection
+OTHER = "b2" * 32
+KEY = b"\x00rotated-secret\n"
+WAIT_S = 10  # a bound no passing test reaches
+
+
+def finished_run(container_id=CID):
+    """A run that read its input and ended: the runner's task_exit makes the audit complete."""
+    sandbox = Sandbox(container_id).program_started()
+    sandbox.open(PROGRAM, "data/visits.csv").exit(PROGRAM, code=1)
+    return sandbox.exit(NS_INIT).exit(HELPER, code=1).task_exit(RUNNER)
+
+
+def pause_start():
+    return Sandbox(PAUSE).start(tgid=1, argv=["/pause"]).packets
+
+
+def handshake(version=1):
+    return common_pb2.Handshake(version=version).SerializeToString()
+
+
+class Sandboxes:
+    """runsc's side: one SOCK_SEQPACKET connection per sandbox, served by the sink's own per-connection code."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def open(self):
+        runsc, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        served = threading.Thread(target=self.sink.serve_connection, args=(agent_end,), daemon=True)
+        served.start()
+        runsc.send(handshake())
+        assert common_pb2.Handshake.FromString(runsc.recv(1024)).version == wire.PROTOCOL_VERSION
+        return runsc, served
+
+    def run(self, *packet_lists):
+        """A whole sandbox's life: every packet, then the close; returns once the sink has kept them all."""
+        runsc, served = self.open()
+        for packets in packet_lists:
+            for packet in packets:
+                runsc.send(packet)
+        runsc.close()
+        served.join(WAIT_S)
+        assert not served.is_alive()
+
+
+@pytest.fixture
+def make_agent(tmp_path):
+    servers = []
+
+    def make(limits=Limits()):
+        store = Store(limits)
+        key_file = tmp_path / "key"
+        key_file.write_bytes(KEY)
+        server = agent.AgentServer(("127.0.0.1", 0), store, agent.KeyFile(str(key_file)))
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return store, Sandboxes(agent.Sink(store, "unused")), server.server_address[1]
+
+    yield make
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def get(port, path, key=KEY, headers=None):
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT_S + 5)
+    sent = {"Authorization": bearer.authorization_header(key)} if key is not None else {}
+    client.request("GET", path, headers={**sent, **(headers or {})})
+    response = client.getresponse()
+    body = json.loads(response.read())
+    client.close()
+    return response.status, body, response
+
+
+def lines(answer):
+    """The record's points, after its first line (what no point can show)."""
+    first, *points = [json.loads(line) for line in answer["record"].splitlines()]
+    assert first["point"] == "coderun/untraced" and "io_uring_setup" in first["refusedBeforeTheTrace"], first
+    return points
+
+
+# --- the sink
+
+def test_the_handshake_is_answered_and_an_older_protocol_refused(make_agent):
+    store, sandboxes, _ = make_agent()
+    runsc, served = sandboxes.open()  # asserts the reply is a version-1 Handshake
+    runsc.close()
+    served.join(WAIT_S)
+    old, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    refused = threading.Thread(target=sandboxes.sink.serve_connection, args=(agent_end,), daemon=True)
+    refused.start()
+    old.send(handshake(version=0))
+    old.settimeout(WAIT_S)
+    assert old.recv(1024) == b""  # no reply: the connection is closed
+    refused.join(WAIT_S)
+    assert len(store.connections) == 1
+
+
+def test_the_listening_socket_is_private_replaces_a_stale_one_and_admits_only_its_uid():
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:  # short: a unix socket path has 108 bytes
+        path = os.path.join(directory, "sink.sock")
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        stale.bind(path)
+        stale.close()
+        for allowed, answered in ((os.getuid(), True), (os.getuid() + 1, False)):
+            store = Store()
+            sink = agent.Sink(store, path, allowed_uid=allowed)
+            sink.listen()
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            threading.Thread(target=sink.serve_forever, daemon=True).start()
+            runsc = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            runsc.settimeout(WAIT_S)
+            runsc.connect(path)
+            try:
+                runsc.send(handshake())
+                reply = runsc.recv(1024)
+            except (BrokenPipeError, ConnectionResetError):  # refused before the handshake was sent
+                reply = b""
+            assert (reply == wire.handshake_reply()) is answered and (reply == b"") is not answered
+            runsc.close()
+            sink.close()
+
+
+@pytest.mark.parametrize("broken, why", [
+    (wire.HEADER.pack(4, MT.MESSAGE_SYSCALL_OPEN, 0), "header size 4"),  # seen on receipt
+    (wire.HEADER.pack(8, MT.MESSAGE_SYSCALL_OPEN, 0) + b"\x0a\xff\xff", "does not parse"),  # seen when asked
+])
+def test_a_packet_that_does_not_parse_ends_the_connection_and_the_answer_says_why(make_agent, broken, why):
+    store, sandboxes, port = make_agent()
+    sandboxes.run(pause_start(), Sandbox().program_started().packets, [broken])
+    status, answer, _ = get(port, f"/v1/containers/{CID}?wait={WAIT_S * 1000}")
+    assert status == 200 and answer["audit"]["complete"] is False and answer["audit"]["processes"]
+    assert answer["connection"]["closed"] is True and why in answer["connection"]["error"]
+    assert len(lines(answer)) == len(Sandbox().program_started().packets)  # the record stops where it broke
+
+
+# --- the question
+
+def test_each_container_of_a_connection_gets_its_own_audit_and_record(make_agent):
+    _, sandboxes, port = make_agent()
+    other = Sandbox(OTHER).program_started()
+    other.open(PROGRAM, "/etc/shadow", number=13).exit(PROGRAM).task_exit(RUNNER)
+    sandboxes.run(pause_start(), finished_run().packets, other.packets)
+
+    status, mine, response = get(port, f"/v1/containers/{CID}")
+    assert status == 200 and response.getheader("Content-Type") == "application/json"
+    assert mine["audit"]["complete"] and mine["audit"]["filesRead"] == [{"path": "data/visits.csv", "count": 1}]
+    assert mine["audit"]["outsideWorkdir"]["denied"] == 0 and mine["recordCut"] == 0
+    assert mine["connection"] == {"closed": True}
+    _, theirs, _ = get(port, f"/v1/containers/{OTHER}")
+    assert theirs["audit"]["filesRead"] == [] and theirs["audit"]["outsideWorkdir"]["examples"] == ["/etc/shadow"]
+    assert {line["point"] for line in lines(mine)} == {"start", "openat", "clone", "exec", "exit", "task_exit"}
+    assert len(lines(mine)) == len(finished_run().packets) and len(lines(theirs)) == len(other.packets)
+    _, since_claim, _ = get(port, f"/v1/containers/{CID}?since=1005&wait=0")
+    assert lines(since_claim)[0]["t"] == 1005 and since_claim["audit"]["runner"]["processes"] == 0
+
+
+def test_the_record_is_the_containers_points_since_the_claim_in_order():
+    sandbox = finished_run()
+    record = Record(CID, since_ns=1_005)
+    for packet in pause_start() + sandbox.packets:
+        record.add(wire.decode_point(packet).message)
+    got = lines({"record": record.text()})
+    assert [line["t"] for line in got] == list(range(1_005, sandbox.now + 1))
+    first = got[0]  # the namespace init's clone of the program, by its creator
+    assert first == {"t": 1_005, "tid": NS_INIT, "tgid": NS_INIT, "ppid": HELPER, "point": "clone",
+                     "createdThreadId": PROGRAM, "createdThreadGroupId": PROGRAM, "flags": "17"}
+
+
+def test_the_record_never_carries_an_environment(make_agent):
+    _, sandboxes, port = make_agent()
+    sandbox = Sandbox().program_started()
+    sandbox.send(sentry_pb2.ExecveInfo(context_data=sandbox.context(PROGRAM), argv=["sh"], env=["TOKEN=s3cret"]),
+                 MT.MESSAGE_SENTRY_EXEC)
+    sandbox.send(syscall_pb2.Execve(context_data=sandbox.context(PROGRAM), sysno=59, pathname="/bin/curl",
+                                    envv=["TOKEN=s3cret"], exit=syscall_pb2.Exit(errorno=2)),
+                 MT.MESSAGE_SYSCALL_EXECVE)
+    sandboxes.run(sandbox.packets)
+    _, answer, _ = get(port, f"/v1/containers/{CID}")
+    assert "s3cret" not in answer["record"] and "TOKEN" not in answer["record"]
+    tail = lines(answer)[-2:]
+    assert tail[0]["point"] == "exec" and tail[0]["argv"] == ["sh"] and "env" not in tail[0]
+    assert tail[1]["point"] == "execve" and tail[1]["pathname"] == "/bin/curl" and "envv" not in tail[1]
+
+
+def test_the_record_is_cut_at_a_whole_line_and_says_how_many_were_left_out():
+    sandbox = Sandbox().program_started()
+    for number in range(200):
+        sandbox.open(PROGRAM, f"file-{number}.csv")
+    whole = Record(CID)
+    cut = Record(CID, max_bytes=4096)
+    for packet in sandbox.packets:
+        whole.add(wire.decode_point(packet).message)
+        cut.add(wire.decode_point(packet).message)
+    assert len(cut.text().encode()) <= 4096 and cut.text().endswith("\n")
+    assert whole.text().startswith(cut.text()) and whole.cut == 0
+    assert len(cut.lines) + cut.cut == len(whole.lines) == 1 + len(sandbox.packets) and cut.cut > 0  # 1: the head
+
+
+def test_the_answer_comes_as_soon_as_the_audit_is_complete():
+    evaluated = threading.Event()
+
+    class Watched(Store):
+        def _since(self, connection, start):
+            evaluated.set()
+            return super()._since(connection, start)
+
+    store = Watched()
+    sandboxes = Sandboxes(agent.Sink(store, "unused"))
+    runsc, served = sandboxes.open()
+    whole = finished_run().packets
+    for packet in pause_start() + whole[:-1]:  # all but the runner's own end
+        runsc.send(packet)
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(store.answer(CID, 0, WAIT_S)))
+    started = time.monotonic()
+    asking.start()
+    assert evaluated.wait(WAIT_S)  # it looked once: not complete, so it waits
+    runsc.send(whole[-1])
+    asking.join(WAIT_S)
+    assert answers and answers[0]["audit"]["complete"] is True
+    assert answers[0]["connection"] == {"closed": False}  # it did not wait for the sandbox to end
+    assert time.monotonic() - started < WAIT_S / 2
+    runsc.close()
+    served.join(WAIT_S)
+
+
+def test_an_incomplete_audit_is_answered_at_the_bound_as_incomplete(make_agent):
+    _, sandboxes, port = make_agent()
+    runsc, served = sandboxes.open()
+    for packet in Sandbox().program_started().packets:
+        runsc.send(packet)
+    started = time.monotonic()
+    status, answer, _ = get(port, f"/v1/containers/{CID}?wait=300")
+    assert time.monotonic() - started >= 0.3
+    assert status == 200 and answer["audit"]["complete"] is False and answer["connection"] == {"closed": False}
+    runsc.close()
+    served.join(WAIT_S)
+
+
+def test_a_container_whose_start_trails_the_question_is_answered(make_agent):
+    store, sandboxes, port = make_agent()
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(get(port, f"/v1/containers/{CID}?wait=10000")))
+    asking.start()
+    sandboxes.run(pause_start(), finished_run().packets)
+    asking.join(WAIT_S)
+    assert answers[0][0] == 200 and answers[0][1]["audit"]["complete"] is True
+
+
+def test_an_unknown_container_is_404_after_the_wait(make_agent):
+    _, sandboxes, port = make_agent()
+    sandboxes.run(pause_start(), finished_run().packets)
+    started = time.monotonic()
+    status, body, _ = get(port, f"/v1/containers/{OTHER}?wait=100")
+    assert status == 404 and OTHER in body["message"] and time.monotonic() - started >= 0.1
+    assert get(port, f"/v1/containers/{PAUSE}")[0] == 200  # the pause container is a container too
+
+
+@pytest.mark.parametrize("path", [
+    f"/v1/containers/{CID.upper()}",
+    f"/v1/containers/{CID[:-1]}",
+    f"/v1/containers/{CID}0",
+    f"/v1/containers/{CID}?since=-1",
+    f"/v1/containers/{CID}?wait=1.5",
+    f"/v1/containers/{CID}?wait=",
+    f"/v1/containers/{CID}?since=1&since=2",
+    f"/v1/containers/{CID}?sinse=1",
+    f"/v1/containers/{CID}?since=%EF%BC%91",  # a fullwidth digit one: a digit to str.isdigit, not here
+])
+def test_a_malformed_question_is_400(make_agent, path):
+    _, _, port = make_agent()
+    status, body, _ = get(port, path)
+    assert status == 400 and body["message"]
+
+
+def test_a_body_is_refused(make_agent):
+    _, _, port = make_agent()
+    status, body, _ = get(port, f"/v1/containers/{CID}", headers={"Content-Length": "2"})
+    assert status == 400 and "body" in body["message"]
+
+
+@pytest.mark.parametrize("key", [None, b"another key", b""])
+def test_without_the_operators_bearer_it_is_401(make_agent, key):
+    _, sandboxes, port = make_agent()
+    sandboxes.run(finished_run().packets)
+    status, body, response = get(port, f"/v1/containers/{CID}", key=key)
+    assert status == 401 and "audit" not in body and response.getheader("WWW-Authenticate") == "Bearer"
+
+
+def test_a_rotated_key_is_read_again(tmp_path):
+    path = tmp_path / "key"
+    path.write_bytes(b"first")
+    keys = agent.KeyFile(str(path))
+    assert keys.key() == b"first"
+    os.replace(_written(tmp_path / "new", b"second"), path)  # as the kubelet swaps a Secret's files
+    assert keys.key() == b"second"
+    path.unlink()
+    assert keys.key() == b""  # and with no key, no bearer is right
+    assert not bearer.is_authorized(bearer.authorization_header(b""), b"")
+
+
+def test_the_bearer_is_the_keys_hmac_of_the_agents_name_as_the_operator_computes_it():
+    expected = hmac.new(KEY, b"coderun-audit-agent", hashlib.sha256).hexdigest()
+    assert bearer.agent_bearer(KEY) == expected and bearer.is_authorized(f"Bearer {expected}", KEY)
+    assert not bearer.is_authorized(f"Bearer {expected[:-1]}0", KEY) and not bearer.is_authorized(expected, KEY)
+
+
+def _written(path, content):
+    path.write_bytes(content)
+    return path
+
+
+def test_health_needs_no_bearer_and_other_paths_are_404(make_agent):
+    _, _, port = make_agent()
+    assert get(port, "/healthz", key=None)[:2] == (200, {"status": "ok"})
+    assert get(port, f"/v1/containers/{CID}/audit")[0] == 404
+    assert get(port, "/")[0] == 404
+
+
+# --- the bounds
+
+def test_packets_past_a_connections_cap_are_lost_but_every_start_is_kept(make_agent):
+    run = finished_run().packets
+    budget = sum(map(len, pause_start())) + sum(map(len, run[:-4]))
+    store, sandboxes, port = make_agent(Limits(connection_bytes=budget))
+    sandboxes.run(pause_start(), run[:-4], run[-4:], Sandbox(OTHER).start().packets)
+    _, answer, _ = get(port, f"/v1/containers/{CID}")
+    assert answer["audit"]["counts"]["pointsLost"] == 4 and answer["audit"]["complete"] is False
+    assert get(port, f"/v1/containers/{OTHER}")[0] == 200  # its start came past the cap, and was kept
+
+
+def test_the_agents_total_cap_counts_the_loss_for_the_connection_that_made_it(make_agent):
+    first, second = finished_run().packets, finished_run(OTHER).packets
+    store, sandboxes, port = make_agent(Limits(total_bytes=sum(map(len, first)) + len(second[0])))
+    sandboxes.run(first)
+    sandboxes.run(second)
+    assert get(port, f"/v1/containers/{CID}")[1]["audit"]["counts"]["pointsLost"] == 0
+    assert get(port, f"/v1/containers/{OTHER}")[1]["audit"]["counts"]["pointsLost"] == len(second) - 1
+    assert store.total_bytes == sum(map(len, first)) + len(second[0])
+
+
+def test_a_closed_connection_is_kept_for_its_retention_then_dropped(make_agent):
+    store, sandboxes, port = make_agent(Limits(retention_s=60))
+    sandboxes.run(finished_run().packets)
+    store.expire(time.monotonic() + 59)
+    assert get(port, f"/v1/containers/{CID}")[0] == 200
+    store.expire(time.monotonic() + 61)
+    assert get(port, f"/v1/containers/{CID}")[0] == 404 and store.total_bytes == 0
+
+
+def test_past_the_connection_cap_the_oldest_closed_goes_and_with_none_closed_a_sandbox_is_refused():
+    store = Store(Limits(connections=2))
+    sandboxes = Sandboxes(agent.Sink(store, "unused"))
+    sandboxes.run(finished_run().packets)                    # closed
+    still_open = []
+    for container in (OTHER, PAUSE):                          # the second one makes room: the closed one goes
+        runsc, served = sandboxes.open()
+        runsc.send(Sandbox(container).start().packets[0])
+        still_open.append((runsc, served))
+    with store.lock:
+        assert store.appeared.wait_for(lambda: {OTHER, PAUSE} <= set(store.by_container), WAIT_S)
+    assert CID not in store.by_container and len(store.connections) == 2
+
+    late, agent_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    refused = threading.Thread(target=sandboxes.sink.serve_connection, args=(agent_end,), daemon=True)
+    refused.start()
+    late.send(handshake())
+    late.settimeout(WAIT_S)
+    assert late.recv(1024) == wire.handshake_reply() and late.recv(1024) == b""  # answered, then let go
+    refused.join(WAIT_S)
+    assert len(store.connections) == 2
+    for runsc, served in still_open:
+        runsc.close()
+        served.join(WAIT_S)
+
+
+# --- the command
+
+def test_the_pod_init_config_is_written_whole_for_the_socket(tmp_path):
+    path = tmp_path / "pod-init.json"
+    agent.write_atomically(str(path), json.dumps(session.pod_init_config(endpoint="/run/x.sock")))
+    written = json.loads(path.read_text())
+    assert written["trace_session"]["sinks"][0]["config"]["endpoint"] == "/run/x.sock"
+    assert [p.name for p in tmp_path.iterdir()] == ["pod-init.json"]

@@ -1,0 +1,334 @@
+"""A run's status.audit from the points gVisor's remote sink sends, built with gVisor's own classes: what the
+program touched, apart from what the runner did, bounded however hostile the program."""
+import errno
+import os
+import socket
+import struct
+
+from coderun.audit import wire
+from coderun.audit.points import common_pb2, container_pb2, sentry_pb2, syscall_pb2
+from coderun.audit.summary import Bounds, RunAudit
+
+MT = common_pb2.MessageType
+CID = "5f0c" * 16                   # the run container's CRI id, as kubelet reports it in containerStatuses
+RUNNER, HELPER, NS_INIT, PROGRAM = 10, 11, 12, 13
+O_RDONLY, O_WRONLY, O_CREAT, O_TRUNC = 0, 1, 0o100, 0o1000
+SIGCHLD, CLONE_THREAD = 17, 0x10000
+EXECVE, OPENAT, CONNECT = 59, 257, 42
+
+
+def inet(address: str, port: int) -> bytes:
+    return struct.pack("<H", socket.AF_INET) + struct.pack(">H", port) + socket.inet_aton(address) + b"\0" * 8
+
+
+class Sandbox:
+    """The packets of one sandbox connection, each a point framed as sinks/remote frames it, one tick apart."""
+
+    def __init__(self, container_id: str = CID):
+        self.container_id, self.now, self.packets, self.parents = container_id, 1_000, [], {}
+
+    def context(self, tgid, tid=None, cwd="/tmp/work", container_id=None):
+        self.now += 1
+        return common_pb2.ContextData(container_id=container_id or self.container_id, time_ns=self.now,
+                                      thread_group_id=tgid, thread_id=tid or tgid, cwd=cwd,
+                                      parent_thread_group_id=self.parents.get(tgid, 0))
+
+    def send(self, message, message_type, dropped=0):
+        self.packets.append(wire.encode_point(message, message_type, dropped))
+        return self
+
+    def start(self, tgid=RUNNER, argv=("python3", "-I", "/opt/coderun")):
+        return self.send(container_pb2.Start(id=self.container_id, args=list(argv),
+                                             context_data=self.context(tgid)), MT.MESSAGE_CONTAINER_START)
+
+    def clone(self, creator, child, flags=SIGCHLD):
+        message = sentry_pb2.CloneInfo(context_data=self.context(creator), created_thread_group_id=child,
+                                       created_thread_id=child, flags=flags)
+        if not flags & CLONE_THREAD:
+            self.parents[child] = creator
+        return self.send(message, MT.MESSAGE_SENTRY_CLONE)
+
+    def execve(self, tgid, argv, memfd=False):
+        return self.send(sentry_pb2.ExecveInfo(context_data=self.context(tgid), argv=list(argv),
+                                               binary_path=f"/usr/bin/{argv[0]}", binary_in_memfd=memfd),
+                         MT.MESSAGE_SENTRY_EXEC)
+
+    def execve_call(self, tgid, pathname):
+        """An execve's exit point as gVisor sends it: no errno, whether the exec happened or not."""
+        return self.send(syscall_pb2.Execve(context_data=self.context(tgid), sysno=EXECVE, pathname=pathname,
+                                            exit=syscall_pb2.Exit()), MT.MESSAGE_SYSCALL_EXECVE)
+
+    def failed_execve(self, tgid, pathname, number=errno.ENOENT):
+        return self.send(syscall_pb2.Execve(context_data=self.context(tgid), sysno=EXECVE, pathname=pathname,
+                                            exit=syscall_pb2.Exit(errorno=number)), MT.MESSAGE_SYSCALL_EXECVE)
+
+    def open(self, tgid, pathname, flags=O_RDONLY, number=0, fd=-100, fd_path="", cwd="/tmp/work", tid=None):
+        message = syscall_pb2.Open(context_data=self.context(tgid, tid=tid, cwd=cwd), sysno=OPENAT, fd=fd,
+                                   fd_path=fd_path, pathname=pathname, flags=flags,
+                                   exit=syscall_pb2.Exit(result=-1 if number else 3, errorno=number))
+        return self.send(message, MT.MESSAGE_SYSCALL_OPEN)
+
+    def socket(self, tgid, family=socket.AF_INET, kind=socket.SOCK_STREAM, number=0):
+        return self.send(syscall_pb2.Socket(context_data=self.context(tgid), domain=family, type=kind,
+                                            exit=syscall_pb2.Exit(errorno=number)), MT.MESSAGE_SYSCALL_SOCKET)
+
+    def connect(self, tgid, address: bytes, number):
+        return self.send(syscall_pb2.Connect(context_data=self.context(tgid), sysno=CONNECT, fd=3, address=address,
+                                             exit=syscall_pb2.Exit(errorno=number)), MT.MESSAGE_SYSCALL_CONNECT)
+
+    def raw(self, tgid, sysno, arg5=0, number=0):
+        return self.send(syscall_pb2.Syscall(context_data=self.context(tgid), sysno=sysno, arg5=arg5,
+                                             exit=syscall_pb2.Exit(errorno=number)), MT.MESSAGE_SYSCALL_RAW)
+
+    def exit(self, tgid, code=0, signal=0):
+        status = signal or code << 8
+        return self.send(sentry_pb2.ExitNotifyParentInfo(context_data=self.context(tgid), exit_status=status),
+                         MT.MESSAGE_SENTRY_EXIT_NOTIFY_PARENT)
+
+    def task_exit(self, tgid, tid=None, code=0):
+        return self.send(sentry_pb2.TaskExit(context_data=self.context(tgid, tid=tid), exit_status=code << 8),
+                         MT.MESSAGE_SENTRY_TASK_EXIT)
+
+    def program_started(self, argv=("python3", "-u", "main.py")):
+        """The runner's way to the program (confinement.enter_program_namespaces): Popen's child, the
+        namespace's init, then the fork that sets its limits and execs the command."""
+        self.start().open(RUNNER, "/coderun/input/code", cwd="/")
+        self.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM)
+        self.open(PROGRAM, "/proc/self/uid_map", O_WRONLY)  # the preexec, still the runner's
+        return self.execve(PROGRAM, argv)
+
+    def summary(self, **kwargs) -> dict:
+        audit = RunAudit(self.container_id, **kwargs)
+        for packet in self.packets:
+            audit.add(wire.decode_point(packet))
+        return audit.summary()
+
+
+def test_the_issues_program_gets_each_thing_it_did_attributed_to_it():
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "data/visits.csv")
+    sandbox.open(PROGRAM, "/usr/lib/python3.11/csv.py")
+    sandbox.open(PROGRAM, "/etc/passwd", number=errno.EACCES)
+    sandbox.socket(PROGRAM).connect(PROGRAM, inet("10.96.0.1", 443), errno.ETIMEDOUT)
+    sandbox.clone(PROGRAM, 14).execve(14, ["sh", "-c", "curl https://example.com"])
+    sandbox.failed_execve(14, "/usr/bin/curl").exit(14, code=127)
+    sandbox.open(PROGRAM, "/tmp/outputs/plot.png", O_WRONLY | O_CREAT | O_TRUNC)
+    sandbox.exit(PROGRAM, code=1)
+    sandbox.open(NS_INIT, "/proc", cwd="/")                           # the namespace init counting processes
+    sandbox.exit(NS_INIT).exit(HELPER, code=1).task_exit(RUNNER)
+    audit = sandbox.summary()
+
+    assert audit["source"] == "gvisor-trace" and audit["complete"] is True
+    assert audit["filesRead"] == [{"path": "data/visits.csv", "count": 1}]
+    assert audit["filesWritten"] == [{"path": "/tmp/outputs/plot.png", "count": 1}]
+    assert audit["outsideWorkdir"] == {"reads": 2, "writes": 0, "denied": 1, "examples": ["/etc/passwd"]}
+    assert audit["connectAttempts"] == [{"family": "inet", "address": "10.96.0.1", "port": 443,
+                                         "result": "timedOut", "count": 1}]
+    assert audit["socketsOpened"] == [{"family": "inet", "protocol": "tcp", "result": "created", "count": 1}]
+    assert audit["processes"] == [{"argv": ["python3", "-u", "main.py"], "exitCode": 1},
+                                  {"argv": ["sh", "-c", "curl https://example.com"], "exitCode": 127}]
+    assert audit["counts"] == {"processes": 2, "failedExecs": 1, "connectAttempts": 1, "syscallsDenied": 1,
+                               "openat2": 0, "addressedSends": 0, "pointsLost": 0, "pointsUnknown": 0}
+    # The runner's input read, the preexec's write, the init's /proc and its two helpers: counted apart.
+    assert audit["runner"] == {"filesRead": 2, "filesWritten": 1, "processes": 2}
+    assert "omitted" not in audit
+
+
+def test_a_program_that_does_nothing_gets_an_audit_that_says_so():
+    audit = Sandbox().program_started(["python3", "-u", "main.py"]).exit(PROGRAM).task_exit(RUNNER).summary()
+    assert audit["complete"] and audit["processes"] == [{"argv": ["python3", "-u", "main.py"], "exitCode": 0}]
+    assert audit["filesRead"] == audit["filesWritten"] == audit["connectAttempts"] == []
+    assert audit["outsideWorkdir"] == {"reads": 0, "writes": 0, "denied": 0, "examples": []}
+
+
+def test_no_trace_of_the_container_is_never_an_empty_record():
+    sandbox = Sandbox(container_id="pause").start().open(RUNNER, "/etc/passwd")
+    audit = RunAudit(CID)
+    for packet in sandbox.packets:
+        audit.add(wire.decode_point(packet))
+    assert audit.summary() == {"source": "gvisor-trace", "complete": False,
+                               "message": "no trace of this container reached the audit agent"}
+
+
+def test_other_containers_of_the_sandbox_are_not_the_runs():
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "/etc/shadow", number=errno.EACCES)
+    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(1, container_id="pause"), pathname="/etc/hosts",
+                                  fd=-100), MT.MESSAGE_SYSCALL_OPEN)
+    assert Sandbox.summary(sandbox)["outsideWorkdir"]["examples"] == ["/etc/shadow"]
+
+
+def test_complete_once_every_program_process_or_the_runner_itself_ended():
+    sandbox = Sandbox().program_started().clone(PROGRAM, 14).exit(PROGRAM)
+    assert sandbox.summary()["complete"] is False                     # its child has not ended yet
+    sandbox.task_exit(RUNNER, tid=RUNNER + 100)                       # a runner thread, not the runner
+    assert sandbox.summary()["complete"] is False
+    assert sandbox.task_exit(14).summary()["complete"] is True        # a warm frame may come before the runner ends
+    assert Sandbox().program_started().task_exit(RUNNER).summary()["complete"] is True
+    assert Sandbox().start().summary()["complete"] is False           # no program yet: never "ended"
+
+
+def test_a_flood_of_opens_is_bounded_and_says_what_it_left_out():
+    sandbox = Sandbox().program_started()
+    for n in range(3000):
+        sandbox.open(PROGRAM, f"f{n}.txt")
+        sandbox.open(PROGRAM, f"/etc/probe{n}", number=errno.ENOENT)
+    audit = sandbox.summary()
+    assert len(audit["filesRead"]) == 50 and audit["filesRead"][0] == {"path": "f0.txt", "count": 1}
+    assert audit["omitted"] == {"filesRead": 2950, "outsideWorkdirExamples": 990}
+    assert audit["outsideWorkdir"]["reads"] == 3000 and len(audit["outsideWorkdir"]["examples"]) == 10
+
+
+def test_the_tracked_keys_are_bounded_too_not_only_what_is_shown():
+    sandbox = Sandbox().program_started()
+    for n in range(300):
+        sandbox.open(PROGRAM, f"f{n}.txt").connect(PROGRAM, inet("10.0.0.1", 1000 + n), errno.ECONNREFUSED)
+    audit = sandbox.summary(bounds=Bounds(files=5, connects=5, tracked=100))
+    assert len(audit["filesRead"]) == 5 and audit["omitted"]["filesRead"] == 295
+    assert audit["counts"]["connectAttempts"] == 300 and audit["omitted"]["connectAttempts"] == 295
+
+
+def test_control_characters_and_reordering_in_paths_and_argv_are_escaped():
+    sandbox = Sandbox().program_started(["python3", "main.py\n\x1b[2Kfake line", "\u202eexe.txt"])
+    sandbox.open(PROGRAM, "out\rput\x00.csv", O_WRONLY | O_CREAT)
+    sandbox.open(PROGRAM, "/etc/pass\\wd\x7f", number=errno.EACCES)
+    audit = sandbox.summary()
+    assert audit["processes"][0]["argv"] == ["python3", "main.py\\x0a\\x1b[2Kfake line", "\\u202eexe.txt"]
+    assert audit["filesWritten"][0]["path"] == "out\\x0dput\\x00.csv"
+    assert audit["outsideWorkdir"]["examples"] == ["/etc/pass\\\\wd\\x7f"]
+
+
+def test_long_paths_and_long_argv_are_cut():
+    sandbox = Sandbox().program_started(["python3"] + [f"arg{n}" for n in range(40)] + ["x" * 1000])
+    sandbox.open(PROGRAM, "d/" * 600 + "f")
+    audit = sandbox.summary()
+    assert len(audit["filesRead"][0]["path"]) == 512 and audit["filesRead"][0]["path"].endswith("…")
+    assert len(audit["processes"][0]["argv"]) == 16 and audit["processes"][0]["argvOmitted"] == 26
+
+
+def test_relative_paths_resolve_against_the_directory_fd_or_the_cwd_lexically():
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "x.csv", fd=5, fd_path="/tmp/work/data")
+    sandbox.open(PROGRAM, "../../etc/hosts")                          # from /tmp/work: outside
+    sandbox.open(PROGRAM, "y.csv", fd=9, fd_path="[err: FD not found]")
+    audit = sandbox.summary()
+    assert audit["filesRead"] == [{"path": "data/x.csv", "count": 1}]
+    assert audit["outsideWorkdir"]["examples"] == ["/etc/hosts", "y.csv"]
+
+
+def test_failed_and_denied_opens_of_the_runs_files_are_counted_per_file():
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "missing.csv", number=errno.ENOENT).open(PROGRAM, "ro.csv", O_WRONLY, errno.EROFS)
+    audit = sandbox.summary()
+    assert audit["filesRead"] == [{"path": "missing.csv", "count": 0, "failed": 1}]
+    assert audit["filesWritten"] == [{"path": "ro.csv", "count": 0, "denied": 1}]
+    assert audit["counts"]["syscallsDenied"] == 1
+
+
+def test_processes_racing_the_exit_are_still_the_programs():
+    sandbox = Sandbox().program_started()
+    sandbox.clone(PROGRAM, PROGRAM, flags=CLONE_THREAD)               # a thread: not a process
+    sandbox.clone(PROGRAM, 20).exit(PROGRAM, signal=9)
+    sandbox.task_exit(RUNNER)                                         # the runner ended first ...
+    sandbox.execve(20, ["sleep", "100"]).open(20, "/etc/hostname")    # ... points of the race come after
+    sandbox.parents[21] = 99                                          # created where no point was seen
+    sandbox.open(21, "/etc/passwd", number=errno.EACCES)
+    audit = sandbox.summary()
+    assert audit["processes"] == [{"argv": ["python3", "-u", "main.py"], "signal": "SIGKILL"},
+                                  {"argv": ["sleep", "100"]},         # never seen ending: no exit claimed
+                                  {"argv": []}]                       # of unknown origin: the program's
+    assert audit["outsideWorkdir"]["examples"] == ["/etc/hostname", "/etc/passwd"]
+    assert audit["counts"]["processes"] == 3
+
+
+def test_clone_parent_cannot_move_a_process_to_the_runners_side():
+    sandbox = Sandbox().program_started()
+    sandbox.clone(PROGRAM, 30)
+    sandbox.parents[30] = NS_INIT                                     # CLONE_PARENT: the init is its parent
+    sandbox.open(30, "/etc/passwd", number=errno.EACCES)
+    audit = sandbox.summary()
+    assert audit["outsideWorkdir"]["denied"] == 1 and audit["runner"]["filesRead"] == 1
+
+
+def test_a_process_the_runner_forks_that_never_execs_stays_the_runners():
+    sandbox = Sandbox().program_started()
+    sandbox.clone(NS_INIT, 40).open(40, "/proc/40/status", cwd="/")
+    audit = sandbox.summary()
+    assert audit["counts"]["processes"] == 1 and audit["outsideWorkdir"]["reads"] == 0
+
+
+def test_a_binary_run_from_memory_is_flagged():
+    sandbox = Sandbox().program_started()
+    sandbox.clone(PROGRAM, 50).execve(50, ["payload"], memfd=True)
+    assert sandbox.summary()["processes"][1] == {"argv": ["payload"], "fromMemfd": True}
+
+
+def test_sends_with_an_address_gvisor_does_not_record_and_openat2_are_counted():
+    sandbox = Sandbox().program_started()
+    sandbox.socket(PROGRAM, kind=socket.SOCK_DGRAM)
+    sandbox.raw(PROGRAM, 44, arg5=0x7FFF0000, number=errno.ENETUNREACH)   # sendto with a destination
+    sandbox.raw(PROGRAM, 44, arg5=0)                                       # send() on a connected socket
+    sandbox.raw(PROGRAM, 46).raw(PROGRAM, 437)
+    sandbox.raw(NS_INIT, 46)                                               # the runner's: not counted
+    sandbox.socket(PROGRAM, socket.AF_PACKET, socket.SOCK_RAW, errno.EPERM)
+    audit = sandbox.summary()
+    assert audit["counts"]["addressedSends"] == 2 and audit["counts"]["openat2"] == 1
+    assert audit["socketsOpened"] == [
+        {"family": "inet", "protocol": "udp", "result": "created", "count": 1},
+        {"family": "packet", "protocol": "packet", "result": "denied", "count": 1}]
+    assert audit["counts"]["syscallsDenied"] == 1
+
+
+def test_a_warm_pod_keeps_only_what_came_after_the_claim():
+    sandbox = Sandbox().start().open(RUNNER, "/opt/coderun/main.py", cwd="/")
+    sandbox.clone(RUNNER, 60)                                          # a runner thread pool, before the claim
+    claim = sandbox.now + 1
+    sandbox.open(RUNNER, "/coderun/stdin", cwd="/")
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM)
+    sandbox.execve(PROGRAM, ["python3", "-u", "main.py"]).open(PROGRAM, "data.csv")
+    audit = sandbox.summary(since_ns=claim)
+    assert audit["runner"] == {"filesRead": 1, "filesWritten": 0, "processes": 2}
+    assert audit["filesRead"] == [{"path": "data.csv", "count": 1}]
+
+
+def test_a_session_run_has_only_its_own_processes_and_is_complete_once_they_end():
+    """A session's container ran earlier runs: their programs ended before this run's start and are not its own."""
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "state.txt", flags=os.O_WRONLY | os.O_CREAT).exit(PROGRAM)
+    since = sandbox.now + 1
+    second = PROGRAM + 10
+    sandbox.clone(NS_INIT, second).execve(second, ["python3", "-u", "main.py"]).open(second, "state.txt")
+    audit = sandbox.summary(since_ns=since)
+    assert audit["processes"] == [{"argv": ["python3", "-u", "main.py"]}] and audit["counts"]["processes"] == 1
+    assert audit["filesRead"] == [{"path": "state.txt", "count": 1}] and audit["filesWritten"] == []
+    assert not audit["complete"]  # the earlier run's ended program is not this one's end
+    assert sandbox.exit(second).summary(since_ns=since)["complete"]
+
+
+def test_points_lost_on_the_way_are_counted_across_the_counters_wrap():
+    sandbox = Sandbox().program_started()
+    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="a"),
+                 MT.MESSAGE_SYSCALL_OPEN, dropped=2 ** 32 - 2)
+    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="b"),
+                 MT.MESSAGE_SYSCALL_OPEN, dropped=3)
+    sandbox.packets.append(struct.pack("<HHI", 8, 999, 3))           # a type this schema does not know
+    audit = RunAudit(CID)
+    for packet in sandbox.packets:
+        audit.add(wire.decode_point(packet))
+    audit.add_lost(7)
+    counts = audit.summary()["counts"]
+    assert counts["pointsLost"] == (2 ** 32 - 2) + 5 + 7 and counts["pointsUnknown"] == 1
+
+
+def test_execve_calls_without_an_errno_count_as_failed_unless_the_exec_follows():
+    """Python's PATH search as the cluster recorded it: three calls for a missing wget, each without an errno, then
+    the thread's end; and the shell's exec that worked (its call, then the exec itself)."""
+    sandbox = Sandbox().program_started()
+    sandbox.clone(PROGRAM, 14)
+    for directory in ("/usr/local/bin", "/usr/bin", "/bin"):
+        sandbox.execve_call(14, f"{directory}/wget")
+    sandbox.task_exit(14, code=255).exit(14, code=255)
+    sandbox.clone(PROGRAM, 15).execve_call(15, "/bin/sh").execve(15, ["sh", "-c", "true"])
+    sandbox.exit(15).exit(PROGRAM).exit(NS_INIT).exit(HELPER).task_exit(RUNNER)
+    audit = sandbox.summary()
+    assert audit["counts"]["failedExecs"] == 3, audit["counts"]

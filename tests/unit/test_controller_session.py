@@ -1,0 +1,360 @@
+"""CodeRunSessions against a fake of k8s.py (keepState false): the session's pod and Ready, runs in creation order
+through one sandbox, refusals (ended session, another language), the idle timeout, and a session run's status
+written by the cold run's finish."""
+import copy
+import hashlib
+import json
+import threading
+
+import pytest
+
+from coderun.sandbox.runner.protocol import session_document_mac
+from coderun_operator.builders.session import build_session_pod, session_document
+from coderun_operator.controller import Controller
+from coderun_operator.controller.session import session_key
+from coderun_operator.policy import DEFAULT_POLICY, Decision
+from coderun_operator.policy.session import run_in_session, session_verdict
+from coderun_operator.results.session import compute_session_status, runs_in_order
+from coderun.api.coderunpolicy import Sessions
+from coderun.api.coderunsession import CodeRunSessionSpec
+from coderun.api.models import CodeRunSpec
+from fake_k8s import FakeK8s
+from test_controller import NS, T0, Clock, make_run
+from datetime import timedelta
+import dataclasses
+
+POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
+          "metadata": {"name": "default", "namespace": NS, "uid": "policy-uid"},
+          "spec": {"sessions": {"allowed": True, "maxSessions": 2, "maxIdleTimeoutSeconds": 60}}}
+ALICE = {"coderun.io/created-by": "alice"}
+POD = "s1-session-sess-uid"  # the session's name and the start of its uid
+
+
+def make_session(name="s1", uid="sess-uid-1", **spec):
+    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunSession",
+            "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1, "annotations": dict(ALICE),
+                         "creationTimestamp": "2026-11-22T10:00:00Z"},
+            "spec": {"language": "python", **spec}}
+
+
+def session_run(name, uid, created="2026-11-22T10:00:01Z", **spec):
+    run = make_run(name, uid, session="s1", **spec)
+    run["metadata"]["annotations"] = dict(ALICE)
+    run["metadata"]["creationTimestamp"] = created
+    return run
+
+
+@pytest.fixture
+def env():
+    api, clock = FakeK8s(), Clock()
+    ctl = Controller(api=api, clock=clock)
+    api.policies = [copy.deepcopy(POLICY)]
+    ctl.on_policy(copy.deepcopy(POLICY), deleted=False)
+    return api, clock, ctl
+
+
+def runner(api):
+    """A session runner: the key from the first document, the MAC checked on the rest, a frame per run."""
+    state = {"key": None, "sequence": 0, "codes": []}
+
+    def answer(document: bytes) -> bytes:
+        header, body = document.split(b"\n", 1)
+        length, _, signature = header.partition(b" ")
+        assert int(length) == len(body)
+        parsed = json.loads(body)
+        if state["key"] is None:
+            state["key"] = bytes.fromhex(json.loads(parsed["data"].pop("session.json"))["key"])
+        else:
+            sequence, mac = signature.split(b" ")
+            assert int(sequence) > state["sequence"]
+            state["sequence"] = int(sequence)
+            assert mac.decode() == session_document_mac(state["key"], state["sequence"], body)
+        state["codes"].append(parsed["data"]["code"])
+        frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": f"run {len(state['codes'])}\n",
+                 "stderr": "", "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000},
+                 "nonce": parsed["nonce"]}
+        accepted = hashlib.sha256(parsed["nonce"].encode()).hexdigest()[:16]
+        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
+    return state, answer
+
+
+def start_session(env, **spec):
+    api, _, ctl = env
+    ctl.on_session(api.add_session(make_session(**spec)), deleted=False)
+    pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
+    pod["status"] = {"phase": "Running", "containerStatuses": [{
+        "name": "run", "image": "coderun.local/sandbox-python:v2",
+        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64, "state": {"running": {}}}]}
+    api.objects[("Pod", NS, POD)] = pod
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    return api.objects[("CodeRunSession", NS, "s1")]
+
+
+def settle():
+    for thread in threading.enumerate():
+        if thread.name.startswith("session-"):
+            thread.join(5)
+
+
+# ---------------------------------------------------------------- pure parts
+def test_the_session_pod_is_the_sandbox_pod_with_an_open_stdin_owned_by_the_session():
+    policy = dataclasses.replace(DEFAULT_POLICY, sessions=Sessions(allowed=True))
+    verdict = session_verdict(CodeRunSessionSpec(language="python", limits={"memory": "512Mi"}), policy, 0)
+    pod = build_session_pod(make_session(), verdict.decision, verdict.max_lifetime_seconds)
+    container = pod["spec"]["containers"][0]
+    assert container["stdin"] is True and container["stdinOnce"] is False
+    assert container["command"][-1] == "--session"
+    assert pod["metadata"]["ownerReferences"][0]["kind"] == "CodeRunSession"
+    assert pod["spec"]["activeDeadlineSeconds"] == 3600 + 60
+    assert pod["spec"]["runtimeClassName"] == "gvisor" and pod["spec"]["automountServiceAccountToken"] is False
+    assert container["resources"]["limits"]["memory"] == "576Mi"  # 512Mi and the 64Mi /tmp
+
+
+def test_the_policy_decides_sessions_caps_and_refuses_keep_state():
+    off = session_verdict(CodeRunSessionSpec(language="python"), DEFAULT_POLICY, 0)
+    assert off.reason == "PolicyDenied" and off.rule == "sessions.allowed"
+    policy = dataclasses.replace(DEFAULT_POLICY, sessions=Sessions(allowed=True, max_sessions=1,
+                                                                  max_lifetime_seconds=600))
+    capped = session_verdict(CodeRunSessionSpec(language="python", maxLifetimeSeconds=7200, idleTimeoutSeconds=3000),
+                             policy, 0)
+    assert (capped.max_lifetime_seconds, capped.idle_timeout_seconds) == (600, 1800)
+    assert session_verdict(CodeRunSessionSpec(language="python"), policy, 1).rule == "sessions.maxSessions"
+    keep = session_verdict(CodeRunSessionSpec(language="python", keepState=True), policy, 0)
+    assert keep.reason == "StartFailed" and "not supported" in keep.message
+    run = run_in_session(CodeRunSpec(language="python", code="x", session="s1", limits={"timeoutSeconds": 9}),
+                         capped.decision.limits, policy)
+    assert isinstance(run, Decision) and run.limits.timeout_seconds == 9 and run.limits.memory == "256Mi"
+
+
+def test_runs_in_order_is_creation_then_name():
+    runs = [{"metadata": {"name": n, "creationTimestamp": t}} for n, t in
+            [("b", "2026-01-01T00:00:01Z"), ("a", "2026-01-01T00:00:01Z"), ("c", "2026-01-01T00:00:00Z")]]
+    assert [r["metadata"]["name"] for r in runs_in_order(runs)] == ["c", "a", "b"]
+
+
+def test_documents_carry_the_key_first_then_a_mac_per_sequence():
+    key = session_key(b"m" * 32, "uid")
+    first = session_document({"data": {"code": "x"}}, "a" * 64, key, 0)
+    assert b"session.json" in first and first.split(b"\n", 1)[0].isdigit()
+    second = session_document({"data": {"code": "y"}}, "b" * 64, key, 1)
+    header, body = second.split(b"\n", 1)
+    assert header.split(b" ")[1:] == [b"1", session_document_mac(key, 1, body).encode()]
+    assert b"session.json" not in body
+
+
+def test_compute_status_ends_an_idle_session():
+    session = make_session()
+    session["status"] = {"phase": "Ready", "podName": POD, "idleTimeoutSeconds": 60,
+                         "startTime": "2026-11-22T10:00:00Z", "expiresAt": "2026-11-22T11:00:00Z"}
+    pod = {"metadata": {"name": POD}, "status": {"containerStatuses": [{"name": "run",
+                                                                                  "state": {"running": {}}}]}}
+    assert compute_session_status(session, pod, [], T0 + timedelta(seconds=30)).phase == "Ready"
+    ended = compute_session_status(session, pod, [], T0 + timedelta(seconds=61))
+    assert (ended.phase, ended.reason) == ("Ended", "IdleTimeout")
+
+
+# ---------------------------------------------------------------- the controller
+def test_a_session_gets_its_pod_and_is_ready_once_the_runner_runs(env):
+    api, _, ctl = env
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["podName"], status["idleTimeoutSeconds"]) == ("Pending", POD, 60)
+    assert ("Secret", "coderun-system", "coderun-session-key") in api.objects
+    status = start_session(env)["status"]
+    assert status["phase"] == "Ready" and status["creator"] == "alice"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True", "Ended": "False"}
+
+
+def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
+    api, clock, ctl = env
+    start_session(env)
+    state, answer = runner(api)
+    gate = threading.Event()
+    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    first = api.add_run(session_run("first", "uid-1"))
+    ctl.on_run(api.add_run(session_run("second", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    ctl.on_run(first, deleted=False)  # its event comes second: the order is still creation's
+    second = api.run(NS, "second")["status"]
+    assert (second["phase"], second["reason"]) == ("Pending", "Queued") and "first" in second["message"]
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Busy"
+    gate.set()
+    settle()
+    settle()
+    first, second = api.run(NS, "first")["status"], api.run(NS, "second")["status"]
+    assert (first["phase"], first["stdout"], first["startMode"]) == ("Succeeded", "run 1\n", "Session")
+    assert (second["phase"], second["stdout"]) == ("Succeeded", "run 2\n")
+    assert state["codes"] == ["print(6*7)", "print(6*7)"] and state["sequence"] == 1
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["runsDone"], session["documentsSent"]) == ("Ready", 2, 2)
+    assert ("Pod", NS, POD) in api.objects  # the session keeps its pod
+
+
+def test_the_finish_writes_the_fields_a_cold_run_gets(env):
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    api.attach_answers[POD] = answer
+    ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
+    settle()
+    status = api.run(NS, "first")["status"]
+    for field in ("phase", "reason", "exitCode", "stdout", "stderr", "metrics", "conditions", "codeHash", "image",
+                  "policy", "policyDigest", "effectiveLimits", "decision", "startTime", "completionTime"):
+        assert field in status, field
+    assert "cacheKey" not in status  # never offered to the cache
+    assert status["image"].endswith("@sha256:" + "f" * 64)
+
+
+def test_a_run_naming_an_ended_session_is_refused_with_the_sessions_reason(env):
+    api, clock, ctl = env
+    start_session(env)
+    clock.now = T0 + timedelta(seconds=120)
+    ctl.tick()
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["reason"]) == ("Ended", "IdleTimeout")
+    assert ("Pod", NS, POD) not in api.objects  # its pod goes with it
+    ctl.on_run(api.add_run(session_run("late", "uid-9")), deleted=False)
+    status = api.run(NS, "late")["status"]
+    assert (status["phase"], status["reason"]) == ("Rejected", "SessionEnded") and "IdleTimeout" in status["message"]
+
+
+def test_a_run_of_another_language_or_no_session_is_refused(env):
+    api, _, ctl = env
+    start_session(env)
+    ctl.on_run(api.add_run(session_run("js", "uid-3", language="javascript")), deleted=False)
+    assert api.run(NS, "js")["status"]["reason"] == "SessionMismatch"
+    run = session_run("lost", "uid-4")
+    run["spec"]["session"] = "nope"
+    ctl.on_run(api.add_run(run), deleted=False)
+    assert api.run(NS, "lost")["status"]["reason"] == "SessionNotFound"
+
+
+def test_a_keep_state_session_is_refused_until_the_runner_supports_it(env):
+    api, _, ctl = env
+    ctl.on_session(api.add_session(make_session(keepState=True)), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed") and "not supported" in status["message"]
+    assert ("Pod", NS, POD) not in api.objects
+
+
+@pytest.mark.parametrize("container_reason, run_reason", [("OOMKilled", "OOMKilled"), ("Completed", "Signaled")])
+def test_a_run_killed_by_an_unsent_sigkill_ends_by_the_containers_word_and_ends_the_session(
+        env, container_reason, run_reason):
+    """gVisor's kill when memory runs out: the runner sends the frame (SIGKILL, output so far) and ends the
+    session; the container's end says whether it was memory (OOMKilled, as for a cold run)."""
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+
+    def killed(document: bytes) -> bytes:
+        stream = answer(document).decode()
+        head, _, frame = stream.partition("CODERUN-RESULT-V1 ")
+        frame = {**json.loads(frame), "reason": "Signaled", "exitCode": None, "signal": 9, "stdout": "so far\n"}
+        return f"{head}CODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
+    api.attach_answers[POD] = killed
+    ctl.on_run(api.add_run(session_run("hog", "uid-1")), deleted=False)
+    settle()
+    waiting = api.run(NS, "hog")["status"]
+    assert (waiting["phase"], waiting["startMode"]) == ("Running", "Session"), waiting
+    pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
+    pod["status"]["phase"] = "Failed"
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": container_reason, "exitCode": 0}}
+    api.objects[("Pod", NS, POD)] = pod
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    status = api.run(NS, "hog")["status"]
+    assert (status["phase"], status["reason"], status["stdout"]) == ("Failed", run_reason, "so far\n"), status
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert session["phase"] == "Ended" and session["reason"] == (
+        "OOMKilled" if container_reason == "OOMKilled" else "PodDeleted"), session
+
+
+def test_a_restarted_operator_that_sees_the_session_before_its_pod_keeps_the_session(env):
+    """After a restart (or right after the pod's creation) the session's event can come before its pod's: the
+    pod is asked of the API server, and the session goes on."""
+    api, clock, _ = env
+    start_session(env)
+    restarted = Controller(api=api, clock=clock)
+    restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
+    restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert status["phase"] == "Ready" and ("Pod", NS, POD) in api.objects, status
+    del api.objects[("Pod", NS, POD)]  # and when it is really gone, the session ends saying so
+    restarted.sessions.pods.clear()
+    restarted.tick()
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "PodDeleted"), status
+
+
+def test_a_session_created_again_under_its_name_gets_a_pod_of_its_own(env):
+    """`kubectl delete crsess s1 && kubectl create -f s1.yaml`: the old pod may still be terminating."""
+    api, _, ctl = env
+    start_session(env)
+    old = api.objects[("CodeRunSession", NS, "s1")]
+    ctl.on_session(copy.deepcopy(old), deleted=True)
+    del api.objects[("CodeRunSession", NS, "s1")]
+    api.objects[("Pod", NS, POD)]["metadata"]["deletionTimestamp"] = "2026-11-22T10:00:05Z"
+    ctl.on_session(api.add_session(make_session(uid="another-2")), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["podName"]) == ("Pending", "s1-session-another-"), status
+    assert ("Pod", NS, "s1-session-another-") in api.objects
+
+
+def test_without_the_api_servers_identity_policies_no_run_may_use_a_session(env):
+    """The creators' annotations are evidence only while the admission policies guard them."""
+    api, _, ctl = env
+    start_session(env)
+    api.admission.clear()
+    ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
+    status = api.run(NS, "first")["status"]
+    assert (status["phase"], status["reason"]) == ("Rejected", "SessionForbidden"), status
+    assert "cannot be verified" in status["message"] and "approval.coderun.io" in status["message"], status
+
+
+def test_the_idle_clock_and_the_count_never_go_back_when_finished_runs_are_deleted():
+    """`coderun run --session` deletes its run: the session must still count it, and its idle clock with it."""
+    session = make_session()
+    session["status"] = {"phase": "Ready", "podName": POD, "idleTimeoutSeconds": 60, "runsDone": 4,
+                         "startTime": "2026-11-22T10:00:00Z", "lastActivity": "2026-11-22T10:00:50Z",
+                         "expiresAt": "2026-11-22T11:00:00Z"}
+    pod = {"metadata": {"name": POD}, "status": {"containerStatuses": [{"name": "run", "state": {"running": {}}}]}}
+    status = compute_session_status(session, pod, [], T0 + timedelta(seconds=90))
+    assert (status.phase, status.runs_done, status.last_activity) == ("Ready", 4, "2026-11-22T10:00:50Z")
+
+
+def test_a_session_under_a_policy_that_needs_approval_or_that_its_creator_may_not_use_is_denied(env):
+    api, _, ctl = env
+    supervised = {**copy.deepcopy(POLICY), "metadata": {**POLICY["metadata"], "name": "supervised", "uid": "p2"},
+                  "spec": {**POLICY["spec"], "approval": {"required": "Always"}}}
+    api.policies.append(supervised)
+    ctl.on_policy(copy.deepcopy(supervised), deleted=False)
+    ctl.api.grants.add(("alice", "use", "coderunpolicies", NS, "supervised"))
+    ctl.on_session(api.add_session(make_session(policyRef="supervised")), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "PolicyDenied") and "approval" in status["message"]
+    roomy = {**copy.deepcopy(POLICY), "metadata": {**POLICY["metadata"], "name": "roomy", "uid": "p3"}}
+    api.policies.append(roomy)
+    ctl.on_policy(copy.deepcopy(roomy), deleted=False)  # exists, allows sessions; alice has no `use` on it
+    ctl.on_session(api.add_session(make_session(name="s2", uid="sess-uid-2", policyRef="roomy")), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s2")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "PolicyDenied") and "may not use" in status["message"]
+
+
+def test_a_restarted_operator_does_not_end_sessions_before_it_has_the_policies(env):
+    api, clock, _ = env
+    start_session(env)
+    restarted = Controller(api=api, clock=clock)  # no policy event yet: the session's comes first
+    restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
+
+
+def test_an_unreachable_sandbox_ends_the_session_after_a_few_attaches_and_never_revives_it(env):
+    api, _, ctl = env
+    start_session(env)
+    api.attach_answers[POD] = ConnectionError("unreachable")
+    ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
+    for _ in range(5):
+        settle()
+        ctl.tick()
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["reason"]) == ("Ended", "PodDeleted") and "3 times" in session["message"]
+    status = api.run(NS, "first")["status"]
+    assert status["phase"] == "Rejected" and status["reason"] == "SessionEnded", status
