@@ -13,6 +13,33 @@ KUBECTL=$CODERUN_CACHE/bin/kubernetes-$KUBERNETES_VERSION/kubectl
 RELEASE=${CODERUN_RELEASE:-coderun}
 NAMESPACE=${CODERUN_NAMESPACE:-coderun-system}
 
+# What helm's "not ready" leaves out: each of the release's pods that is not Ready, its conditions, its
+# containers' states and the warnings about it, so that a CI log says why.
+diagnose() {
+  echo "install.sh: the release did not become ready; its pods and the cluster's warnings:" >&2
+  "$KUBECTL" get pods -A -l "app.kubernetes.io/instance=$RELEASE" -o wide >&2 || true
+  "$KUBECTL" get pods -A -l "app.kubernetes.io/instance=$RELEASE" -o json 2>/dev/null | python3 -c '
+import json, sys
+for pod in json.load(sys.stdin)["items"]:
+    status = pod.get("status", {})
+    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])):
+        continue
+    print(pod["metadata"]["namespace"] + "/" + pod["metadata"]["name"], status.get("phase"))
+    for condition in status.get("conditions", []):
+        print("  condition", condition.get("type"), condition.get("status"), condition.get("message", ""))
+    for container in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+        print("  container", container["name"], json.dumps(container.get("state")), "restarts",
+              container.get("restartCount"))
+' >&2 || true
+  local namespace
+  for namespace in $("$KUBECTL" get pods -A -l "app.kubernetes.io/instance=$RELEASE" \
+      -o jsonpath='{range .items[*]}{.metadata.namespace}{"\n"}{end}' 2>/dev/null | sort -u); do
+    "$KUBECTL" logs -n "$namespace" -l "app.kubernetes.io/instance=$RELEASE" --all-containers --prefix \
+      --tail 10 >&2 || true
+  done
+  "$KUBECTL" get events -A --field-selector type=Warning --sort-by=.lastTimestamp 2>/dev/null | tail -25 >&2 || true
+}
+
 installed() { "$HELM" status "$RELEASE" -n "$NAMESPACE" >/dev/null 2>&1; }
 
 install() {
@@ -55,7 +82,7 @@ install() {
     --set-json "egressProxy.extraEgress=$destinations" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
     --set egressProxy.resources.requests.cpu=20m --set egressProxy.adminResources.requests.cpu=5m \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
-    --wait --timeout 180s "$@" >/dev/null
+    --wait --timeout 180s "$@" >/dev/null || { diagnose; exit 1; }
   local leader
   for _ in $(seq 300); do  # the Lease's holder, once it has labelled its pod (what the webhook Service needs)
     leader=$("$KUBECTL" -n "$NAMESPACE" get lease coderun-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)

@@ -2,11 +2,13 @@
 the access log's records, the rendered squid.conf. tests/egress runs them under a real squid."""
 import io
 import json
+import socket
+import threading
 import time
 
 import pytest
 
-from coderun.egress import access_log, credential, helpers, rules, squid_config, squid_helper
+from coderun.egress import access_log, credential, helpers, proxy, rules, squid_config, squid_helper
 from coderun.egress.credential import CredentialRefused, Grant, mint, parse_revocations, render_revocations, verify
 from coderun.egress.ranges import protected_networks
 from coderun.egress.rules import Rule
@@ -388,3 +390,27 @@ def test_the_acl_helper_s_budget_check_refuses_a_run_that_spent_its_budget():
     spent["u-1"] = Usage(requests=3)
     assert 'reason="BudgetExceeded"' in budget(budget=limited) and 'uid="u-1"' in budget(budget=limited)
     assert budget() == "OK"  # no budget in the credential: nothing to spend
+
+
+def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_path):
+    """The keys' Secret is mounted optional (the operator makes it at its start): until a key has arrived the pod
+    stays out of the Service, since it could verify no run's credential."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    answered = threading.Event()
+
+    def answer_as_squid():  # what the policy stage says to a request without a credential
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+        answered.set()
+
+    threading.Thread(target=answer_as_squid, daemon=True).start()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    settings = proxy.settings_from({"CODERUN_EGRESS_KEYS": str(keys),
+                                    "CODERUN_EGRESS_LISTEN": f"127.0.0.1:{listener.getsockname()[1]}"})
+    assert "no signing key" in proxy.not_ready(settings)
+    (keys / "k1").write_bytes(b"k" * 32)
+    assert proxy.not_ready(settings) is None and answered.is_set()
+    listener.close()

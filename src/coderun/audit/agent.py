@@ -170,6 +170,11 @@ def respond(target: str, authorization: str | None, has_body: bool, store: Store
     url = urlsplit(target)
     if url.path == "/healthz":
         return 200, {"status": "ok"}
+    if url.path == "/readyz":  # ready once it can tell the operator's bearer: the key has reached the pod
+        if key:
+            return 200, {"status": "ok"}
+        return 503, {"message": "no key yet: the operator creates the key's Secret at its start, and the kubelet "
+                                "brings it into this pod within its sync period"}
     match = CONTAINER_PATH.fullmatch(url.path)
     if match is None:
         return 404, {"message": f"no such path: {url.path[:200]}"}

@@ -89,6 +89,16 @@ def wait_ready(listen: str, deadline_seconds: float = 20.0) -> bool:
     return False
 
 
+def not_ready(s: Settings) -> str | None:
+    """Why the pod should not take runs yet, or None: without a signing key it could verify no run's credential
+    (the Secret is the operator's to create at its start, and mounted optional: see the chart)."""
+    if not keys_in(s.keys_dir).current():
+        return f"no signing key in {s.keys_dir} yet: the operator creates its Secret at its start"
+    if not wait_ready(s.listen, deadline_seconds=5):
+        return f"squid does not answer on {s.listen} yet"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     settings = settings_from(os.environ)
@@ -96,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = prepare(settings)
         os.execvp("squid", ["squid", "-N", "-d", "1", "-f", config])
     elif args == ["ready"]:
-        sys.exit(0 if wait_ready(settings.listen, deadline_seconds=5) else 1)
+        why = not_ready(settings)
+        sys.exit(f"not ready: {why}" if why else 0)
     elif args == ["admin"]:
         keys = keys_in(settings.keys_dir)
         admin.make_server(settings.admin_listen, keys.current, settings.revocations, settings.runs_dir).serve_forever()
