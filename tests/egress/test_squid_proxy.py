@@ -280,11 +280,15 @@ def test_the_admin_endpoint_hands_out_each_run_s_own_records_and_nothing_unverif
     assert proxy.ask_admin("GET", f"/runs/{uid}/log", bearer="guess")[0] == 401
 
 
-def test_a_run_over_its_request_budget_is_refused_saying_so(proxy, origin):
-    uid, url = proxy.run(rules(origin), budget=Budget(requests=2))
-    for path in ("/a", "/b"):
-        assert fetch(url, f"http://allowed.test:{origin.plain_port}{path}", origin)[0] == 200
-    one_record(proxy, uid, 2)  # counted once the log daemon wrote them; squid keeps no budget answer
-    status, _, headers = fetch(url, f"http://allowed.test:{origin.plain_port}/c", origin)
-    assert status == 403 and "spec.egressBudget.requests: 2" in headers["X-Coderun-Refused"]
-    assert one_record(proxy, uid, 3)[2]["reason"] == "BudgetExceeded"
+def test_a_run_over_its_request_budget_is_refused_at_once_and_exactly_saying_so(proxy, origin):
+    """Back to back, with no wait for the log: the budget counts a request as it is admitted. A CONNECT is one
+    request (its TLS stage is not counted again), and a refused request is not one the budget spent."""
+    uid, url = proxy.run(rules(origin), budget=Budget(requests=3))
+    assert fetch(url, f"http://other.test:{origin.plain_port}/", origin)[0] == 403  # not allowed: not spent
+    codes = [fetch(url, f"https://allowed.test:{origin.tls_port}/tls", origin)[0]]
+    codes += [fetch(url, f"http://allowed.test:{origin.plain_port}/n{i}", origin)[0] for i in range(5)]
+    assert codes == [200, 200, 200, 403, 403, 403], codes
+    status, _, headers = fetch(url, f"http://allowed.test:{origin.plain_port}/last", origin)
+    assert status == 403 and "spec.egressBudget.requests: 3" in headers["X-Coderun-Refused"]
+    records = one_record(proxy, uid, 8)
+    assert [r["reason"] for r in records[-4:]] == ["BudgetExceeded"] * 4, records

@@ -11,6 +11,7 @@ import pytest
 from coderun.egress import access_log, credential, helpers, proxy, rules, squid_config, squid_helper
 from coderun.egress.credential import CredentialRefused, Grant, mint, parse_revocations, render_revocations, verify
 from coderun.egress.ranges import protected_networks
+from coderun.egress.run_logs import RunLogs, Usage
 from coderun.egress.rules import Rule
 
 KEY = b"k" * 32
@@ -376,20 +377,48 @@ def test_a_run_over_its_budget_is_refused_naming_the_field(spent_bytes, spent_re
             verdict.message
 
 
-def test_the_acl_helper_s_budget_check_refuses_a_run_that_spent_its_budget():
-    from coderun.egress.run_logs import Usage
-    spent = {"u-1": Usage(requests=2)}
+def test_the_acl_helper_s_budget_check_counts_requests_as_it_admits_them_and_bytes_as_logged(tmp_path):
+    runs = RunLogs(str(tmp_path))
+    moved = {"u-1": Usage(requests=1, bytes_sent=10)}  # the log's count trails: it is not what a request budget uses
 
     def budget(**changes):
         words = ["u-1", mint("k1", KEY, grant(**changes)), "api.github.com", "443", "-", "budget"]
         return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,
-                                  lambda uid: spent.get(uid, Usage()))
+                                  lambda uid: moved.get(uid, Usage()), runs.admit)
 
-    limited = credential.Budget(bytes=None, requests=3)
-    assert budget(budget=limited) == "OK" and budget() == "OK"
-    spent["u-1"] = Usage(requests=3)
-    assert 'reason="BudgetExceeded"' in budget(budget=limited) and 'uid="u-1"' in budget(budget=limited)
-    assert budget() == "OK"  # no budget in the credential: nothing to spend
+    three = credential.Budget(bytes=None, requests=3)
+    assert [budget(budget=three) for _ in range(3)] == ["OK"] * 3
+    refused = budget(budget=three)
+    assert 'reason="BudgetExceeded"' in refused and 'uid="u-1"' in refused and "made 3 requests" in refused
+    assert budget() == "OK"  # no budget in the credential: nothing to spend, nothing counted
+    assert runs.admit("u-1", 3) == 3  # the refusals were not counted either
+    moved["u-1"] = Usage(requests=1, bytes_received=500)
+    bytes_refused = budget(budget=credential.Budget(bytes=500, requests=None))
+    assert 'reason="BudgetExceeded"' in bytes_refused and "moved 500 bytes" in bytes_refused
+
+
+def test_requests_racing_from_several_helper_processes_are_admitted_exactly_up_to_the_budget(tmp_path):
+    """squid runs several helper processes; each has its own RunLogs, and the lock on the run's file is what they
+    share. Threads with their own descriptors contend for it as processes would (flock is per open file)."""
+    admitted, lock = [], threading.Lock()
+
+    def helper_process():
+        runs = RunLogs(str(tmp_path))
+        for _ in range(40):
+            before = runs.admit("u-1", 100)
+            if before < 100:
+                with lock:
+                    admitted.append(before)
+
+    workers = [threading.Thread(target=helper_process) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert sorted(admitted) == list(range(100))  # each count handed out once: 100 admitted of 320 asked
+    assert (tmp_path / "u-1.admitted").read_text() == "100"
+    with pytest.raises(ValueError):
+        RunLogs(str(tmp_path)).admit("../escape", 1)
 
 
 def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_path):

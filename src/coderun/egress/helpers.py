@@ -42,12 +42,27 @@ def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collec
     return reply(True)
 
 
+def _over_budget(grant: Grant, usage: Callable[[str], Usage],
+                 admit: Callable[[str, int], int]) -> rules.Verdict | None:
+    """The bytes as the log counted them (what a request moves is known when it ends), then the request counted
+    as it is admitted (squid asks this last, after every other check, at the policy stage only)."""
+    budget = grant.budget
+    if budget is None:
+        return None
+    over = rules.decide_budget(grant.policy, usage(grant.uid).bytes, 0, budget.bytes, None)
+    if over is None and budget.requests is not None:
+        over = rules.decide_budget(grant.policy, 0, admit(grant.uid, budget.requests), None, budget.requests)
+    return over
+
+
 def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
                resolve: Resolve, protected: Sequence[tuple[str, Network]],
-               usage: Callable[[str], Usage] = lambda uid: Usage()) -> str:
+               usage: Callable[[str], Usage] = lambda uid: Usage(),
+               admit: Callable[[str, int], int] = lambda uid, limit: 0) -> str:
     """external_acl_type: `<user> <token> <host> <port> <SNI> <check>`, the check being the acl line's argument:
     `request` (http_access: may this run reach this name and port?), `budget` (has it spent what its credential
-    allows? `usage(uid)` is what it spent so far through this pod: run_logs.py) or `sni` (ssl_bump step 2: does
+    allows? `usage(uid)` is what it moved so far through this pod, `admit(uid, limit)` counts the request: both
+    run_logs.py) or `sni` (ssl_bump step 2: does
     the TLS ClientHello name the CONNECT host?). OK lets the request on; ERR refuses it with a message that names
     the host and the policy (squid's error page shows it)."""
     if len(words) != 6 or words[5] not in ("request", "budget", "sni"):
@@ -61,11 +76,7 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
     except CredentialRefused as refused:
         return reply(False, message=str(refused), reason=refused.reason)
     if check == "budget":
-        over = None
-        if grant.budget is not None:
-            spent = usage(grant.uid)
-            over = rules.decide_budget(grant.policy, spent.bytes, spent.requests, grant.budget.bytes,
-                                       grant.budget.requests)
+        over = _over_budget(grant, usage, admit)
         return _answer(grant, over) if over else reply(True)  # an OK adds no notes: the request check's are logged
     port = int(port_text) if port_text.isdigit() and len(port_text) <= 5 else 0
     if not 1 <= port <= 65535:
@@ -134,9 +145,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time()))
         return
     resolve, protected = resolver(args.hosts_file), protected_networks(os.environ)
-    usage = RunLogs(args.runs).usage if args.runs else (lambda uid: Usage())
+    runs = RunLogs(args.runs) if args.runs else None
+    usage = runs.usage if runs else (lambda uid: Usage())
+    admit = runs.admit if runs else (lambda uid, limit: 0)
     serve(lambda words: answer_acl(words, keys.current(), revocations.current(), time.time(), resolve,
-                                   protected, usage), workers=args.workers)
+                                   protected, usage, admit), workers=args.workers)
 
 
 if __name__ == "__main__":

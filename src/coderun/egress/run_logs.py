@@ -3,12 +3,14 @@
 The log daemon (access_log.py) is the only writer: a record the acl helper attributed to a run (its `uid` note,
 set only once the run's credential verified) is appended to `<uid>.jsonl`, and the run's usage (requests and
 bytes, all of them, kept or not) is rewritten to `<uid>.usage` beside it. The acl helper reads the usage to refuse
-a run over its budget; the admin server reads both. A run's file is capped (MAX_RUN_LOG_BYTES, MAX_RUN_RECORDS):
+a run over its byte budget, and counts the requests it admits in `<uid>.admitted` (admit: a request budget is
+held exactly, whatever the log's lag); the admin server reads the records and the usage. A run's file is capped (MAX_RUN_LOG_BYTES, MAX_RUN_RECORDS):
 past that, records are counted as dropped, never kept; files untouched for RUN_LOG_TTL_SECONDS are swept (the
 operator has fetched them, or the run ended long ago).
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -73,6 +75,23 @@ class RunLogs:
         self._usage[uid] = usage
         write_atomically(self._path(uid, "usage"), json.dumps(asdict(usage)))
         self.sweep(time.time())
+
+    def admit(self, uid: str, limit: int) -> int:
+        """The acl helper's side of a request budget: how many of the run's requests were admitted before this one,
+        counting this one too when that is under `limit`. Under a lock every helper process shares, so requests
+        racing each other are counted one by one: the log daemon's count comes a moment after a request ends, and a
+        program firing requests back to back would get past a budget checked against it."""
+        fd = os.open(self._path(uid, "admitted"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes
+            text = os.read(fd, 32).strip()
+            admitted = int(text) if text.isdigit() else 0
+            if admitted < limit:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(admitted + 1).encode(), 0)
+            return admitted
+        finally:
+            os.close(fd)
 
     def usage(self, uid: str) -> Usage:
         """A run's usage as the daemon last wrote it (none yet: zero)."""

@@ -194,9 +194,10 @@ def render(s: Settings) -> str:
         "http_access deny !authenticated",
         "http_access deny at_policy crowded all",
         "http_access deny !CONNECT !plain_http all",
-        "http_access deny !within_budget all",
         "http_access deny !allowed_by_policy all",
         "http_access deny protected !via_cidr all",
+        # Last before allow, and at the policy stage only: the budget check counts each request it lets through.
+        "http_access deny at_policy !within_budget all",
         "http_access allow all",
         f"deny_info {DENIED_PAGE} all",
         # The refusal in a header too: an HTTP client reports a CONNECT's status, rarely its body.
