@@ -32,6 +32,7 @@ $(VENV)/.installed: pyproject.toml
 
 crds: venv
 	$(PY) -m coderun.api.crd crds charts/coderun
+	$(PY) -m coderun.api.reference docs/reference.md
 
 # The values table of charts/coderun/README.md, from the comments of values.yaml (a unit test fails when stale).
 chart-readme: venv

@@ -4,9 +4,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coderun.api import crd
+from coderun.api import crd, reference
 
 CRD_DIR = Path(__file__).parents[2] / "crds"
+REFERENCE = Path(__file__).parents[2] / "docs" / "reference.md"
 CRD_FILE = CRD_DIR / "coderun.io_coderuns.yaml"
 
 
@@ -23,6 +24,28 @@ def _walk(schema, path="$"):
 def test_committed_crds_match_models():
     for name in crd.CRDS:
         assert (CRD_DIR / name).read_text() == crd.render(name), f"run `make crds` and commit crds/{name}"
+
+
+def test_the_committed_reference_is_what_the_crds_make():
+    assert REFERENCE.read_text() == reference.render(), "run `make crds` and commit docs/reference.md"
+
+
+@pytest.mark.parametrize("title, generate", reference.KINDS)
+def test_the_reference_has_a_described_row_for_every_field_of_the_crd(title, generate):
+    schema = generate()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = {path.replace("$.", "", 1) for path, _ in _walk(schema) if path.count(".") >= 2}
+    fields = {f for f in fields if not f.endswith("[]") and "{}" not in f}  # a list's items are its own row
+    listed = {path: text for part in ("spec", "status") if part in schema["properties"]
+              for path, _, text in reference.rows(schema["properties"][part], part)}
+    assert set(listed) == fields, (title, set(listed) ^ fields)
+    assert all(listed.values()), [path for path, text in listed.items() if not text]
+
+
+def test_a_reference_row_says_the_type_and_the_bounds_the_api_server_enforces():
+    text = REFERENCE.read_text()
+    assert "| `spec.limits.timeoutSeconds` | integer | Wall-clock limit" in text and "(≥ 1; ≤ 3600) |" in text
+    assert "| `spec.files[].path` | string |" in text and "(**required**; not empty; at most 255 characters)" in text
+    assert '| `status.startMode` | `"Warm"` \\| `"Cold"` \\| `"Session"` |' in text
 
 
 @pytest.mark.parametrize("generate", [crd.crd, crd.policy_crd, crd.session_crd],
