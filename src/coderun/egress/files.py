@@ -61,8 +61,9 @@ def keys_in(directory: str) -> Watched[dict[str, bytes]]:
     return Watched(fingerprint, read, {})
 
 
-def revocations_in(path: str) -> Watched[frozenset[str]]:
-    """The revocation list (credential.render_revocations' format); missing means none revoked yet."""
+def revocations_in(path: str, interval: float = 1.0) -> Watched[frozenset[str]]:
+    """The revocation list (credential.render_revocations' format); missing means none revoked yet. Looked at
+    again (a stat) at most every `interval` seconds."""
     def fingerprint() -> object:
         try:
             st = os.stat(path)
@@ -77,7 +78,7 @@ def revocations_in(path: str) -> Watched[frozenset[str]]:
         except FileNotFoundError:
             return frozenset()
 
-    return Watched(fingerprint, read, frozenset())
+    return Watched(fingerprint, read, frozenset(), interval)
 
 
 def write_atomically(path: str, text: str) -> None:

@@ -140,7 +140,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.keys or not args.revocations:
         parser.error("--keys and --revocations are required")
-    keys, revocations = keys_in(args.keys), revocations_in(args.revocations)
+    # The revocations looked at on every check (a stat): the budget check, which squid asks on every request, then
+    # refuses a revoked credential on its next request, not a second later.
+    keys, revocations = keys_in(args.keys), revocations_in(args.revocations, interval=0.0)
     if args.helper == "auth":
         serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time()))
         return
