@@ -32,6 +32,7 @@ from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, VERSION
 from conftest import NAMESPACE_LABELS, OPERATOR_MODE, wait_for, wait_for_pool
 from test_hostile import BREACH, PRELUDE, facts_of
+from test_session import create_session, run_in, wait_session
 
 pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress proxy is installed by the chart: "
                                  "CODERUN_E2E_OPERATOR=chart (make test)"),
@@ -344,6 +345,43 @@ def test_a_warm_pool_serves_a_policy_with_egress_and_routes_only_that_policy_s_p
     facts = facts_of(closed)
     assert closed["startMode"] == "Warm" and closed["policy"] == "closed", closed
     assert facts["env"] == [] and facts["proxy"] not in BREACH and facts["web"] not in BREACH, facts
+
+
+def test_a_session_s_runs_reach_the_allowed_names_each_with_a_credential_that_ends_with_it(operator, destinations,
+                                                                                             namespace):
+    """A CodeRunSession under a policy with egress: its runs reach the policy's names through the proxy and are
+    refused others, each recorded in its own status.network; a credential a run left in the session's files is
+    revoked once that run ended, so the next run (same sandbox, same files) gets nothing with it but a refusal."""
+    dest = destinations
+    apply_policy(operator, namespace, egress_policy(dest, sessions={"allowed": True},
+                                                    defaults={"cpu": "250m", "memory": "256Mi"}))
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    first = run_in(operator, namespace, session, python(FETCH, f'''
+        open("credential.txt", "w").write(os.environ["HTTPS_PROXY"])  # kept in the session's files
+        report(plain=fetch("http://{dest.name('web')}:8080/one"), refused=fetch("http://{dest.name('other')}:8080/"))
+        '''), files=[{"path": "ca.pem", "content": dest.ca}])
+    facts = facts_of(first)
+    assert (first["phase"], first["startMode"]) == ("Succeeded", "Session"), first
+    assert facts["plain"][:2] == [200, f"hello from {dest.name('web')}:8080"] and facts["refused"][0] == 403, facts
+    assert {(h["host"], h["verdict"]) for h in first["network"]["hosts"]} == {
+        (dest.name("web"), "allowed"), (dest.name("other"), "denied")}, first["network"]
+    second = run_in(operator, namespace, session, python(FETCH, f'''
+        import urllib.request
+        old = urllib.request.build_opener(urllib.request.ProxyHandler({{"http": open("credential.txt").read()}}))
+        try:
+            stale = old.open("http://{dest.name('web')}:8080/stale", timeout=15).status
+        except urllib.error.HTTPError as e:
+            stale = e.code
+        report(stale=stale, mine=fetch("https://{dest.name('web')}:8443/two")[:2])
+        '''))
+    facts = facts_of(second)
+    assert second["phase"] == "Succeeded" and second["podName"] == first["podName"], second
+    # Refused on its first use after the run that held it ended: 403 from the check squid asks every request, or
+    # 407 once squid's 5 s memory of the credential has gone (the egress tier pins down the first).
+    assert facts["stale"] in (403, 407) and facts["mine"] == [200, f"hello from {dest.name('web')}:8443"], facts
+    # Its own status holds its own request only: the stale credential's was no one's.
+    assert second["network"]["requests"] == 1 and second["network"]["proxyPod"], second["network"]
 
 
 def test_a_run_without_egress_has_no_proxy_and_no_route_to_it(operator, destinations, namespace):

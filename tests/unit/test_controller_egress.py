@@ -413,3 +413,48 @@ def test_without_the_proxy_a_pool_for_host_rules_starts_no_pods():
     ctl = Controller(api=api, clock=clock, proxy=EgressProxy(api, SETTINGS, transport=Admin()))  # no keys, no Service
     ctl.on_policy(policy_object(**POLICY, warmPool={"size": 1}), deleted=False)
     assert start_pool((api, clock, ctl)) == [] and ("NetworkPolicy", NS, "coderun-pool-default") not in api.objects
+
+
+def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_credential_revoked_at_its_end(env):
+    """The session's pod is routed as a run of its policy is (its NetworkPolicy, owned by the session, before the
+    pod); each run's document carries a credential for that run alone, pinned to one proxy pod, revoked and its
+    requests collected when the run ends, as for a cold run."""
+    from test_controller_session import POD, runner, session_run, start_session
+    api, _, ctl, admin = env
+    ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
+    start_session(env[:3])
+    routes = api.objects[("NetworkPolicy", NS, POD)]
+    assert routes["metadata"]["ownerReferences"][0]["kind"] == "CodeRunSession"
+    assert routes["spec"]["podSelector"]["matchLabels"] == {"coderun.io/session-uid": "sess-uid-1"}
+    assert routes["spec"]["egress"] == [
+        {"to": [{"ipBlock": {"cidr": "10.96.7.0/24"}}], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROXY_NS}},
+                 "podSelector": {"matchLabels": SELECTOR}}], "ports": [{"protocol": "TCP", "port": 3128}]}]
+    _, answer = runner(api)
+    environments = []
+
+    def answer_and_keep(document: bytes) -> bytes:
+        body = json.loads(document.split(b"\n", 1)[1])
+        environments.append(json.loads(body["data"]["run.json"])["env"])
+        return answer(document)
+    api.attach_answers[POD] = answer_and_keep
+    admin.logs[PROXY_IPS["proxy-a"]] = [{"run": "uid-1", "host": "pypi.pkgs.svc.cluster.local", "port": 443,
+                                         "verdict": "allowed", "bytes_sent": 10, "bytes_received": 20}]
+    for name, uid in (("first", "uid-1"), ("second", "uid-2")):
+        ctl.on_run(api.add_run(session_run(name, uid)), deleted=False)
+        settle_sessions()
+    for variables, uid, name in zip(environments, ("uid-1", "uid-2"), ("first", "second")):
+        token = variables["HTTPS_PROXY"].split(":", 2)[2].rsplit("@", 1)[0]
+        assert verify(token, {"k1": KEY}, T0.timestamp(), user=uid).run == f"{NS}/{name}"
+    first = api.run(NS, "first")["status"]
+    assert first["phase"] == "Succeeded" and first["network"]["proxyPod"] in PROXY_IPS
+    assert first["network"]["requests"] == 1, first["network"]
+    assert dialled(environments[0]["HTTPS_PROXY"]) == f"{PROXY_IPS[first['network']['proxyPod']]}:3128"
+    revoked = [url for method, url in admin.asked if method == "POST"]
+    assert len(revoked) == 2 * len(PROXY_IPS)  # each run's credential, at every ready proxy pod
+
+
+def settle_sessions():
+    for thread in threading.enumerate():
+        if thread.name.startswith("session-"):
+            thread.join(5)

@@ -1,17 +1,20 @@
 """A CodeRunSession's children, pure: its sandbox pod (the run's pod, with the session's limits, its runner in
-session mode on an open stdin, owned by the session) and the documents its runner reads (docs/sessions.md)."""
+session mode on an open stdin, owned by the session), its routes when the policy has egress rules, and the
+documents its runner reads (docs/sessions.md)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from coderun.api.coderunsession import SESSION_KIND
+from coderun.api.models import EgressRule
 from coderun.sandbox.runner.protocol import SESSION_SETTINGS_KEY, session_document_mac
 from ..policy import Decision
+from .egress import ProxyRoute
 from .names import ANNOTATION_POLICY, LABEL_MANAGED_BY, LABEL_SANDBOX, LABEL_SESSION, LABEL_SESSION_UID, MANAGER, \
     child_name, fit_name
-from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _sandbox_pod, input_document, \
-    owner_reference
+from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _egress_routes, _sandbox_pod, \
+    input_document, owner_reference
 
 # The runner reads one document per run on stdin for as long as the session lives (runner main.serve_session).
 SESSION_RUNNER_COMMAND = (*RUNNER, "--session")
@@ -43,6 +46,21 @@ def build_session_pod(session: Mapping[str, Any], decision: Decision, lifetime_s
                        {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": False})
     return pod
+
+
+def build_session_network_policy(session: Mapping[str, Any], egress: Sequence[EgressRule],
+                                 proxy: ProxyRoute | None) -> dict[str, Any]:
+    """The session pod's routes, for a policy with egress rules: what a run of the policy gets (its cidr rules, and
+    the proxy's pods when it has host rules), in force from the pod's start and for the session's life (owned by
+    the session, as its pod is). The proxy still opens names only to a run's credential, which comes with each
+    run's document, so the sandbox reaches nothing by name between runs."""
+    meta = session["metadata"]
+    metadata = {"name": session_pod_name(session), "namespace": meta["namespace"],
+                "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SESSION_UID: meta["uid"]},
+                "ownerReferences": [owner_reference(session, SESSION_KIND)]}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata,
+            "spec": {"podSelector": {"matchLabels": {LABEL_SESSION_UID: meta["uid"]}},
+                     "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": _egress_routes(egress, proxy)}}
 
 
 def session_document(configmap: Mapping[str, Any], nonce: str, key: bytes, sequence: int) -> bytes:

@@ -97,7 +97,7 @@ class Controller:
         # own_namespace: where the sessions' key Secret lives (the operator's namespace)
         self.sessions = Sessions(api, self.store, self.writer, clock, own_namespace, self._session_streamed,
                                  self._reconcile_runs, self._list_runs_once, self.identity.problem,
-                                 lambda obj: creator_may_use(api, self.identity, obj))
+                                 lambda obj: creator_may_use(api, self.identity, obj), proxy)
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:

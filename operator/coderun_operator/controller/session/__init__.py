@@ -29,12 +29,13 @@ from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, Star
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from ...builders import code_hash
 from ...builders.names import LABEL_SESSION_UID
-from ...builders.session import build_session_pod, session_document
+from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
 from ...policy import Decision, Denial, Policy
 from ...policy.decide import parse_spec
 from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
+from ...proxy import EgressProxy, ProxyUnavailable, access_for
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.session import admitted_status, compute_session_status, ended_status, runs_in_order
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
@@ -84,8 +85,10 @@ class Sessions:
     def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime], key_namespace: str,
                  hand_back: HandBack, reconcile_runs: Callable[[list[str]], None],
                  list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
-                 may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]]):
+                 may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]],
+                 proxy: EgressProxy | None = None):
         self.api, self.store, self.writer, self.now = api, store, writer, clock
+        self.proxy = proxy  # the egress proxy, for sessions of a policy with host rules
         self.key_namespace = key_namespace
         self._hand_back, self._reconcile_runs, self._list_runs_once = hand_back, reconcile_runs, list_runs_once
         # why the creators' annotations cannot be trusted now (the API server's identity policies are missing or
@@ -218,14 +221,19 @@ class Sessions:
             self._end(session, verdict.reason, verdict.message,
                       {"policy": verdict.policy, "policyDigest": verdict.policy_digest})
             return
-        if policy.egress:
-            self._end(session, SessionReason.START_FAILED, f"policy {policy.name!r} has egress rules, which sessions "
-                      "do not carry yet (their runs would have no network); use a policy without egress")
+        try:
+            access = access_for(self.proxy, policy.egress)
+        except ProxyUnavailable as e:
+            self._end(session, SessionReason.START_FAILED, f"{e}; runs of policy {policy.name!r} reach their "
+                      "spec.egress names through it: the platform team must repair the egress proxy")
             return
         ensure_key(self.api, self.key_namespace, KEY_SECRET, KEY_ENTRY, "the sessions' key")
         ensure_namespace_default_deny(self.api, meta["namespace"])
         pod = build_session_pod(session, verdict.decision, verdict.max_lifetime_seconds)
         try:
+            if policy.egress:  # its routes before its pod, as a cold run's (the namespace's deny-all until then)
+                self.api.create_or_get(build_session_network_policy(session, policy.egress,
+                                                                    access.route if access else None))
             existing = self.api.create_or_get(pod)
         except self.api.Refused as refused:
             self._end(session, SessionReason.START_FAILED, f"{refused}; the namespace's quota or admission policy "
@@ -351,7 +359,7 @@ class Sessions:
             self.writer.write(run, waiting_status(run, decision, Reason.QUEUED, message, self.now()))
         return None
 
-    def _send(self, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any]) -> None:
+    def _send(self, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any]) -> Outcome | None:
         """Reserve the document's sequence number in the session's status (Busy), record the start in the run's,
         then send the document on a thread of its own; its frame comes back through `hand_back`. A number reserved
         for a document never sent is a gap the runner accepts (it takes any number past the last it read), so
@@ -359,13 +367,20 @@ class Sessions:
         meta, sstatus = run["metadata"], session["status"]
         sequence, pod_name = int(sstatus.get("documentsSent") or 0), sstatus["podName"]
         master = self._master_key()
+        try:  # the proxy pod the run is pinned to, and its credential, travel with its document
+            egress = access_for(self.proxy, decision.policy.egress, meta["uid"])
+        except ProxyUnavailable as e:
+            return Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy {decision.policy.name!r} reach "
+                           "their spec.egress names through it, so this one cannot start: the platform team must "
+                           "repair the egress proxy", decision_fields(decision))
         with self._lock:
             reserved = self._write(session, {"documentsSent": sequence + 1, "phase": SessionPhase.BUSY,
                                              "currentRun": meta["name"],
                                              "message": f"run {meta['name']} is in the sandbox"})
         if reserved is None:
             return None
-        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, self.now())
+        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, self.now(),
+                                proxy_pod=egress.pod if egress else None)
         # The sandbox is up already: the run is Running from here, in the one write that records its start.
         running = running_status({**run, "status": to_wire(status)}, self.now())
         status = status.model_copy(update={
@@ -374,7 +389,7 @@ class Sessions:
         if self.writer.write(run, status) is None:
             return None
         nonce = secrets.token_hex(32)
-        document = session_document(input_configmap(run, spec, decision, None, self.now().timestamp()), nonce,
+        document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
                                     session_key(master, session["metadata"]["uid"]), sequence)
         timeout = decision.limits.timeout_seconds
 
