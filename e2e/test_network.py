@@ -259,12 +259,19 @@ class NodeListener:
             s.close()
 
 
-def metadata_reachable_from_node() -> bool:
+def _connects(address: tuple[str, int]) -> bool:
     try:
-        socket.create_connection(("169.254.169.254", 80), timeout=2).close()
+        socket.create_connection(address, timeout=2).close()
         return True
     except OSError:
         return False
+
+
+def metadata_reachable_from_node() -> bool:
+    """Whether the positive control must reach the metadata address: only when the node does, and the node's
+    network does not accept every connection whatever its address (some CI VMs' egress filter answers any TCP
+    connect, 169.254.169.254 and TEST-NET-2's 198.51.100.1 alike, while a pod's masqueraded one times out)."""
+    return _connects(("169.254.169.254", 80)) and not _connects(("198.51.100.1", 80))
 
 
 # ------------------------------------------------------------------------------------------ cluster helpers
