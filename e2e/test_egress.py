@@ -364,8 +364,8 @@ def test_a_session_s_runs_reach_the_allowed_names_each_with_a_credential_that_en
     facts = facts_of(first)
     assert (first["phase"], first["startMode"]) == ("Succeeded", "Session"), first
     assert facts["plain"][:2] == [200, f"hello from {dest.name('web')}:8080"] and facts["refused"][0] == 403, facts
-    assert {(h["host"], h["verdict"]) for h in first["network"]["hosts"]} == {
-        (dest.name("web"), "allowed"), (dest.name("other"), "denied")}, first["network"]
+    assert {(h["host"], h["allowed"], h["denied"]) for h in first["network"]["hosts"]} == {
+        (dest.name("web"), 1, 0), (dest.name("other"), 0, 1)}, first["network"]
     second = run_in(operator, namespace, session, python(FETCH, f'''
         import urllib.request
         old = urllib.request.build_opener(urllib.request.ProxyHandler({{"http": open("credential.txt").read()}}))

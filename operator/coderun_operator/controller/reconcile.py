@@ -537,7 +537,9 @@ class Controller:
         """The end of a run that had a sandbox: through the egress proxy, its credential revoked and its requests
         in its status and its log ConfigMap (results/network.py), then the terminal status."""
         _, decision = self._decide(run)
-        if self.proxy is not None and isinstance(decision, Decision) and uses_proxy(decision.policy.egress):
+        had_sandbox = bool((run.get("status") or {}).get("startMode"))  # not one refused before it started
+        if self.proxy is not None and had_sandbox and isinstance(decision, Decision) and \
+                uses_proxy(decision.policy.egress):
             outcome = self._with_network(run, decision, outcome)
         return self.writer.finish(run, outcome)
 

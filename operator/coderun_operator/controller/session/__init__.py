@@ -29,6 +29,7 @@ from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, Star
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from ...builders import code_hash
 from ...builders.names import LABEL_SESSION_UID
+from ...builders.ownership import controlled_by, same_rules
 from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
 from ...policy import Decision, Denial, Policy
@@ -107,6 +108,7 @@ class Sessions:
         # the session after it, and the container's end (OOMKilled or not) decides the run's reason
         self.killed: dict[str, tuple[RunnerFrame, float]] = {}
         self._master: bytes | None = None  # _master_key
+        self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ events
@@ -116,6 +118,7 @@ class Sessions:
             if deleted:
                 self.sessions.pop((meta["namespace"], meta["name"]), None)
                 self.pods.pop(meta["uid"], None)
+                self._routes.pop(meta["uid"], None)
             else:
                 self.sessions[(meta["namespace"], meta["name"])] = held = _newest_count(
                     dict(session), self.sessions.get((meta["namespace"], meta["name"])))
@@ -231,9 +234,11 @@ class Sessions:
         ensure_namespace_default_deny(self.api, meta["namespace"])
         pod = build_session_pod(session, verdict.decision, verdict.max_lifetime_seconds)
         try:
-            if policy.egress:  # its routes before its pod, as a cold run's (the namespace's deny-all until then)
-                self.api.create_or_get(build_session_network_policy(session, policy.egress,
-                                                                    access.route if access else None))
+            # its routes before its pod, as a cold run's (the namespace's deny-all until then)
+            taken = self._ensure_routes(session, policy.egress, access.route if access else None)
+            if taken:
+                self._end(session, SessionReason.START_FAILED, taken)
+                return
             existing = self.api.create_or_get(pod)
         except self.api.Refused as refused:
             self._end(session, SessionReason.START_FAILED, f"{refused}; the namespace's quota or admission policy "
@@ -248,6 +253,23 @@ class Sessions:
                   and k != "runtimeClass"}
         self._write(session, to_wire(admitted_status(session, fields, pod["metadata"]["name"],
                                                      verdict.idle_timeout_seconds, verdict.max_lifetime_seconds, now)))
+
+    def _ensure_routes(self, session: Mapping[str, Any], egress, proxy_route) -> str | None:
+        """The session pod's NetworkPolicy holding the routes of its policy as it is now (made at the session's
+        admission, brought up to date at a run's start when the policy's egress changed since: a policy tightened
+        after an incident reaches live sessions too); why it cannot be, when its name is taken by another's."""
+        wanted = build_session_network_policy(session, egress, proxy_route)
+        uid = session["metadata"]["uid"]
+        if self._routes.get(uid) == wanted["spec"]:
+            return None
+        existing = self.api.create_or_get(wanted)
+        if existing is not None and not controlled_by(existing, uid):
+            return (f"a NetworkPolicy named {wanted['metadata']['name']} exists and is not this session's; delete it "
+                    "or name the session differently")
+        if existing is not None and not same_rules(existing.get("spec") or {}, wanted["spec"]):
+            self.api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
+        self._routes[uid] = wanted["spec"]
+        return None
 
     def _end(self, session: dict[str, Any], reason: str, message: str, fields: Mapping[str, Any] | None = None) -> None:
         self._write(session, to_wire(ended_status(session, reason, message, self.now(), fields)))
@@ -373,6 +395,9 @@ class Sessions:
             return Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy {decision.policy.name!r} reach "
                            "their spec.egress names through it, so this one cannot start: the platform team must "
                            "repair the egress proxy", decision_fields(decision))
+        taken = self._ensure_routes(session, decision.policy.egress, egress.route if egress else None)
+        if taken:
+            return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
         with self._lock:
             reserved = self._write(session, {"documentsSent": sequence + 1, "phase": SessionPhase.BUSY,
                                              "currentRun": meta["name"],
