@@ -38,6 +38,7 @@ PROXY_UID = 65532
 NAMES = ("allowed.test", "other.test", "a.wild.test", "b.a.wild.test", "wild.test")
 KEY_ID, KEY = "tier", os.urandom(32)
 POLICY = "tier-policy"
+POD_NAME = "coderun-egress-proxy-tier"  # the proxy pod's name, as the downward API gives it
 
 
 def free_port() -> int:
@@ -123,10 +124,12 @@ class Proxy:
     admin: str = ""  # host:port of the admin endpoint
 
     def run(self, rules: tuple[Rule, ...], expires_in: int = 600, uid: str | None = None,
-            budget: Budget | None = None) -> tuple[str, str]:
-        """(uid, proxy URL) of a new run allowed `rules`: what the operator would put in HTTP(S)_PROXY."""
+            budget: Budget | None = None, pod: str | None = None) -> tuple[str, str]:
+        """(uid, proxy URL) of a new run allowed `rules`: what the operator would put in HTTP(S)_PROXY (its
+        credential naming this proxy pod, or `pod`)."""
         uid = uid or f"run-{next(self._uids)}"
-        token = mint(KEY_ID, KEY, Grant("tier", uid, uid, POLICY, rules, int(time.time()) + expires_in, budget))
+        token = mint(KEY_ID, KEY, Grant("tier", uid, uid, POLICY, rules, int(time.time()) + expires_in, budget,
+                                        pod or POD_NAME))
         return uid, proxy_url(self.address, token, uid)
 
     def ask_admin(self, method: str, path: str, body: dict | None = None,
@@ -183,7 +186,7 @@ def proxy(squid_installed, origin) -> Proxy:
     settings = squid_config.Settings(
         listen=listen, tls_stage_port=free_port(), state_dir=str(state), launchers=str(root / "bin"),
         keys_dir=str(keys), revocations=str(root / "revoked"), error_dir=str(root / "errors"),
-        hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={})
+        hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={}, pod_name=POD_NAME)
     squid_config.write_error_pages(settings.error_dir)
     squid_config.write_launchers(settings.launchers, SYSTEM_PYTHON, str(package))
     config = proxy_start.prepare(settings)

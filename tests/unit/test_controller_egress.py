@@ -189,8 +189,10 @@ def test_a_start_retried_after_its_proxy_pod_stopped_being_ready_keeps_its_input
     api.patch_run_status(NS, "demo", {"podName": None, "phase": None, "network": None})
     ctl.on_run(api.get_run(NS, "demo"), deleted=False)
     status = api.run(NS, "demo")["status"]
-    # Its own input, not a conflict: the run dials the pod it was given (its requests fail closed if it is gone).
-    assert status["podName"] == "demo-sandbox" and program_env(api) == before and "network" not in status
+    # Its own input, not a conflict: the run dials the pod it was given, the only one its credential opens (its
+    # requests fail closed if it is gone), and the status names that pod.
+    assert status["podName"] == "demo-sandbox" and program_env(api) == before
+    assert status["network"]["proxyPod"] == pod
 
 
 def test_an_input_holding_another_credential_is_a_conflict(env):
@@ -424,6 +426,7 @@ def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_
     ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
     start_session(env[:3])
     routes = api.objects[("NetworkPolicy", NS, POD)]
+    assert int(routes["metadata"]["resourceVersion"]) < int(api.objects[("Pod", NS, POD)]["metadata"]["resourceVersion"])
     assert routes["metadata"]["ownerReferences"][0]["kind"] == "CodeRunSession"
     assert routes["spec"]["podSelector"]["matchLabels"] == {"coderun.io/session-uid": "sess-uid-1"}
     assert routes["spec"]["egress"] == [
@@ -452,6 +455,43 @@ def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_
     assert dialled(environments[0]["HTTPS_PROXY"]) == f"{PROXY_IPS[first['network']['proxyPod']]}:3128"
     revoked = [url for method, url in admin.asked if method == "POST"]
     assert len(revoked) == 2 * len(PROXY_IPS)  # each run's credential, at every ready proxy pod
+
+
+def test_a_session_s_routes_follow_its_policy_and_a_run_cannot_start_without_a_proxy_pod(env):
+    """A policy tightened while a session lives reaches it at its next run; with no proxy pod ready a run ends
+    StartFailed saying so, and the session takes the next one."""
+    from test_controller_session import POD, runner, session_run, start_session
+    api, _, ctl, _ = env
+    ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
+    start_session(env[:3])
+    _, answer = runner(api)
+    api.attach_answers[POD] = answer
+    only_names = {**POLICY, "egress": POLICY["egress"][:1]}  # the cidr rule goes
+    ctl.on_policy(policy_object(**only_names, sessions={"allowed": True}), deleted=False)
+    ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
+    settle_sessions()
+    assert api.run(NS, "first")["status"]["phase"] == "Succeeded"
+    egress = api.objects[("NetworkPolicy", NS, POD)]["spec"]["egress"]
+    assert [rule["to"][0].get("ipBlock") for rule in egress] == [None], egress  # the proxy's pods only
+    for name in PROXY_IPS:
+        api.objects[("Pod", PROXY_NS, name)] = proxy_pod(name, PROXY_IPS[name], ready=False)
+    ctl.on_run(api.add_run(session_run("second", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    settle_sessions()
+    second = api.run(NS, "second")["status"]
+    assert (second["phase"], second["reason"]) == ("Failed", "StartFailed") and "egress proxy" in second["message"]
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
+
+
+def test_a_session_whose_network_policy_name_is_taken_by_another_object_does_not_start(env):
+    from test_controller_session import POD, make_session
+    api, _, ctl, _ = env
+    ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
+    api.objects[("NetworkPolicy", NS, POD)] = {"kind": "NetworkPolicy", "metadata": {
+        "name": POD, "namespace": NS, "resourceVersion": "1"}, "spec": {"podSelector": {}, "egress": [{}]}}
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed") and "not this session's" in status["message"]
+    assert ("Pod", NS, POD) not in api.objects
 
 
 def settle_sessions():

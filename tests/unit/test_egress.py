@@ -2,13 +2,14 @@
 the access log's records, the rendered squid.conf. tests/egress runs them under a real squid."""
 import io
 import json
+import os
 import socket
 import threading
 import time
 
 import pytest
 
-from coderun.egress import access_log, credential, helpers, proxy, rules, squid_config, squid_helper
+from coderun.egress import access_log, credential, helpers, proxy, rules, run_logs, squid_config, squid_helper
 from coderun.egress.credential import CredentialRefused, Grant, mint, parse_revocations, render_revocations, verify
 from coderun.egress.ranges import protected_networks
 from coderun.egress.run_logs import RunLogs, Usage
@@ -397,9 +398,20 @@ def test_the_acl_helper_s_budget_check_counts_requests_as_it_admits_them_and_byt
     assert 'reason="BudgetExceeded"' in bytes_refused and "moved 500 bytes" in bytes_refused
 
 
-def test_requests_racing_from_several_helper_processes_are_admitted_exactly_up_to_the_budget(tmp_path):
+def test_requests_racing_from_several_helper_processes_are_admitted_exactly_up_to_the_budget(tmp_path, monkeypatch):
     """squid runs several helper processes; each has its own RunLogs, and the lock on the run's file is what they
-    share. Threads with their own descriptors contend for it as processes would (flock is per open file)."""
+    share. Threads with their own descriptors contend for it as processes would (flock is per open file); a read
+    that takes a moment (here, run_logs' os.read) is where two of them would otherwise both see the same count."""
+    class SlowRead:
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def read(fd, n):
+            text = os.read(fd, n)
+            time.sleep(0.0005)
+            return text
+    monkeypatch.setattr(run_logs, "os", SlowRead())
     admitted, lock = [], threading.Lock()
 
     def helper_process():
@@ -441,3 +453,27 @@ def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_pa
     (keys / "k1").write_bytes(b"k" * 32)
     assert proxy.not_ready(settings) is None  # the key, and the 407 only squid's policy stage gives
     listener.close()
+
+
+def test_a_count_file_that_is_not_a_count_refuses_rather_than_starting_the_budget_again(tmp_path):
+    runs = RunLogs(str(tmp_path))
+    assert [runs.admit("u-1", 5) for _ in range(3)] == [0, 1, 2]
+    (tmp_path / "u-1.admitted").write_bytes(b"\x00garbage")
+    assert runs.admit("u-1", 5) == 5  # at the limit: refused
+    (tmp_path / "u-2.admitted").write_bytes(b"")  # made, never written (a crash): none admitted yet
+    assert runs.admit("u-2", 5) == 0 and (tmp_path / "u-2.admitted").read_text() == "1"
+
+
+def test_a_credential_naming_its_proxy_pod_is_refused_at_any_other_pod_saying_which():
+    bound = mint("k1", KEY, grant(proxy_pod="coderun-egress-proxy-a"))
+    assert verify(bound, KEYS, NOW, pod="coderun-egress-proxy-a").proxy_pod == "coderun-egress-proxy-a"
+    assert verify(bound, KEYS, NOW).proxy_pod == "coderun-egress-proxy-a"  # a pod that does not know its name
+    with pytest.raises(CredentialRefused, match="is for proxy pod coderun-egress-proxy-a, not coderun-egress-proxy-b"):
+        verify(bound, KEYS, NOW, pod="coderun-egress-proxy-b")
+    assert verify(mint("k1", KEY, grant()), KEYS, NOW, pod="coderun-egress-proxy-b").proxy_pod is None
+    words = ["u-1", bound, "api.github.com", "443", "-", "request"]
+    answer = helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,
+                                pod="coderun-egress-proxy-b")
+    assert 'reason="WrongProxyPod"' in answer
+    assert helpers.answer_auth(["u-1", bound], KEYS, (), NOW, "coderun-egress-proxy-b").startswith("ERR")
+    assert helpers.answer_auth(["u-1", bound], KEYS, (), NOW, "coderun-egress-proxy-a").startswith("OK")

@@ -76,18 +76,19 @@ def credential_expiry(decision: Decision, margin_seconds: int, now: float) -> in
     return int(now) + decision.policy.start_deadline_seconds + decision.limits.timeout_seconds + margin_seconds
 
 
-def grant(run: Mapping[str, Any], policy: Policy, expires: int) -> Grant:
+def grant(run: Mapping[str, Any], policy: Policy, expires: int, proxy_pod: str | None = None) -> Grant:
     meta, budget = run["metadata"], policy.egress_budget
     return Grant(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"], policy=policy.name,
                  rules=tuple(rule.as_rule() for rule in policy.egress), expires=expires,
-                 budget=Budget(budget.bytes, budget.requests) if budget else None)
+                 budget=Budget(budget.bytes, budget.requests) if budget else None, proxy_pod=proxy_pod)
 
 
 def run_environment(access: EgressAccess, run: Mapping[str, Any], policy: Policy, expires: int) -> dict[str, str]:
     """The program's proxy settings, its credential inside them, naming the pod it is pinned to."""
     if access.address is None:
         raise ValueError("a run's proxy settings name its pinned proxy pod (builders.egress.pinned)")
-    url = proxy_url(access.address, mint(access.key_id, access.key, grant(run, policy, expires)), run["metadata"]["uid"])
+    token = mint(access.key_id, access.key, grant(run, policy, expires, access.pod))
+    url = proxy_url(access.address, token, run["metadata"]["uid"])
     return {**{name: url for name in PROXY_VARIABLES}, "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY,
             "NODE_USE_ENV_PROXY": "1"}
 
@@ -95,8 +96,9 @@ def run_environment(access: EgressAccess, run: Mapping[str, Any], policy: Policy
 def minted(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mapping[str, Any]) -> tuple[int, EgressAccess] | None:
     """The credential's expiry and the access in a run input this operator made earlier (it signed the
     credential, for this run), so a start retried after a crash mints the same credential for the same proxy pod and
-    finds its own input again; None for anything else. The pod's name is kept when it is still the one `access`
-    is pinned to; else it is not known (that pod may have gone: the run's requests then fail closed)."""
+    finds its own input again; None for anything else. The pod is the one the credential names (an older
+    credential names none: then it is kept when it is still the one `access` is pinned to, else not known; that
+    pod may have gone, and the run's requests then fail closed)."""
     try:
         env = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("env") or {}
         userinfo, _, address = str(env.get("HTTPS_PROXY") or "").rpartition("@")
@@ -105,7 +107,9 @@ def minted(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mappin
         return None
     if found.uid != run["metadata"]["uid"] or not address:
         return None
-    return found.expires, replace(access, pod=access.pod if address == access.address else None, address=address)
+    # the pod its credential names (and so the only one that honours it), else the one `access` is pinned to
+    pod = found.proxy_pod or (access.pod if address == access.address else None)
+    return found.expires, replace(access, pod=pod, address=address)
 
 
 def proxy_egress_rule(route: ProxyRoute) -> dict[str, Any]:

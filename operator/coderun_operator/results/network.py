@@ -89,7 +89,7 @@ def log_text(records: Sequence[dict]) -> tuple[str, bool]:
 
 def budget_message(network: dict[str, Any], budget: EgressBudget | None, policy: str) -> str | None:
     """Why the run spent its egress budget, or None: a request the proxy refused for it, or counts beyond it
-    (a request counts when it ends, so the last one allowed may go over)."""
+    (bytes count when a request ends, so the last one allowed may go over a byte budget)."""
     if budget is None:
         return None
     refused = any(h.get("reason") == BUDGET_EXCEEDED for h in network.get("hosts") or ())

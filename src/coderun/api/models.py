@@ -286,7 +286,8 @@ class EgressRule(ApiModel):
 class EgressBudget(ApiModel):
     """What one run may spend through the egress proxy (host rules; a cidr rule's direct route is not counted).
     Past it the proxy refuses the run's further requests and the run ends Failed, reason EgressBudgetExceeded.
-    A request is counted when it ends, so the last one allowed may go over by its own size."""
+    A request counts as the proxy is asked it, allowed or refused; its bytes when it ends, so the last request
+    allowed may go over a byte budget by its own size."""
     bytes: int | None = Field(None, ge=1, le=1 << 50, description=(
         "Bytes the program sends and receives through the proxy, all requests together."))
     requests: int | None = Field(None, ge=1, le=10_000_000, description=(

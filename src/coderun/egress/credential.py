@@ -57,6 +57,9 @@ class Grant:
     rules: tuple[Rule, ...]
     expires: int  # seconds since the epoch
     budget: Budget | None = None
+    # The proxy pod the run is pinned to: only that pod honours the token, so a run's budget is counted in one
+    # place even by a program that dials the other proxy pods (its NetworkPolicy opens them all). None: any pod.
+    proxy_pod: str | None = None
 
     @property
     def run(self) -> str:
@@ -72,6 +75,7 @@ class CredentialRefused(Exception):
 
 
 BAD_CREDENTIAL, EXPIRED, REVOKED = "BadCredential", "CredentialExpired", "CredentialRevoked"
+WRONG_PROXY = "WrongProxyPod"
 
 
 def mint(key_id: str, key: bytes, grant: Grant) -> str:
@@ -82,6 +86,8 @@ def mint(key_id: str, key: bytes, grant: Grant) -> str:
                "exp": grant.expires, "egress": [[r.host or r.cidr, list(r.ports)] for r in grant.rules]}
     if grant.budget is not None:
         payload["budget"] = [grant.budget.bytes, grant.budget.requests]
+    if grant.proxy_pod is not None:
+        payload["pod"] = grant.proxy_pod
     body = f"{VERSION}.{key_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
     token = f"{body}.{_b64(_sign(key, body))}"
     if len(token) > MAX_TOKEN_CHARS:
@@ -91,12 +97,16 @@ def mint(key_id: str, key: bytes, grant: Grant) -> str:
 
 
 def verify(token: str, keys: Mapping[str, bytes], now: float, revoked: Collection[str] = (),
-           user: str | None = None) -> Grant:
+           user: str | None = None, pod: str | None = None) -> Grant:
     """The proxy's side: the grant a token carries, or CredentialRefused. The signature is checked before any of
-    the payload is parsed; `user`, when given (the proxy's auth helper), must be the run's uid."""
+    the payload is parsed; `user`, when given (the proxy's auth helper), must be the run's uid; `pod`, the proxy
+    pod asking, must be the one the token names, if it names one."""
     grant = read_grant(token, keys)
     if user is not None and user != grant.uid:
         raise CredentialRefused(BAD_CREDENTIAL, "the proxy user name is not the credential's run")
+    if pod is not None and grant.proxy_pod is not None and pod != grant.proxy_pod:
+        raise CredentialRefused(WRONG_PROXY, f"the proxy credential of run {grant.run} is for proxy pod "
+                                f"{grant.proxy_pod}, not {pod}: a run's requests go to the proxy its HTTP_PROXY names")
     if now >= grant.expires:
         raise CredentialRefused(EXPIRED, f"the proxy credential of run {grant.run} expired at its deadline")
     if grant.uid in revoked:
@@ -175,7 +185,10 @@ def _grant(payload: dict) -> Grant:
         if not all(v is None or isinstance(v, int) for v in (spend, requests)):
             raise TypeError("budget")
         budget = Budget(spend, requests)
-    return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"], budget)
+    pod = payload.get("pod")
+    if not (pod is None or isinstance(pod, str)):
+        raise TypeError("pod")
+    return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"], budget, pod)
 
 
 def _sign(key: bytes, body: str) -> bytes:

@@ -1,6 +1,7 @@
 """The files the proxy's helpers read while they run: the signing keys (a mounted Secret, one file per key id)
 and the revocation list (a mounted ConfigMap). Both change under a running proxy (key rotation, runs ending),
-so they are re-read when they change, looked at no more than once a second; a file that cannot be read keeps
+so they are re-read when they change, looked at no more than once a second (the revocations, by the acl helper,
+on every check: helpers.main); a file that cannot be read keeps
 the last good contents (keys start empty: nothing verifies until they are there)."""
 from __future__ import annotations
 

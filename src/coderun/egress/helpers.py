@@ -28,7 +28,8 @@ from .squid_helper import reply, serve
 Resolve = Callable[[str, int], Sequence[str]]
 
 
-def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float) -> str:
+def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
+                pod: str | None = None) -> str:
     """auth_param basic: `<user> <password>`; the password is the token, the user its run's uid. The answer carries
     no annotations: squid keeps an auth answer's with the user name and copies them into that user's later
     requests, so a refusal's would stick to the next good one (the acl helper annotates each request instead)."""
@@ -36,7 +37,7 @@ def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collec
         return reply(False)
     user, token = words
     try:
-        verify(token, keys, now, revoked, user=user)
+        verify(token, keys, now, revoked, user=user, pod=pod)
     except CredentialRefused:
         return reply(False)
     return reply(True)
@@ -45,7 +46,8 @@ def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collec
 def _over_budget(grant: Grant, usage: Callable[[str], Usage],
                  admit: Callable[[str, int], int]) -> rules.Verdict | None:
     """The bytes as the log counted them (what a request moves is known when it ends), then the request counted
-    as it is admitted (squid asks this last, after every other check, at the policy stage only)."""
+    as it is asked (squid asks this at the policy stage only, before the names: every request of the run's
+    counts, allowed or refused, as its status counts them)."""
     budget = grant.budget
     if budget is None:
         return None
@@ -58,7 +60,7 @@ def _over_budget(grant: Grant, usage: Callable[[str], Usage],
 def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
                resolve: Resolve, protected: Sequence[tuple[str, Network]],
                usage: Callable[[str], Usage] = lambda uid: Usage(),
-               admit: Callable[[str, int], int] = lambda uid, limit: 0) -> str:
+               admit: Callable[[str, int], int] = lambda uid, limit: 0, pod: str | None = None) -> str:
     """external_acl_type: `<user> <token> <host> <port> <SNI> <check>`, the check being the acl line's argument:
     `request` (http_access: may this run reach this name and port?), `budget` (has it spent what its credential
     allows? `usage(uid)` is what it moved so far through this pod, `admit(uid, limit)` counts the request: both
@@ -72,7 +74,7 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
         verdict = rules.decide_sni(host, sni)
         return reply(verdict.allowed, message=verdict.message, reason=None if verdict.allowed else verdict.reason)
     try:
-        grant = verify(token, keys, now, revoked, user=user)
+        grant = verify(token, keys, now, revoked, user=user, pod=pod)
     except CredentialRefused as refused:
         return reply(False, message=str(refused), reason=refused.reason)
     if check == "budget":
@@ -137,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--hosts-file", help="the hosts file squid reads (hosts_file in squid.conf)")
     parser.add_argument("--runs", help="the runs' logs and usage the log daemon writes (acl only: budgets)")
     parser.add_argument("--workers", type=int, default=8, help="requests answered at once (acl only)")
+    parser.add_argument("--pod", help="this proxy pod's name: a credential naming another pod is refused")
     args = parser.parse_args(argv)
     if not args.keys or not args.revocations:
         parser.error("--keys and --revocations are required")
@@ -144,14 +147,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     # refuses a revoked credential on its next request, not a second later.
     keys, revocations = keys_in(args.keys), revocations_in(args.revocations, interval=0.0)
     if args.helper == "auth":
-        serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time()))
+        serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time(), args.pod))
         return
     resolve, protected = resolver(args.hosts_file), protected_networks(os.environ)
     runs = RunLogs(args.runs) if args.runs else None
     usage = runs.usage if runs else (lambda uid: Usage())
     admit = runs.admit if runs else (lambda uid, limit: 0)
     serve(lambda words: answer_acl(words, keys.current(), revocations.current(), time.time(), resolve,
-                                   protected, usage, admit), workers=args.workers)
+                                   protected, usage, admit, args.pod), workers=args.workers)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ test tier calls to start squid the same way.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,16 +30,20 @@ DEFAULTS = {
     "CODERUN_EGRESS_ADMIN_LISTEN": "0.0.0.0:3130",
     "CODERUN_EGRESS_LAUNCHERS": "/usr/local/lib/coderun-egress/bin",
     "CODERUN_EGRESS_ERRORS": "/usr/local/lib/coderun-egress/errors",
+    "CODERUN_EGRESS_POD_NAME": "",  # the downward API's metadata.name: credentials name the pod they are for
 }
+POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 def settings_from(env: Mapping[str, str]) -> Settings:
     value = {k: env.get(k) or default for k, default in DEFAULTS.items()}
+    if value["CODERUN_EGRESS_POD_NAME"] and not POD_NAME.fullmatch(value["CODERUN_EGRESS_POD_NAME"]):
+        raise ValueError(f"CODERUN_EGRESS_POD_NAME is not a pod's name: {value['CODERUN_EGRESS_POD_NAME'][:80]!r}")
     return Settings(listen=value["CODERUN_EGRESS_LISTEN"], tls_stage_port=int(value["CODERUN_EGRESS_TLS_STAGE_PORT"]),
                     state_dir=value["CODERUN_EGRESS_STATE"], launchers=value["CODERUN_EGRESS_LAUNCHERS"],
                     keys_dir=value["CODERUN_EGRESS_KEYS"], revocations=value["CODERUN_EGRESS_REVOCATIONS"],
                     error_dir=value["CODERUN_EGRESS_ERRORS"], admin_listen=value["CODERUN_EGRESS_ADMIN_LISTEN"],
-                    env=dict(env))
+                    env=dict(env), pod_name=value["CODERUN_EGRESS_POD_NAME"])
 
 
 def prepare(s: Settings) -> str:

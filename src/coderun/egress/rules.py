@@ -138,7 +138,8 @@ def decide_addresses(rules: Sequence[Rule], policy: str, name: str, port: int, a
 def decide_budget(policy: str, spent_bytes: int, spent_requests: int, max_bytes: int | None,
                   max_requests: int | None) -> Verdict | None:
     """A run that has spent its egress budget is refused every further request (None: within budget). What a
-    request spends is known when it ends, so the last request allowed may go over by its own size."""
+    request moves is known when it ends, so the last request allowed may go over a byte budget by its own size;
+    requests are counted as they are asked (helpers._over_budget)."""
     if max_requests is not None and spent_requests >= max_requests:
         return Verdict(False, BUDGET_EXCEEDED, f"egress refused: the run has made {spent_requests} requests, its "
                        f"budget under CodeRunPolicy {policy} (spec.egressBudget.requests: {max_requests})")

@@ -3,9 +3,10 @@
 The log daemon (access_log.py) is the only writer: a record the acl helper attributed to a run (its `uid` note,
 set only once the run's credential verified) is appended to `<uid>.jsonl`, and the run's usage (requests and
 bytes, all of them, kept or not) is rewritten to `<uid>.usage` beside it. The acl helper reads the usage to refuse
-a run over its byte budget, and counts the requests it admits in `<uid>.admitted` (admit: a request budget is
-held exactly, whatever the log's lag); the admin server reads the records and the usage. A run's file is capped (MAX_RUN_LOG_BYTES, MAX_RUN_RECORDS):
-past that, records are counted as dropped, never kept; files untouched for RUN_LOG_TTL_SECONDS are swept (the
+a run over its byte budget, and counts the run's requests as it is asked them in `<uid>.admitted` (admit: a
+request budget is held exactly, whatever the log's lag); the admin server reads the records and the usage. A
+run's file is capped (MAX_RUN_LOG_BYTES, MAX_RUN_RECORDS): past that, records are counted as dropped, never kept;
+files untouched for RUN_LOG_TTL_SECONDS are swept (the
 operator has fetched them, or the run ended long ago).
 """
 from __future__ import annotations
@@ -84,10 +85,13 @@ class RunLogs:
         fd = os.open(self._path(uid, "admitted"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes
-            text = os.read(fd, 32).strip()
-            admitted = int(text) if text.isdigit() else 0
+            text = os.read(fd, 32)
+            if text and not text.isdigit():
+                return limit  # not a count this code wrote: refuse rather than start the budget again
+            admitted = int(text or b"0")
             if admitted < limit:
-                os.ftruncate(fd, 0)
+                # Written over in place, never emptied first: the count only grows, so its digits never get fewer,
+                # and a write that fails (the state volume full) leaves the last count, not nothing.
                 os.pwrite(fd, str(admitted + 1).encode(), 0)
             return admitted
         finally:

@@ -91,6 +91,7 @@ class Settings:
     env: Mapping[str, str] = field(default_factory=dict)  # the cluster's ranges (ranges.py)
     admin_listen: str = "127.0.0.1:0"  # the admin endpoint's (admin.py), in its own container
     helper_workers: int = 8
+    pod_name: str = ""  # this proxy pod's (the downward API): the helpers refuse a credential for another pod
 
     @property
     def access_log(self) -> str:
@@ -106,7 +107,7 @@ class Settings:
 
 
 def render(s: Settings) -> str:
-    files = f"--keys {s.keys_dir} --revocations {s.revocations}"
+    files = f"--keys {s.keys_dir} --revocations {s.revocations}" + (f" --pod {s.pod_name}" if s.pod_name else "")
     helper = (f"children-max=4 children-startup=1 children-idle=1 concurrency={s.helper_workers * 4} "
               f"%ul %credentials %>rd %>rP %ssl::>sni %DATA {s.launchers}/{ACL} {files} --hosts-file {s.hosts_file} "
               f"--runs {s.runs_dir} --workers {s.helper_workers}")
@@ -166,7 +167,8 @@ def render(s: Settings) -> str:
         "auth_param basic children 4 startup=1 idle=1 concurrency=64",
         "auth_param basic realm coderun-egress",
         "auth_param basic casesensitive on",
-        # Squid re-asks the helper this often, so a revoked or expired token stops working within seconds.
+        # Squid re-asks the auth helper this often; the budget check, asked on every request and never cached,
+        # refuses a revoked or expired token at once.
         "auth_param basic credentialsttl 5 seconds",
         "authenticate_ttl 5 seconds",
         # One helper program for every check; the acl lines' argument (%DATA) says which. Answers on names are kept
@@ -194,10 +196,12 @@ def render(s: Settings) -> str:
         "http_access deny !authenticated",
         "http_access deny at_policy crowded all",
         "http_access deny !CONNECT !plain_http all",
+        # At the policy stage only (a CONNECT's TLS stage is the same request), and before the names: the budget
+        # check counts each request of the run's as it asks, allowed or refused by the policy after it, as the
+        # run's status counts them.
+        "http_access deny at_policy !within_budget all",
         "http_access deny !allowed_by_policy all",
         "http_access deny protected !via_cidr all",
-        # Last before allow, and at the policy stage only: the budget check counts each request it lets through.
-        "http_access deny at_policy !within_budget all",
         "http_access allow all",
         f"deny_info {DENIED_PAGE} all",
         # The refusal in a header too: an HTTP client reports a CONNECT's status, rarely its body.
