@@ -345,13 +345,13 @@ def test_health_needs_no_bearer_and_other_paths_are_404(make_agent):
 def test_it_is_ready_only_once_the_key_has_reached_it(tmp_path):
     """The key's Secret is mounted optional (the operator makes it at its start): alive without it, not ready."""
     path = tmp_path / "key"
-    server = agent.AgentServer(("127.0.0.1", 0), Store(Limits()), agent.KeyFile(str(path)))
+    server = agent.AgentServer(("127.0.0.1", 0), Store(Limits()), agent.KeyFile(str(path), "coderun-audit-key"))
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         port = server.server_address[1]
         assert get(port, "/healthz", key=None)[0] == 200
         status, body, _ = get(port, "/readyz", key=None)
-        assert status == 503 and "no key yet" in body["message"]
+        assert status == 503 and "no key yet from Secret coderun-audit-key" in body["message"], body
         os.replace(_written(tmp_path / "new", KEY), path)  # the kubelet brings the Secret's file
         assert get(port, "/readyz", key=None)[:2] == (200, {"status": "ok"})
     finally:

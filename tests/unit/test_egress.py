@@ -447,9 +447,9 @@ def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_pa
     threading.Thread(target=answer_as_squid, daemon=True).start()
     keys = tmp_path / "keys"
     keys.mkdir()
-    settings = proxy.settings_from({"CODERUN_EGRESS_KEYS": str(keys),
+    settings = proxy.settings_from({"CODERUN_EGRESS_KEYS": str(keys), "CODERUN_EGRESS_KEYS_SECRET": "my-keys",
                                     "CODERUN_EGRESS_LISTEN": f"127.0.0.1:{listener.getsockname()[1]}"})
-    assert "no signing key" in proxy.not_ready(settings)
+    assert "no signing key" in proxy.not_ready(settings) and "from my-keys" in proxy.not_ready(settings)
     (keys / "k1").write_bytes(b"k" * 32)
     assert proxy.not_ready(settings) is None  # the key, and the 407 only squid's policy stage gives
     listener.close()

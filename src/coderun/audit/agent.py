@@ -139,8 +139,10 @@ class Sink:
 class KeyFile:
     """The key as mounted from its Secret, read again when the file changes (a rotated Secret swaps it)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, secret: str = ""):
         self.path = path
+        # where it comes from, for the readiness answer: the Secret's name when the chart gave it
+        self.source = f"Secret {secret} (entry key, mounted at {path})" if secret else path
         self._stamp: tuple | None = None
         self._key = b""
 
@@ -165,7 +167,7 @@ def parse_number(params: dict[str, list[str]], name: str, default: int) -> int |
 
 
 def respond(target: str, authorization: str | None, has_body: bool, store: Store,
-            key: bytes) -> tuple[int, dict]:
+            key: bytes, key_source: str = "the key file") -> tuple[int, dict]:
     """(status, JSON body) for one GET."""
     url = urlsplit(target)
     if url.path == "/healthz":
@@ -173,8 +175,9 @@ def respond(target: str, authorization: str | None, has_body: bool, store: Store
     if url.path == "/readyz":  # ready once it can tell the operator's bearer: the key has reached the pod
         if key:
             return 200, {"status": "ok"}
-        return 503, {"message": "no key yet: the operator creates the key's Secret at its start, and the kubelet "
-                                "brings it into this pod within its sync period"}
+        return 503, {"message": f"no key yet from {key_source}: the operator creates it at its start (unless "
+                                "audit.existingSecret names one of yours: it must exist), and the kubelet brings it "
+                                "into this pod at its next sync"}
     match = CONTAINER_PATH.fullmatch(url.path)
     if match is None:
         return 404, {"message": f"no such path: {url.path[:200]}"}
@@ -209,7 +212,7 @@ class QueryHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         has_body = self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers
         status, body = respond(self.path, self.headers.get("Authorization"), has_body, self.server.store,
-                               self.server.keys.key())
+                               self.server.keys.key(), self.server.keys.source)
         payload = json.dumps(body, separators=(",", ":")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -256,6 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--socket", default=session.DEFAULT_ENDPOINT, help="the sink's unix socket")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the HTTP port")
     parser.add_argument("--key-file", default=DEFAULT_KEY_FILE, help="the bearer's key (a Secret's entry)")
+    parser.add_argument("--key-secret", default="", help="that Secret's name (named when the key is missing)")
     parser.add_argument("--pod-init-config", metavar="PATH",
                         help="write runsc's --pod-init-config file here, pointing at --socket")
     parser.add_argument("--peer-uid", type=int, default=0, help="the only uid that may connect (runsc's)")
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
                          retention_s=args.retention_seconds, connections=args.max_connections))
     sink = Sink(store, args.socket, args.peer_uid)
     sink.listen()
-    server = AgentServer(("", args.port), store, KeyFile(args.key_file))
+    server = AgentServer(("", args.port), store, KeyFile(args.key_file, args.key_secret))
     threading.Thread(target=sink.serve_forever, daemon=True, name="audit-sink").start()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log.info("listening on %s (uid %d) and HTTP port %d", args.socket, args.peer_uid, args.port)

@@ -98,7 +98,9 @@ def not_ready(s: Settings) -> str | None:
     """Why the pod should not take runs yet, or None: without a signing key it could verify no run's credential
     (the Secret is the operator's to create at its start, and mounted optional: see the chart)."""
     if not keys_in(s.keys_dir).current():
-        return f"no signing key in {s.keys_dir} yet: the operator creates its Secret at its start"
+        secret = s.env.get("CODERUN_EGRESS_KEYS_SECRET") or "its Secret"
+        return (f"no signing key in {s.keys_dir} yet from {secret}: the operator creates it at its start (unless "
+                "egressProxy.existingSecret names one of yours: it must exist, one entry per key id)")
     if not wait_ready(s.listen, deadline_seconds=5):
         return f"squid does not answer on {s.listen} yet"
     return None
