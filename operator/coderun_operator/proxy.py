@@ -43,6 +43,12 @@ class ProxyUnavailable(Exception):
     """The proxy's Service or signing key is missing or malformed: runs with host rules cannot start."""
 
 
+def cannot_start(e: ProxyUnavailable, policy: str, what: str = "this run") -> str:
+    """The message of a run (or session) refused because its policy's egress proxy is unavailable."""
+    return (f"{e}; runs of policy {policy!r} reach their spec.egress names through it, so {what} cannot start: "
+            "the platform team must repair the egress proxy")
+
+
 @dataclass(frozen=True)
 class ProxySettings:
     namespace: str

@@ -7,7 +7,7 @@ import base64
 import binascii
 import hashlib
 import logging
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from coderun.api.models import CodeRunSpec
 from ..builders import (build_artifacts_configmap, build_audit_record_configmap, build_input_configmap, build_namespace_network_policy,
@@ -23,21 +23,25 @@ log = logging.getLogger("coderun")
 def ensure_namespace_default_deny(api, namespace: str) -> str | None:
     """The namespace-wide deny-all for sandboxes, created or repaired on every admission (it may have been
     deleted or edited since); a same-named policy that is not coderun's is a conflict, never trusted."""
-    return _ensure_network_policy(api, build_namespace_network_policy(namespace))
+    return ensure_network_policy(api, build_namespace_network_policy(namespace))
 
 
 def ensure_pool_routes(api, namespace: str, policy: Policy, proxy: ProxyRoute | None) -> str | None:
     """A warm pool's NetworkPolicy (its runs' routes), created or repaired before its pods are; a conflict as
     above."""
-    return _ensure_network_policy(api, build_pool_network_policy(namespace, policy, proxy))
+    return ensure_network_policy(api, build_pool_network_policy(namespace, policy, proxy))
 
 
-def _ensure_network_policy(api, wanted: Mapping[str, Any]) -> str | None:
+def ensure_network_policy(api, wanted: Mapping[str, Any], ours: Callable[[Mapping[str, Any]], bool] = is_managed,
+                          taken: Callable[[Mapping[str, Any]], str | None] = lambda existing: not_ours(existing, "")
+                          ) -> str | None:
+    """`wanted` created, or the one of its name brought to its rules when it is `ours`; else why it cannot be
+    (`taken`'s words): a same-named policy that is not ours is never trusted or changed."""
     existing = api.create_or_get(wanted)
     if existing is None:
         return None
-    if not is_managed(existing):
-        return not_ours(existing, "")
+    if not ours(existing):
+        return taken(existing)
     if not same_rules(existing.get("spec") or {}, wanted["spec"]):
         api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
     return None

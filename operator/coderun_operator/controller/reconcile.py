@@ -41,7 +41,7 @@ from ..policy.patterns import redactor
 from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, is_same_source, label_value,
                              pick_reusable, reused_outcome)
 from ..audit import AuditAgent
-from ..proxy import EgressProxy, ProxyUnavailable, access_for
+from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
@@ -389,9 +389,7 @@ class Controller:
         try:
             egress = access_for(self.proxy, decision.policy.egress, run["metadata"]["uid"])
         except ProxyUnavailable as e:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy "
-                                            f"{decision.policy.name!r} reach their spec.egress names through it, so "
-                                            "this one cannot start: the platform team must repair the egress proxy",
+            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, cannot_start(e, decision.policy.name),
                                             decision_fields(decision)))
             return
         if self.claims.try_start(run, spec, decision, key, egress):

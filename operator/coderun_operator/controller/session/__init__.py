@@ -29,19 +29,19 @@ from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, Star
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from ...builders import code_hash
 from ...builders.names import LABEL_SESSION_UID
-from ...builders.ownership import controlled_by, same_rules
+from ...builders.ownership import controlled_by
 from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
 from ...policy import Decision, Denial, Policy
 from ...policy.decide import parse_spec
 from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
-from ...proxy import EgressProxy, ProxyUnavailable, access_for
+from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.session import admitted_status, compute_session_status, ended_status, runs_in_order
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
                                waiting_status)
-from ..children import ensure_namespace_default_deny, input_configmap
+from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
 from ..warm.session import exchange
 from ..writer import StatusWriter, to_wire
@@ -227,8 +227,7 @@ class Sessions:
         try:
             access = access_for(self.proxy, policy.egress)
         except ProxyUnavailable as e:
-            self._end(session, SessionReason.START_FAILED, f"{e}; runs of policy {policy.name!r} reach their "
-                      "spec.egress names through it: the platform team must repair the egress proxy")
+            self._end(session, SessionReason.START_FAILED, cannot_start(e, policy.name, "this session"))
             return
         ensure_key(self.api, self.key_namespace, KEY_SECRET, KEY_ENTRY, "the sessions' key")
         ensure_namespace_default_deny(self.api, meta["namespace"])
@@ -262,14 +261,13 @@ class Sessions:
         uid = session["metadata"]["uid"]
         if self._routes.get(uid) == wanted["spec"]:
             return None
-        existing = self.api.create_or_get(wanted)
-        if existing is not None and not controlled_by(existing, uid):
-            return (f"a NetworkPolicy named {wanted['metadata']['name']} exists and is not this session's; delete it "
-                    "or name the session differently")
-        if existing is not None and not same_rules(existing.get("spec") or {}, wanted["spec"]):
-            self.api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
-        self._routes[uid] = wanted["spec"]
-        return None
+        taken = ensure_network_policy(
+            self.api, wanted, lambda existing: controlled_by(existing, uid),
+            lambda existing: (f"a NetworkPolicy named {wanted['metadata']['name']} exists and is not this session's; "
+                              "delete it or name the session differently"))
+        if taken is None:
+            self._routes[uid] = wanted["spec"]
+        return taken
 
     def _end(self, session: dict[str, Any], reason: str, message: str, fields: Mapping[str, Any] | None = None) -> None:
         self._write(session, to_wire(ended_status(session, reason, message, self.now(), fields)))
@@ -394,9 +392,8 @@ class Sessions:
         try:  # the proxy pod the run is pinned to, and its credential, travel with its document
             egress = access_for(self.proxy, decision.policy.egress, meta["uid"])
         except ProxyUnavailable as e:
-            return Outcome(Phase.FAILED, Reason.START_FAILED, f"{e}; runs of policy {decision.policy.name!r} reach "
-                           "their spec.egress names through it, so this one cannot start: the platform team must "
-                           "repair the egress proxy", decision_fields(decision))
+            return Outcome(Phase.FAILED, Reason.START_FAILED, cannot_start(e, decision.policy.name),
+                           decision_fields(decision))
         taken = self._ensure_routes(session, decision.policy.egress, egress.route if egress else None)
         if taken:
             return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
