@@ -1,7 +1,8 @@
 """coderun installed with its Helm chart on the real cluster, the way users install it: the operator image, two
 replicas with one leading, a CodeRun and the webhook through the in-cluster operator, the webhook's own
 certificate and its rotation, a sandbox with pod-network egress kept off the operator, `helm upgrade` with runs
-in flight (and JSON logs after it), the leader deleted during a burst of 20 runs, and uninstall keeping the CRDs.
+in flight (and JSON logs after it), the leader deleted during a burst of 20 runs, uninstall keeping the CRDs,
+and the rendered manifest (`make manifest`) installed with kubectl instead, as docs/operations.md writes it.
 
 The rest of the e2e suite runs the operator as a host process (`make up-host`, the code under test without an
 image build) unless CODERUN_E2E_OPERATOR=chart; this module installs the chart itself and gives the suite its
@@ -374,3 +375,63 @@ def test_uninstall_keeps_the_crds_and_the_runs(chart, namespace):
     wait_for(lambda: not operator_pods(chart), 60, "the operator pods to be gone")
     assert chart.kubectl("get", "crd", "coderuns.coderun.io", "coderunpolicies.coderun.io", check=False).returncode == 0
     assert chart.get_run(namespace, name)["status"]["stdout"] == "kept\n"
+
+
+
+MANIFEST_NAMESPACE = "coderun-manifest"  # not the chart's: `kubectl create namespace` as the doc has it
+
+
+def _this_clusters_values(cluster) -> dict:
+    """What e2e/install.sh passes helm for this cluster (its images by digest, its CIDRs), as a values file has it."""
+    images = dict(line.split()[:2] for line in _sh("bash", "e2e/cluster/cluster.sh", "images").stdout.splitlines()
+                  if len(line.split()) >= 2)
+    node_ip = cluster.node_ip()
+    return {"image": {"digest": images["coderun.local/operator:v1"]},
+            "egressProxy": {"image": {"digest": images["coderun.local/egress-proxy:v1"]},
+                            "extraEgress": [{"to": [{"namespaceSelector": {"matchLabels": {
+                                "coderun.io/egress-destination": "true"}}}]}],
+                            "resources": {"requests": {"cpu": "20m"}}, "adminResources": {"requests": {"cpu": "5m"}}},
+            "clusterNetwork": {"podCIDRs": ["10.88.0.0/16"], "serviceCIDRs": ["10.96.0.0/16"],
+                               "nodeCIDRs": [f"{node_ip}/32"]}}
+
+
+def test_the_rendered_manifest_installs_with_kubectl_as_the_operations_doc_writes_it(chart, namespace, tmp_path):
+    """docs/operations.md's install without Helm, command for command: `make manifest`, `kubectl create
+    namespace`, the Pod Security label, `kubectl apply --server-side` (again while the API server starts serving the
+    CRDs' kinds, as the doc says); then a leader, a run through it, and everything but the CRDs deleted again."""
+    import yaml
+    _sh("bash", "e2e/install.sh", "uninstall")  # one operator at a time
+    wait_for(lambda: not operator_pods(chart), 60, "the chart's operator pods to be gone")
+    values, manifest = tmp_path / "my-values.yaml", tmp_path / "coderun.yaml"
+    values.write_text(yaml.safe_dump(_this_clusters_values(chart)))
+    made = _sh("make", "-s", "manifest", f"VALUES={values}", f"NAMESPACE={MANIFEST_NAMESPACE}", f"MANIFEST={manifest}")
+    assert f"wrote {manifest}" in made.stdout
+    objects = [o for o in yaml.safe_load_all(manifest.read_text()) if o]
+    try:
+        chart.kubectl("create", "namespace", MANIFEST_NAMESPACE)
+        chart.kubectl("label", "namespace", MANIFEST_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
+        wait_for(lambda: chart.kubectl("apply", "--server-side", "-f", str(manifest), check=False).returncode == 0,
+                 60, "kubectl apply --server-side of the manifest to succeed")
+        deployments = {o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"}
+
+        def available() -> bool:
+            got = json.loads(chart.kubectl("get", "deployments", "-n", MANIFEST_NAMESPACE, "-o", "json").stdout)
+            return {d["metadata"]["name"] for d in got["items"]
+                    if d["status"].get("availableReplicas") == d["spec"]["replicas"]} == deployments
+        wait_for(available, 120, f"the manifest's Deployments {sorted(deployments)} to be available")
+
+        def leader_labelled() -> bool:
+            holder = chart.kubectl("get", "lease", "coderun-operator", "-n", MANIFEST_NAMESPACE, "-o",
+                                   "jsonpath={.spec.holderIdentity}", check=False).stdout
+            return bool(holder) and chart.kubectl("get", "pod", holder, "-n", MANIFEST_NAMESPACE, "-o",
+                                                  "jsonpath={.metadata.labels.coderun\\.io/leader}",
+                                                  check=False).stdout == "true"
+        wait_for(leader_labelled, 60, "a leader of the manifest's operator")
+        run = chart.wait_run(namespace, chart.create_run(namespace, {"language": "python", "code": "print(6 * 7)"}))
+        assert (run["status"]["phase"], run["status"]["stdout"]) == ("Succeeded", "42\n"), run["status"]
+    finally:
+        # Everything but the CRDs (the runs of the other tests live in them), so that the chart installs again.
+        rest = tmp_path / "without-crds.yaml"
+        rest.write_text(yaml.safe_dump_all([o for o in objects if o["kind"] != "CustomResourceDefinition"]))
+        chart.kubectl("delete", "--ignore-not-found", "--timeout=120s", "-f", str(rest), check=False)
+        chart.kubectl("delete", "namespace", MANIFEST_NAMESPACE, "--ignore-not-found", "--timeout=120s", check=False)
