@@ -6,22 +6,24 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 
 from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, VERSION
 from coderun.client import CodeRunClient, RunRejected
-from conftest import CREATOR_VERBS, KUBECONFIG, grant, wait_for
+from conftest import CREATOR_VERBS, KUBECONFIG, grant, parse_timestamp, wait_for
 from test_policy import apply_policy, status_of
 
 SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
 SMALL = {"memory": "256Mi", "cpu": "250m", "disk": "64Mi", "timeoutSeconds": 20}
 
 
-def allow_sessions(cluster, namespace: str, **sessions) -> None:
+def allow_sessions(cluster, namespace: str, ttl: int | None = None, **sessions) -> None:
     apply_policy(cluster, namespace, "default", {"sessions": {"allowed": True, **sessions},
-                                                 "defaults": {"cpu": "250m", "memory": "256Mi"}})
+                                                 "defaults": {"cpu": "250m", "memory": "256Mi"},
+                                                 **({"ttlSecondsAfterFinished": ttl} if ttl is not None else {})})
 
 
 def create_session(cluster, namespace: str, user: str | None = None, **spec) -> str:
@@ -150,8 +152,10 @@ def test_only_the_sessions_creator_may_run_in_it_refused_by_the_api_server(opera
     assert (status["phase"], status["stdout"]) == ("Succeeded", "alice\n"), status
 
 
-def test_an_idle_session_ends_its_pod_goes_and_a_later_run_is_refused_saying_why(operator, namespace):
-    allow_sessions(operator, namespace)
+def test_an_idle_session_ends_its_pod_goes_a_later_run_is_refused_saying_why_and_the_ttl_deletes_it(
+        operator, namespace):
+    ttl = 20
+    allow_sessions(operator, namespace, ttl=ttl)
     session = create_session(operator, namespace, idleTimeoutSeconds=10, maxLifetimeSeconds=60)
     pod = wait_session(operator, namespace, session)["podName"]
     ended = wait_session(operator, namespace, session, "Ended", timeout=60)
@@ -160,6 +164,11 @@ def test_an_idle_session_ends_its_pod_goes_and_a_later_run_is_refused_saying_why
              60, "the ended session's pod to be deleted")
     refused = refused_at_apply(operator, namespace, session)
     assert "has ended" in refused and "IdleTimeout" in refused and "create a new session" in refused, refused
+    # Kept for the policy's ttlSecondsAfterFinished after it ended (so `kubectl get crsess` says why), then deleted.
+    wait_for(lambda: operator.kubectl("get", "crsess", session, "-n", namespace, check=False).returncode != 0,
+             ttl + 30, f"the ended session to be deleted {ttl} s after it ended")
+    gone_after = (datetime.now(timezone.utc) - parse_timestamp(ended["endTime"])).total_seconds()
+    assert gone_after >= ttl, f"deleted {gone_after:.0f} s after it ended, before its policy's {ttl} s"
 
 
 def test_a_run_that_exhausts_the_sessions_memory_ends_the_session_with_its_reason(operator, namespace):

@@ -364,6 +364,12 @@ def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> d
                  VERSION, namespace, SESSION_PLURAL, name, {"status": status}, missing_ok=True)
 
 
+def delete_session(namespace: str, name: str, uid: str) -> None:
+    """Delete this ended session, only if it is still the same object (a new session may have taken the name)."""
+    _call(f"CodeRunSession {name}", _custom().delete_namespaced_custom_object, GROUP,
+          VERSION, namespace, SESSION_PLURAL, name, body={"preconditions": {"uid": uid}}, missing_ok=True)
+
+
 # ------------------------------------------------------------------------------------------ webhook TLS
 def read_secret(namespace: str, name: str) -> dict[str, Any] | None:
     """The webhook's serving certificate and the egress proxy's signing keys: the only Secrets the operator may

@@ -236,6 +236,12 @@ class FakeK8s:
         session["status"] = {k: v for k, v in merged.items() if v is not None}
         return copy.deepcopy(self._stamp(session))
 
+    def delete_session(self, namespace, name, uid):
+        self._hook("delete_session", namespace, name, uid)
+        session = self.objects.get(("CodeRunSession", namespace, name))
+        if session is not None and session["metadata"]["uid"] == uid:
+            del self.objects[("CodeRunSession", namespace, name)]
+
     # ---- webhook TLS
     def read_secret(self, namespace, name):
         self._hook("read_secret", namespace, name)

@@ -14,7 +14,9 @@ from coderun_operator.controller import Controller
 from coderun_operator.controller.session import session_key
 from coderun_operator.policy import DEFAULT_POLICY, Decision
 from coderun_operator.policy.session import run_in_session, session_verdict
+from coderun_operator.results.lifecycle import session_expiry_time
 from coderun_operator.results.session import compute_session_status, runs_in_order
+from coderun_operator.results.status import parse_time
 from coderun.api.coderunpolicy import Sessions
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec
@@ -215,6 +217,32 @@ def test_a_run_naming_an_ended_session_is_refused_with_the_sessions_reason(env):
     ctl.on_run(api.add_run(session_run("late", "uid-9")), deleted=False)
     status = api.run(NS, "late")["status"]
     assert (status["phase"], status["reason"]) == ("Rejected", "SessionEnded") and "IdleTimeout" in status["message"]
+
+
+def test_an_ended_session_is_kept_for_its_policys_ttl_then_deleted(env):
+    api, clock, ctl = env
+    short = {**copy.deepcopy(POLICY), "spec": {**POLICY["spec"], "ttlSecondsAfterFinished": 300}}
+    api.policies = [short]
+    ctl.on_policy(copy.deepcopy(short), deleted=False)
+    start_session(env)
+    clock.now = T0 + timedelta(seconds=120)
+    ctl.tick()
+    ended = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert ended["phase"] == "Ended"
+    clock.now = parse_time(ended["endTime"]) + timedelta(seconds=299)
+    ctl.tick()
+    assert ("CodeRunSession", NS, "s1") in api.objects  # `kubectl get crsess` still says why it ended
+    clock.now += timedelta(seconds=1)
+    ctl.tick()
+    assert ("CodeRunSession", NS, "s1") not in api.objects
+
+
+def test_an_ended_sessions_expiry_falls_back_to_the_default_ttl_when_its_policy_is_gone():
+    session = make_session()
+    session["status"] = {"phase": "Ended", "policy": "gone", "endTime": "2026-11-22T10:00:00Z"}
+    assert session_expiry_time(session, {}) == T0 + timedelta(seconds=DEFAULT_POLICY.ttl_seconds_after_finished)
+    session["status"]["phase"] = "Ready"
+    assert session_expiry_time(session, {}) is None  # a live session never expires by this clock
 
 
 def test_a_run_of_another_language_or_no_session_is_refused(env):

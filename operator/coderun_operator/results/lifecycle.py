@@ -1,4 +1,5 @@
-"""When a finished run is deleted, pure: its ttlSecondsAfterFinished, else its policy's default."""
+"""When a finished run is deleted, pure: its ttlSecondsAfterFinished, else its policy's default; and when an ended
+session is, after its policy's."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -29,6 +30,18 @@ def expiry_time(run: Mapping[str, Any], policies: Mapping[str, Any]) -> datetime
     if finished is None:
         return None
     return finished + timedelta(seconds=ttl_seconds(run, policies))
+
+
+def session_expiry_time(session: Mapping[str, Any], policies: Mapping[str, Any]) -> datetime | None:
+    """An ended session is kept (so `kubectl get crsess` says why it ended) for its policy's
+    ttlSecondsAfterFinished, as a finished run is; for the built-in default when that policy is gone."""
+    status = session.get("status") or {}
+    ended = parse_time(status.get("endTime")) if status.get("phase") == "Ended" else None
+    if ended is None:
+        return None
+    policy = policies.get(status.get("policy"))
+    ttl = getattr(policy, "ttl_seconds_after_finished", None)
+    return ended + timedelta(seconds=ttl if _is_ttl(ttl) else DEFAULT_POLICY.ttl_seconds_after_finished)
 
 
 def _is_ttl(value: object) -> bool:

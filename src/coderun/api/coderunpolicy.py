@@ -143,7 +143,8 @@ class CodeRunPolicySpec(ApiModel):
         "Enforce: the validating webhook refuses a denied run at kubectl apply. Record: the run is created and "
         "ends Rejected in its status. Either way the operator records the denial."))
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=30 * 86400, description=(
-        "Default time a finished run is kept (spec.ttlSecondsAfterFinished of a run overrides it)."))
+        "Default time a finished run is kept (spec.ttlSecondsAfterFinished of a run overrides it), and the time "
+        "an ended CodeRunSession of this policy is kept before it is deleted."))
     max_ttl_seconds_after_finished: int = Field(7 * 86400, ge=0, le=30 * 86400, description=(
         "The longest spec.ttlSecondsAfterFinished a run may ask for (default 604800, 7 days); a run asking "
         "more is refused naming this field. Finished runs are kept whole by the API server for that long."))

@@ -38,6 +38,7 @@ from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
+from ...results.lifecycle import session_expiry_time
 from ...results.session import admitted_status, compute_session_status, ended_status, runs_in_order
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
                                waiting_status)
@@ -143,15 +144,26 @@ class Sessions:
         return True
 
     def tick(self, ensure_policies: Callable[[], None]) -> None:
-        """The clocks (idle, lifetime) and the policy, for every live session."""
+        """The clocks (idle, lifetime) and the policy, for every live session; an ended one is deleted once its
+        policy's ttlSecondsAfterFinished has passed."""
         with self._lock:
             for session in list(self.sessions.values()):
-                if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
-                    try:
+                try:
+                    if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
                         self._refresh(session, ensure_policies)
-                    except Exception as e:  # noqa: BLE001 - one session's trouble must not stop the others' clocks
-                        log.warning("session %s: %s: %s; will retry", session["metadata"]["name"],
-                                    type(e).__name__, str(e)[:300])
+                    else:
+                        self._expire(session)
+                except Exception as e:  # noqa: BLE001 - one session's trouble must not stop the others' clocks
+                    log.warning("session %s: %s: %s; will retry", session["metadata"]["name"],
+                                type(e).__name__, str(e)[:300])
+
+    def _expire(self, session: Mapping[str, Any]) -> None:
+        meta = session["metadata"]
+        expires = session_expiry_time(session, self.store.policies(meta["namespace"]))
+        if expires is not None and expires <= self.now() and not meta.get("deletionTimestamp"):
+            self.api.delete_session(meta["namespace"], meta["name"], meta["uid"])
+            log.info("session %s/%s deleted after its policy's ttlSecondsAfterFinished", meta["namespace"],
+                     meta["name"])
 
     # ------------------------------------------------------------------ the session
     def _refresh(self, session: dict[str, Any], ensure_policies: Callable[[], None]) -> None:
