@@ -33,7 +33,7 @@ from mcp.server.stdio import stdio_server
 
 from . import __version__
 from .api.models import CodeRunSpec
-from .client import AsyncCodeRunClient, CodeRunError, RunNotFound, RunRequest, RunResult
+from .client import AsyncCodeRunClient, CodeRunError, RunRequest, RunResult
 from .client.aio import AsyncSession
 from .client.sessions import SessionEnded, refused_as_ended, run_in_session_spec
 from .client.connection import in_cluster
@@ -191,7 +191,7 @@ class CodeRunTools:
                 return await self._run_code(client, request, run_in_session_spec(
                     request.model_copy(update={"memory": None, "cpu": None}), session.name), report, session)
             except CodeRunError as e:
-                ended = e if isinstance(e, SessionEnded) else await _ended(session)
+                ended = e if isinstance(e, SessionEnded) else await session.why_over()
                 if ended is None:
                     raise
                 self._sessions.pop(conversation, None)  # the next session call starts a new one
@@ -294,15 +294,6 @@ class ProgressReporter:
             with anyio.move_on_after(self._interval):
                 await self._changed.wait()
             self._changed.clear()
-
-
-async def _ended(session: AsyncSession) -> CodeRunError | None:
-    """Why a call in the session failed when the session is over (ended, or deleted), else None."""
-    try:
-        info = await session.info()
-    except RunNotFound:
-        return CodeRunError(f"CodeRunSession {session.name} was deleted")
-    return SessionEnded(info) if info.ended else None
 
 
 async def _list_runtimes(client: AsyncCodeRunClient) -> types.CallToolResult:

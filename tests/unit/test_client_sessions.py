@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from coderun.api.coderunsession import CodeRunSession
 from coderun.api.models import CodeRunSpec
 from coderun.client import CodeRunError, RunRequest, SessionEnded
-from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec
+from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec, why_over
 
 
 def test_the_session_created_is_a_valid_coderunsession_named_and_labelled_by_the_client():
@@ -44,6 +44,16 @@ def test_an_ended_sessions_status_reads_typed_and_its_error_says_why():
     assert str(SessionEnded(info)) == ("CodeRunSession ns/s-1 has ended (IdleTimeout): no run for 600 s; "
                                        "create a new session")
     assert not session_info({"metadata": {"name": "s-2", "namespace": "ns"}}).ended
+
+
+def test_why_a_session_takes_no_more_runs_ended_deleted_or_none_while_it_lives():
+    ended = session_info({"metadata": {"name": "s-1", "namespace": "ns"},
+                          "status": {"phase": "Ended", "reason": "OOMKilled", "message": "out of memory"}})
+    assert isinstance(why_over(ended, "ns", "s-1"), SessionEnded) and "OOMKilled" in str(why_over(ended, "ns", "s-1"))
+    deleted = why_over(None, "ns", "s-1")
+    assert type(deleted) is CodeRunError and str(deleted) == "CodeRunSession ns/s-1 was deleted; create a new session"
+    live = session_info({"metadata": {"name": "s-1", "namespace": "ns"}, "status": {"phase": "Busy"}})
+    assert why_over(live, "ns", "s-1") is None
 
 
 def test_the_cli_refuses_a_runs_memory_in_a_session_and_a_bad_session_before_reading_any_kubeconfig(capsys):

@@ -24,7 +24,7 @@ from .connection import connect_async, default_namespace
 from .creating import create_plan
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected
-from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec,
+from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
                        session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
@@ -301,9 +301,9 @@ class AsyncSession:
         try:
             created = await self.client.create(spec, namespace=self.namespace, labels=labels)
         except CodeRunError:
-            info = await self.info()
-            if info.ended:
-                raise SessionEnded(info) from None
+            over = await self.why_over()  # the API server refuses a run naming an ended session: say how it ended
+            if over is not None:
+                raise over from None
             raise
         if not wait:
             return created
@@ -318,6 +318,14 @@ class AsyncSession:
         return session_info(await self.client._call(f"get CodeRunSession {self.name}",
                                                     custom.get_namespaced_custom_object, GROUP, VERSION,
                                                     self.namespace, SESSION_PLURAL, self.name))
+
+    async def why_over(self) -> CodeRunError | None:
+        """Why the session takes no more runs (ended, or deleted), or None while it lives."""
+        try:
+            info = await self.info()
+        except RunNotFound:
+            info = None
+        return why_over(info, self.namespace, self.name)
 
     async def delete(self) -> bool:
         custom = await self.client._apis()

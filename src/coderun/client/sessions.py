@@ -45,6 +45,14 @@ class SessionEnded(CodeRunError):
                          "create a new session")
 
 
+def why_over(info: SessionInfo | None, namespace: str, name: str) -> CodeRunError | None:
+    """Why a call in a session failed when the session is over: it ended (SessionEnded, its status says how) or
+    it was deleted (no `info`); None while it lives (the failure was the call's own)."""
+    if info is None:
+        return CodeRunError(f"CodeRunSession {namespace}/{name} was deleted; create a new session")
+    return SessionEnded(info) if info.ended else None
+
+
 def refused_as_ended(result: RunResult) -> bool:
     """The operator refused the run because its session had ended (the session's status says how)."""
     return result.rejected and result.reason == Reason.SESSION_ENDED

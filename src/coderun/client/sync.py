@@ -20,7 +20,7 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import Create, Delete, Fetch, Get, GetPolicy, OpenWatch, Sleep, Step, drive
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
-from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec,
+from .sessions import (SessionEnded, SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
                        session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
                       default_wait_seconds, fetched, run_wait_seconds, wait_outcome, wait_plan)
@@ -252,9 +252,9 @@ class Session:
         try:
             created = self.client.create(spec, namespace=self.namespace, labels=labels)
         except CodeRunError:
-            info = self.info()  # the API server refuses a run naming an ended session: say how it ended
-            if info.ended:
-                raise SessionEnded(info) from None
+            over = self.why_over()  # the API server refuses a run naming an ended session: say how it ended
+            if over is not None:
+                raise over from None
             raise
         if not wait:
             return created
@@ -267,6 +267,14 @@ class Session:
     def info(self) -> SessionInfo:
         """Where the session stands: phase, reason, pod, runs done, when it expires."""
         return session_info(self._object())
+
+    def why_over(self) -> CodeRunError | None:
+        """Why the session takes no more runs (ended, or deleted), or None while it lives."""
+        try:
+            info = self.info()
+        except RunNotFound:
+            info = None
+        return why_over(info, self.namespace, self.name)
 
     def delete(self) -> bool:
         """End the session now (its pod goes with it). False when it was already gone."""
