@@ -35,7 +35,7 @@ from . import __version__
 from .api.models import CodeRunSpec
 from .client import AsyncCodeRunClient, CodeRunError, RunRequest, RunResult
 from .client.aio import AsyncSession
-from .client.sessions import SessionEnded, refused_as_ended, run_in_session_spec
+from .client.sessions import SessionEnded, refused_as_over, run_in_session_spec
 from .client.connection import in_cluster
 from .client.request import new_run_name
 from .client.runtimes import RuntimeInfo
@@ -244,8 +244,9 @@ class CodeRunTools:
             progress.update(created)
             result = await client.wait(created.name, namespace=created.namespace,
                                        timeout=default_wait_seconds(timeout), on_update=progress.update)
-            if session is not None and refused_as_ended(result):
-                raise SessionEnded(await session.info())
+            over = await session.why_over() if session is not None and refused_as_over(result) else None
+            if over is not None:
+                raise over
         except anyio.get_cancelled_exc_class():
             with anyio.move_on_after(DELETE_ON_CANCEL_SECONDS, shield=True):
                 try:

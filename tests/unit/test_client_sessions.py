@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from coderun.api.coderunsession import CodeRunSession
 from coderun.api.models import CodeRunSpec
 from coderun.client import CodeRunError, RunRequest, SessionEnded
-from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec, why_over
+from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec, why_over, refused_as_over
 
 
 def test_the_session_created_is_a_valid_coderunsession_named_and_labelled_by_the_client():
@@ -54,6 +54,16 @@ def test_why_a_session_takes_no_more_runs_ended_deleted_or_none_while_it_lives()
     assert type(deleted) is CodeRunError and str(deleted) == "CodeRunSession ns/s-1 was deleted; create a new session"
     live = session_info({"metadata": {"name": "s-1", "namespace": "ns"}, "status": {"phase": "Busy"}})
     assert why_over(live, "ns", "s-1") is None
+
+
+def test_a_run_refused_because_its_session_ended_or_was_deleted_is_over_any_other_refusal_is_not():
+    from coderun.client.result import result_from_object
+
+    def refused(reason: str):
+        return result_from_object({"metadata": {"name": "r", "namespace": "ns"},
+                                   "status": {"phase": "Rejected", "reason": reason, "message": "m"}})
+    assert refused_as_over(refused("SessionEnded")) and refused_as_over(refused("SessionNotFound"))
+    assert not refused_as_over(refused("PolicyDenied")) and not refused_as_over(refused("SessionMismatch"))
 
 
 def test_the_cli_refuses_a_runs_memory_in_a_session_and_a_bad_session_before_reading_any_kubeconfig(capsys):

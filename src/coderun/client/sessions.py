@@ -53,9 +53,9 @@ def why_over(info: SessionInfo | None, namespace: str, name: str) -> CodeRunErro
     return SessionEnded(info) if info.ended else None
 
 
-def refused_as_ended(result: RunResult) -> bool:
-    """The operator refused the run because its session had ended (the session's status says how)."""
-    return result.rejected and result.reason == Reason.SESSION_ENDED
+def refused_as_over(result: RunResult) -> bool:
+    """The operator refused the run because its session had ended (its status says how) or was deleted."""
+    return result.rejected and result.reason in (Reason.SESSION_ENDED, Reason.SESSION_NOT_FOUND)
 
 
 def session_info(obj: Mapping[str, Any]) -> SessionInfo:
