@@ -418,7 +418,7 @@ def test_the_rendered_manifest_installs_with_kubectl_as_the_operations_doc_write
             got = json.loads(chart.kubectl("get", "deployments", "-n", MANIFEST_NAMESPACE, "-o", "json").stdout)
             return {d["metadata"]["name"] for d in got["items"]
                     if d["status"].get("availableReplicas") == d["spec"]["replicas"]} == deployments
-        wait_for(available, 120, f"the manifest's Deployments {sorted(deployments)} to be available")
+        wait_for(available, 180, f"the manifest's Deployments {sorted(deployments)} to be available")
 
         def leader_labelled() -> bool:
             holder = chart.kubectl("get", "lease", "coderun-operator", "-n", MANIFEST_NAMESPACE, "-o",
@@ -433,5 +433,6 @@ def test_the_rendered_manifest_installs_with_kubectl_as_the_operations_doc_write
         # Everything but the CRDs (the runs of the other tests live in them), so that the chart installs again.
         rest = tmp_path / "without-crds.yaml"
         rest.write_text(yaml.safe_dump_all([o for o in objects if o["kind"] != "CustomResourceDefinition"]))
-        chart.kubectl("delete", "--ignore-not-found", "--timeout=120s", "-f", str(rest), check=False)
-        chart.kubectl("delete", "namespace", MANIFEST_NAMESPACE, "--ignore-not-found", "--timeout=120s", check=False)
+        # (kubectl's own timeout below the harness's 120 s for one kubectl call)
+        chart.kubectl("delete", "--ignore-not-found", "--timeout=90s", "-f", str(rest), check=False)
+        chart.kubectl("delete", "namespace", MANIFEST_NAMESPACE, "--ignore-not-found", "--timeout=90s", check=False)

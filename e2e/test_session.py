@@ -154,16 +154,16 @@ def test_only_the_sessions_creator_may_run_in_it_refused_by_the_api_server(opera
 
 def test_an_idle_session_ends_its_pod_goes_a_later_run_is_refused_saying_why_and_the_ttl_deletes_it(
         operator, namespace):
-    ttl = 20
+    ttl = 30
     allow_sessions(operator, namespace, ttl=ttl)
     session = create_session(operator, namespace, idleTimeoutSeconds=10, maxLifetimeSeconds=60)
     pod = wait_session(operator, namespace, session)["podName"]
     ended = wait_session(operator, namespace, session, "Ended", timeout=60)
     assert (ended["phase"], ended["reason"]) == ("Ended", "IdleTimeout"), ended
+    refused = refused_at_apply(operator, namespace, session)  # while the session is kept, well within its TTL
+    assert "has ended" in refused and "IdleTimeout" in refused and "create a new session" in refused, refused
     wait_for(lambda: pod not in {p.metadata.name for p in operator.core.list_namespaced_pod(namespace).items},
              60, "the ended session's pod to be deleted")
-    refused = refused_at_apply(operator, namespace, session)
-    assert "has ended" in refused and "IdleTimeout" in refused and "create a new session" in refused, refused
     # Kept for the policy's ttlSecondsAfterFinished after it ended (so `kubectl get crsess` says why), then deleted.
     wait_for(lambda: operator.kubectl("get", "crsess", session, "-n", namespace, check=False).returncode != 0,
              ttl + 30, f"the ended session to be deleted {ttl} s after it ended")

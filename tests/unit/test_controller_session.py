@@ -233,6 +233,11 @@ def test_an_ended_session_is_kept_for_its_policys_ttl_then_deleted(env):
     ctl.tick()
     assert ("CodeRunSession", NS, "s1") in api.objects  # `kubectl get crsess` still says why it ended
     clock.now += timedelta(seconds=1)
+    # A run of it still unfinished (its frame held for the container's end, say) holds it until it finishes.
+    unfinished = ctl.store.put_run(session_run("unfinished", "uid-7"))
+    ctl.tick()
+    assert ("CodeRunSession", NS, "s1") in api.objects
+    ctl.store.forget_run(unfinished["metadata"]["uid"])
     ctl.tick()
     assert ("CodeRunSession", NS, "s1") not in api.objects
 

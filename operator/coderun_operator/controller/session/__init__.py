@@ -152,18 +152,22 @@ class Sessions:
                     if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
                         self._refresh(session, ensure_policies)
                     else:
-                        self._expire(session)
+                        self._expire(session, ensure_policies)
                 except Exception as e:  # noqa: BLE001 - one session's trouble must not stop the others' clocks
                     log.warning("session %s: %s: %s; will retry", session["metadata"]["name"],
                                 type(e).__name__, str(e)[:300])
 
-    def _expire(self, session: Mapping[str, Any]) -> None:
+    def _expire(self, session: Mapping[str, Any], ensure_policies: Callable[[], None]) -> None:
+        """Deleted once its policy's TTL has passed, and never while a run of it is unfinished: a run whose frame
+        is held for the container's end (an OOM kill's evidence) must end with its own reason, not PodDeleted."""
         meta = session["metadata"]
+        ensure_policies()  # after a restart the policy's TTL, not the built-in one
         expires = session_expiry_time(session, self.store.policies(meta["namespace"]))
-        if expires is not None and expires <= self.now() and not meta.get("deletionTimestamp"):
-            self.api.delete_session(meta["namespace"], meta["name"], meta["uid"])
-            log.info("session %s/%s deleted after its policy's ttlSecondsAfterFinished", meta["namespace"],
-                     meta["name"])
+        if (expires is None or expires > self.now() or meta.get("deletionTimestamp")
+                or self._waiting_runs(meta["namespace"], meta["name"])):
+            return
+        self.api.delete_session(meta["namespace"], meta["name"], meta["uid"])
+        log.info("session %s/%s deleted after its policy's ttlSecondsAfterFinished", meta["namespace"], meta["name"])
 
     # ------------------------------------------------------------------ the session
     def _refresh(self, session: dict[str, Any], ensure_policies: Callable[[], None]) -> None:
