@@ -8,7 +8,8 @@ from pydantic import ValidationError
 from coderun.api.coderunsession import CodeRunSession
 from coderun.api.models import CodeRunSpec
 from coderun.client import CodeRunError, RunRequest, SessionEnded
-from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec, why_over, refused_as_over
+from coderun.client.sessions import build_session_body, run_in_session_spec, session_info, session_spec, why_over, refused_as_over, \
+    refused_as_ended
 
 
 def test_the_session_created_is_a_valid_coderunsession_named_and_labelled_by_the_client():
@@ -63,6 +64,7 @@ def test_a_run_refused_because_its_session_ended_or_was_deleted_is_over_any_othe
         return result_from_object({"metadata": {"name": "r", "namespace": "ns"},
                                    "status": {"phase": "Rejected", "reason": reason, "message": "m"}})
     assert refused_as_over(refused("SessionEnded")) and refused_as_over(refused("SessionNotFound"))
+    assert refused_as_ended(refused("SessionEnded")) and not refused_as_ended(refused("SessionNotFound"))
     assert not refused_as_over(refused("PolicyDenied")) and not refused_as_over(refused("SessionMismatch"))
 
 

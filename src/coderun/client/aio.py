@@ -24,7 +24,7 @@ from .connection import connect_async, default_namespace
 from .creating import create_plan
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected
-from .sessions import (SessionInfo, build_session_body, refused_as_over, run_in_session_spec, why_over,
+from .sessions import (SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
                        session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
@@ -309,7 +309,7 @@ class AsyncSession:
             return created
         result = await self.client.wait(created.name, namespace=self.namespace,
                                         timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
-        over = await self.why_over() if refused_as_over(result) else None
+        over = await self.why_over() if refused_as_ended(result) else None
         if over is not None:
             raise over
         return raise_if_rejected(result)

@@ -53,8 +53,14 @@ def why_over(info: SessionInfo | None, namespace: str, name: str) -> CodeRunErro
     return SessionEnded(info) if info.ended else None
 
 
+def refused_as_ended(result: RunResult) -> bool:
+    """The operator refused the run because its session had ended (the session's status says how)."""
+    return result.rejected and result.reason == Reason.SESSION_ENDED
+
+
 def refused_as_over(result: RunResult) -> bool:
-    """The operator refused the run because its session had ended (its status says how) or was deleted."""
+    """The operator refused the run because its session had ended or was deleted (the SDK raises the latter as
+    the operator's RunRejected, "does not exist"; a conversation that holds the session must drop it for both)."""
     return result.rejected and result.reason in (Reason.SESSION_ENDED, Reason.SESSION_NOT_FOUND)
 
 

@@ -20,7 +20,7 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import Create, Delete, Fetch, Get, GetPolicy, OpenWatch, Sleep, Step, drive
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
-from .sessions import (SessionInfo, build_session_body, refused_as_over, run_in_session_spec, why_over,
+from .sessions import (SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
                        session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
                       default_wait_seconds, fetched, run_wait_seconds, wait_outcome, wait_plan)
@@ -260,7 +260,7 @@ class Session:
             return created
         result = self.client.wait(created.name, namespace=self.namespace,
                                   timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
-        over = self.why_over() if refused_as_over(result) else None
+        over = self.why_over() if refused_as_ended(result) else None
         if over is not None:
             raise over
         return raise_if_rejected(result)
