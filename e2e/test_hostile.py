@@ -1008,6 +1008,15 @@ PROGRAMS: list[Hostile] = [
         }''',
             "OOMKilled", lambda s, f: "memory" in s["message"].lower() and s.get("signal") in (None, 6, 9)
             and f["limit"] >= 0.8 * 256 and f["used"] > 0.55 * 256, limits={"memory": "256Mi"}, language="javascript"),
+    # Buffers live outside V8's heap, so no heap limit stops them: the sandbox's memory does. The kernel's OOM
+    # killer ends gVisor's Sentry, and where containerd's OOM event trails the sandbox's exit (the kubelet then
+    # says Error, exit code 128) the node's audit agent, which read the pod's OOM kill count when the sandbox
+    # ended, says memory (coderun/audit/oom.py): OOMKilled either way, never InternalError.
+    Hostile("js-memory-bomb-buffers", r'''
+        const keep = [];
+        for (;;) keep.push(Buffer.alloc(10 << 20, 1));''',
+            "OOMKilled", lambda s, f: "memory" in s["message"].lower(), limits={"memory": "128Mi"},
+            language="javascript"),
     # Every worker is a thread with a V8 isolate of its own: memory runs out before the thread cap (RLIMIT_NPROC).
     # Workers keep starting (two per turn of the event loop, so they do start) and each fills memory of its own:
     # the memory worker threads use counts against the run like the main thread's. A worker takes seconds to start

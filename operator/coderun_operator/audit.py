@@ -72,10 +72,12 @@ class AuditSettings:
 
 @dataclass(frozen=True)
 class AgentAnswer:
-    """What the agent said of one container: its summary, its record (JSON lines) and what the record cut."""
+    """What the agent said of one container: its summary, its record (JSON lines), what the record cut, and
+    whether the kernel's OOM killer ended the sandbox (its pod's memory cgroup, read when the sandbox ended)."""
     summary: Any
     record: str = ""
     record_cut: int = 0
+    oom_killed: bool = False
 
 
 def from_environment(api, env: Mapping[str, str]) -> "AuditAgent | None":
@@ -179,9 +181,10 @@ class AuditAgent:
             said = document.get("message") if isinstance(document, dict) else None
             return self._unavailable(name, f"the audit agent on node {node} answered HTTP {status}"
                                            f"{': ' + str(said)[:200] if said else ' without a summary'}")
-        record, cut = document.get("record"), document.get("recordCut")
+        record, cut, connection = document.get("record"), document.get("recordCut"), document.get("connection")
         return AgentAnswer(document["audit"], record if isinstance(record, str) else "",
-                           cut if isinstance(cut, int) and not isinstance(cut, bool) and cut > 0 else 0)
+                           cut if isinstance(cut, int) and not isinstance(cut, bool) and cut > 0 else 0,
+                           isinstance(connection, dict) and connection.get("oomKilled") is True)
 
     @staticmethod
     def _unavailable(pod: str, why: str) -> str:

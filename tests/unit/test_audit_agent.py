@@ -14,7 +14,7 @@ import time
 import pytest
 from test_audit_summary import CID, HELPER, NS_INIT, PROGRAM, RUNNER, Sandbox
 
-from coderun.audit import agent, bearer, session, wire
+from coderun.audit import agent, bearer, oom, session, wire
 from coderun.audit.points import common_pb2, sentry_pb2, syscall_pb2
 from coderun.audit.record import Record
 from coderun.audit.store import Limits, Store
@@ -70,14 +70,14 @@ class Sandboxes:
 def make_agent(tmp_path):
     servers = []
 
-    def make(limits=Limits()):
+    def make(limits=Limits(), cgroup_root=None):
         store = Store(limits)
         key_file = tmp_path / "key"
         key_file.write_bytes(KEY)
         server = agent.AgentServer(("127.0.0.1", 0), store, agent.KeyFile(str(key_file)))
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(server)
-        return store, Sandboxes(agent.Sink(store, "unused")), server.server_address[1]
+        return store, Sandboxes(agent.Sink(store, "unused", cgroup_root=cgroup_root)), server.server_address[1]
 
     yield make
     for server in servers:
@@ -269,6 +269,61 @@ def test_a_container_whose_start_trails_the_question_is_answered(make_agent):
     sandboxes.run(pause_start(), finished_run().packets)
     asking.join(WAIT_S)
     assert answers[0][0] == 200 and answers[0][1]["audit"]["complete"] is True
+
+
+def test_a_sandbox_the_kernel_oom_killed_is_answered_so_from_its_pods_memory_cgroup(make_agent, tmp_path):
+    """The Sentry died (no exit points: the audit is incomplete); the count is read when its connection closed."""
+    root = tmp_path / "cgroup"
+    pod = pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=1)
+    _, sandboxes, port = make_agent(cgroup_root=str(root))
+    sandboxes.run(pause_start(), Sandbox().program_started().packets)
+    (pod / "memory.oom_control").unlink()  # the kubelet removes the cgroup after the sandbox ended: read already
+    _, answer, _ = get(port, f"/v1/containers/{CID}?wait=0")
+    assert answer["audit"]["complete"] is False and answer["connection"] == {"closed": True, "oomKilled": True}
+
+
+def test_a_sandbox_that_ended_otherwise_or_whose_cgroup_is_gone_says_so(make_agent, tmp_path):
+    root = tmp_path / "cgroup"
+    pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=0)
+    _, sandboxes, port = make_agent(cgroup_root=str(root))
+    sandboxes.run(pause_start(), finished_run().packets)
+    assert get(port, f"/v1/containers/{CID}")[1]["connection"] == {"closed": True, "oomKilled": False}
+    _, sandboxes, port = make_agent(cgroup_root=str(tmp_path / "nothing-mounted"))
+    sandboxes.run(pause_start(), finished_run().packets)
+    assert get(port, f"/v1/containers/{CID}")[1]["connection"] == {"closed": True}
+
+
+def pod_cgroup(root, pod_path, containers, oom_kills, v2=False):
+    """A pod's memory cgroup as the kubelet and runsc lay it out: the Sentry's kill counted in the pod's own
+    directory (cgroup v1 counts a kill where the victim was), its containers' directories below it."""
+    pod = root / pod_path
+    for container in containers:
+        name = f"cri-containerd-{container}.scope" if v2 else container
+        (pod / name).mkdir(parents=True)
+        (pod / name / ("memory.events" if v2 else "memory.oom_control")).write_text(
+            "oom 0\noom_kill 0\n" if v2 else "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    counts = f"low 0\nhigh 0\nmax 4\noom 1\noom_kill {oom_kills}\n" if v2 else \
+        f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kills}\n"
+    (pod / ("memory.events" if v2 else "memory.oom_control")).write_text(counts)
+    return pod
+
+
+@pytest.mark.parametrize("pod_path, v2", [
+    ("memory/kubepods/pod0f1e", False),                 # v1, cgroupfs driver, Guaranteed
+    ("memory/kubepods/burstable/pod0f1e", False),       # v1, Burstable
+    ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e.slice", True),  # v2, systemd driver
+    ("kubepods/besteffort/pod0f1e", True),              # v2, cgroupfs driver
+])
+def test_the_pods_cgroup_is_found_by_a_container_id_in_each_layout(tmp_path, pod_path, v2):
+    root = tmp_path / "cgroup"
+    pod_cgroup(root, pod_path.replace("0f1e", "9999"), [OTHER], oom_kills=3, v2=v2)  # another pod's kill
+    pod = pod_cgroup(root, pod_path, [PAUSE, CID], oom_kills=0, v2=v2)
+    assert oom.pod_directory(root, [PAUSE, CID]) == pod and oom.pod_oom_killed(root, [CID]) is False
+    killed_below = pod / (f"cri-containerd-{PAUSE}.scope" if v2 else PAUSE) / \
+        ("memory.events" if v2 else "memory.oom_control")
+    killed_below.write_text(killed_below.read_text().replace("oom_kill 0", "oom_kill 1"))
+    assert oom.pod_oom_killed(root, [PAUSE, CID]) is True  # v1 counts where the victim was: below is read too
+    assert oom.pod_oom_killed(root, ["c3" * 32]) is None and oom.pod_oom_killed(root, []) is None
 
 
 def test_an_unknown_container_is_404_after_the_wait(make_agent):

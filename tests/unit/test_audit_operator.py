@@ -243,17 +243,21 @@ def env(api):
     return api, clock, ctl, transport
 
 
-def finish_cold(api, ctl, **spec):
-    """The kubelet reports the run container terminated on node-1, with its id."""
+def finish_cold(api, ctl, terminated=None, **spec):
+    """The kubelet reports the run container terminated on node-1, with its id (by default, with the runner's
+    frame: terminated=None)."""
     submit((api, None, ctl), make_run(**spec))
     log, termination = frame_log()
+    if terminated is None:
+        terminated = {"reason": "Completed", "exitCode": 0, "message": termination}
+    else:
+        log = ""  # the sandbox ended before its runner could write anything
     pod = pod_of(api)
     pod["spec"]["nodeName"] = "node-1"
     api.logs[pod["metadata"]["name"]] = (log, True)
     pod["status"] = {"phase": "Running", "containerStatuses": [{
         "name": "run", "image": "coderun.local/sandbox-python:v2", "containerID": f"containerd://{CONTAINER}",
-        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
-        "state": {"terminated": {"reason": "Completed", "exitCode": 0, "message": termination}}}]}
+        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64, "state": {"terminated": terminated}}]}
     ctl.on_pod(pod, deleted=False)
     ctl.on_run(copy.deepcopy(api.run(NS, "demo")), deleted=False)
     return api.run(NS, "demo")["status"]
@@ -292,6 +296,34 @@ def test_a_bug_in_the_client_never_ends_the_run_badly(env, monkeypatch):
     monkeypatch.setattr(AuditAgent, "_ask", lambda *a: 1 / 0)
     status = finish_cold(api, ctl)
     assert status["reason"] == "Completed" and "ZeroDivisionError" in status["audit"]["message"]
+
+
+# containerd's OOM event after the sandbox's exit: the kubelet says Error, exit code 128, and no frame was written.
+SENTRY_KILLED = {"reason": "Error", "exitCode": 128}
+
+
+@pytest.mark.parametrize("node_says, reason", [(True, "OOMKilled"), (False, "InternalError"), (None, "InternalError")])
+def test_a_sandbox_ended_without_a_frame_is_oom_killed_when_the_node_counted_an_oom_kill(env, node_says, reason):
+    api, _, ctl, transport = env
+    connection = {"closed": True} if node_says is None else {"closed": True, "oomKilled": node_says}
+    transport.answer = (200, {"audit": {**SUMMARY, "complete": False}, "record": RECORD, "connection": connection})
+    status = finish_cold(api, ctl, terminated=SENTRY_KILLED, limits={"memory": "128Mi"})
+    assert (status["phase"], status["reason"]) == ("Failed", reason)
+    if reason == "OOMKilled":
+        assert "128Mi" in status["message"] and status["signal"] == 9
+    else:
+        assert "exit code 128" in status["message"]
+    assert status["audit"]["source"] == "gvisor-trace" and len(transport.asked) == 1
+
+
+def test_the_nodes_oom_word_is_taken_only_as_a_boolean_true():
+    for connection in ({"oomKilled": "true"}, {"oomKilled": 1}, ["oomKilled"], None):
+        answer = AuditAgent(FakeK8s(), SETTINGS)._answer("p", "node-1", CONTAINER, 200, json.dumps(
+            {"audit": SUMMARY, "connection": connection}).encode())
+        assert answer.oom_killed is False
+    answer = AuditAgent(FakeK8s(), SETTINGS)._answer("p", "node-1", CONTAINER, 200, json.dumps(
+        {"audit": SUMMARY, "connection": {"closed": True, "oomKilled": True}}).encode())
+    assert answer.oom_killed is True
 
 
 def test_without_an_agent_installed_the_audit_says_so(api):

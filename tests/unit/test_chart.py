@@ -183,6 +183,19 @@ def test_the_operator_asks_the_audit_agents_unless_the_audit_is_off(helm):
                    for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"])
 
 
+def test_the_audit_agent_reads_the_hosts_cgroups_read_only_and_writes_only_its_socket_directory(helm):
+    """A pod's OOM kill count (coderun/audit/oom.py): the one other host path, and read-only."""
+    agent, = of_component(template(helm), "DaemonSet", "audit-agent")
+    spec = agent["spec"]["template"]["spec"]
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"socket-dir": "/run/coderun/audit", "cgroup": "/sys/fs/cgroup"}
+    container, = spec["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["cgroup"] == {"name": "cgroup", "mountPath": "/host/sys/fs/cgroup", "readOnly": True}
+    assert "--cgroup-root=/host/sys/fs/cgroup" in container["args"]
+    assert not spec.get("hostPID") and container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 @pytest.mark.parametrize("typo, says", [
     (["--set", "replicaCont=3"], "replicaCont"),
     (["--set", "webhook.failurePolicy=Maybe"], "failurePolicy"),

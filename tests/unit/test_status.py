@@ -77,6 +77,15 @@ def test_without_a_frame_the_container_state_decides(terminated, truncated, reas
     assert outcome_without_frame("no frame", truncated, container, LIMITS).reason == reason
 
 
+@pytest.mark.parametrize("truncated", [False, True])
+def test_without_a_frame_the_nodes_oom_kill_count_says_memory_when_containerd_said_error(truncated):
+    """containerd's TaskOOM can arrive after the exit it explains: the kubelet then says Error, exit code 128."""
+    container = {"state": {"terminated": {"reason": "Error", "exitCode": 128}}}
+    outcome = outcome_without_frame("no frame", truncated, container, LIMITS, node_saw_oom_kill=True)
+    assert (outcome.reason, outcome.fields) == ("OOMKilled", {"signal": 9})
+    assert outcome_without_frame("no frame", False, container, LIMITS).reason == "InternalError"
+
+
 def test_condition_transition_time_moves_only_on_flips():
     first = set_condition(None, "Running", True, "Started", "", 1, NOW)
     same = set_condition(first, "Running", True, "Started", "again", 1, NOW + timedelta(seconds=3))

@@ -12,10 +12,18 @@ from ..results.status import Outcome
 from .children import store_audit_record
 
 
-def audited(api, agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any], outcome: Outcome,
+def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any]) -> AgentAnswer | str:
+    """What the node's agent says of the run's container, or why it says nothing."""
+    return agent.ask(pod, since_ns(run.get("status") or {})) if agent is not None else NOT_INSTALLED
+
+
+def node_saw_oom_kill(answer: AgentAnswer | str) -> bool:
+    return isinstance(answer, AgentAnswer) and answer.oom_killed
+
+
+def audited(api, answer: AgentAnswer | str, run: Mapping[str, Any], outcome: Outcome,
             redactor: Redactor) -> Outcome:
     """The outcome with status.audit: the agent's summary, or Unavailable saying why."""
-    answer = agent.ask(pod, since_ns(run.get("status") or {})) if agent is not None else NOT_INSTALLED
     if not isinstance(answer, AgentAnswer):
         return with_audit(outcome, unavailable(answer))
     audit, redactions = audit_status(answer.summary, redactor)

@@ -48,7 +48,7 @@ from ..results.pod_state import (container_status, eviction, has_failed, image_w
                                  pending_verdict, pod_level_failure, terminated, unschedulable)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
-from .audit import audited
+from .audit import ask_agent, audited, node_saw_oom_kill
 from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
 from .identity import IdentityGuard, creator_may_use
 from .policy_status import PolicyStatusWriter
@@ -502,9 +502,10 @@ class Controller:
         policy = decision.policy if isinstance(decision, Decision) else None
         effective = decision.limits if isinstance(decision, Decision) else None
         redact = redactor(policy, self.store.policies(ns))
+        answer = ask_agent(self.audit, run, pod)
         if isinstance(frame, FrameError):
-            outcome = eviction(pod, effective) or outcome_without_frame(str(frame), frame.truncated,
-                                                                          container_status(pod), effective)
+            outcome = eviction(pod, effective) or outcome_without_frame(
+                str(frame), frame.truncated, container_status(pod), effective, node_saw_oom_kill(answer))
         else:
             try:
                 artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
@@ -515,7 +516,7 @@ class Controller:
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:
                 outcome.phase, outcome.reason, outcome.message = Phase.FAILED, Reason.NAME_CONFLICT, str(conflict)
-        outcome = audited(self.api, self.audit, run, pod, outcome, redact)
+        outcome = audited(self.api, answer, run, outcome, redact)
         image = image_with_digest(pod, status.get("image") or "")
         outcome.fields["image"] = image
         outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}

@@ -348,11 +348,13 @@ def redacted_validation(validation: Validation, redactor: Redactor) -> dict[str,
 
 
 def outcome_without_frame(problem: str, truncated: bool, container: Mapping[str, Any] | None,
-                          limits: ResourceLimits | None) -> Outcome:
-    """No trustworthy frame: the kubelet's word decides between OOM, output flood and a platform error.
-    An exit code of 137 alone is not an OOM: anything that SIGKILLs the sandbox ends it that way."""
+                          limits: ResourceLimits | None, node_saw_oom_kill: bool = False) -> Outcome:
+    """No trustworthy frame: the kubelet's word decides between OOM, output flood and a platform error, and the
+    node's (its audit agent read the pod's OOM kill count when the sandbox ended) where containerd's OOM event came
+    after the exit it explains, which the kubelet then reports as Error. An exit code of 137 alone is not an OOM:
+    anything that SIGKILLs the sandbox ends it that way."""
     terminated = ((container or {}).get("state") or {}).get("terminated") or {}
-    if terminated.get("reason") == "OOMKilled":
+    if terminated.get("reason") == "OOMKilled" or node_saw_oom_kill:
         return Outcome(Phase.FAILED, Reason.OOM_KILLED, failure_message(Reason.OOM_KILLED, limits),
                        {"signal": 9})
     if truncated:

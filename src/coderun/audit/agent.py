@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from . import bearer, session, wire
+from . import bearer, oom, session, wire
 from .store import MiB, Limits, Store
 
 log = logging.getLogger("coderun.audit.agent")
@@ -59,8 +59,9 @@ def receive(sock: socket.socket, buffer: bytearray) -> memoryview:
 
 
 class Sink:
-    def __init__(self, store: Store, path: str, allowed_uid: int = 0):
+    def __init__(self, store: Store, path: str, allowed_uid: int = 0, cgroup_root: str | None = None):
         self.store, self.path, self.allowed_uid = store, path, allowed_uid
+        self.cgroup_root = cgroup_root  # the host's /sys/fs/cgroup: the pod's OOM kill count (oom.py)
         self.listener: socket.socket | None = None
         self.live: set[socket.socket] = set()
         self.live_lock = threading.Lock()
@@ -122,7 +123,10 @@ class Sink:
                 if error:
                     log.warning("sandbox connection ended before it was kept: %s", error)
             else:
-                self.store.close(connection, error)
+                # The sandbox has ended: the kernel's OOM count is read now, before the kubelet removes the cgroup.
+                oom_killed = oom.pod_oom_killed(self.cgroup_root, connection.containers) \
+                    if self.cgroup_root else None
+                self.store.close(connection, error, oom_killed)
                 log.info("sandbox connection %d closed: %s", connection.number, connection.describe())
 
     def close(self) -> None:
@@ -262,6 +266,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--key-secret", default="", help="that Secret's name (named when the key is missing)")
     parser.add_argument("--pod-init-config", metavar="PATH",
                         help="write runsc's --pod-init-config file here, pointing at --socket")
+    parser.add_argument("--cgroup-root", default="",
+                        help=f"the host's /sys/fs/cgroup, read-only (e.g. {oom.DEFAULT_CGROUP_ROOT}): a sandbox the "
+                             "kernel's OOM killer ended is told apart from one that failed")
     parser.add_argument("--peer-uid", type=int, default=0, help="the only uid that may connect (runsc's)")
     parser.add_argument("--retention-seconds", type=float, default=limits.retention_s,
                         help="how long a closed sandbox's record is kept")
@@ -282,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                          json.dumps(session.pod_init_config(endpoint=args.socket), indent=2) + "\n")
     store = Store(Limits(connection_bytes=int(args.connection_mib * MiB), total_bytes=int(args.total_mib * MiB),
                          retention_s=args.retention_seconds, connections=args.max_connections))
-    sink = Sink(store, args.socket, args.peer_uid)
+    sink = Sink(store, args.socket, args.peer_uid, args.cgroup_root or None)
     sink.listen()
     server = AgentServer(("", args.port), store, KeyFile(args.key_file, args.key_secret))
     threading.Thread(target=sink.serve_forever, daemon=True, name="audit-sink").start()

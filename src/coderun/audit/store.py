@@ -44,6 +44,7 @@ class Connection:
         self.lost = 0
         self.error: str | None = None
         self.closed_at: float | None = None
+        self.oom_killed: bool | None = None  # the pod's memory cgroup, read at the close (None: not known)
 
     @property
     def closed(self) -> bool:
@@ -83,10 +84,12 @@ class RunView:
         self.lost_counted = lost
         return self.audit.summary()
 
-    def answer(self, summary: dict, closed: bool, error: str | None) -> dict:
+    def answer(self, summary: dict, closed: bool, error: str | None, oom_killed: bool | None = None) -> dict:
         connection = {"closed": closed}
         if error:
             connection["error"] = error
+        if oom_killed is not None:
+            connection["oomKilled"] = oom_killed
         return {"audit": summary, "record": self.record.text(), "recordCut": self.record.cut,
                 "connection": connection}
 
@@ -143,9 +146,10 @@ class Store:
                 self.appeared.notify_all()
             connection.changed.notify_all()
 
-    def close(self, connection: Connection, error: str | None = None) -> None:
+    def close(self, connection: Connection, error: str | None = None, oom_killed: bool | None = None) -> None:
         with self.lock:
             connection.error = connection.error or error
+            connection.oom_killed = oom_killed
             connection.closed_at = time.monotonic()
             connection.changed.notify_all()
 
@@ -192,7 +196,7 @@ class Store:
             summary = view.summary(lost)
             remaining = deadline - time.monotonic()
             if summary["complete"] or closed or error or remaining <= 0:
-                return view.answer(summary, closed, error)
+                return view.answer(summary, closed, error, connection.oom_killed if closed else None)
             with self.lock:
                 connection.changed.wait_for(lambda: len(connection.ends) > view.fed or connection.closed,
                                             timeout=remaining)
