@@ -5,6 +5,7 @@ import hmac
 import http.client
 import json
 import os
+import shutil
 import socket
 import stat
 import tempfile
@@ -275,8 +276,10 @@ def test_a_sandbox_the_kernel_oom_killed_is_answered_so_from_its_pods_memory_cgr
     """The Sentry died (no exit points: the audit is incomplete); the count is read when its connection closed."""
     root = tmp_path / "cgroup"
     pod = pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=1)
-    _, sandboxes, port = make_agent(cgroup_root=str(root))
+    store, sandboxes, port = make_agent(cgroup_root=str(root))
     sandboxes.run(pause_start(), Sandbox().program_started().packets)
+    connection, = store.connections.values()
+    assert connection.describe().endswith("; the kernel OOM-killed it")  # the agent's log line at the close
     (pod / "memory.oom_control").unlink()  # the kubelet removes the cgroup after the sandbox ended: read already
     _, answer, _ = get(port, f"/v1/containers/{CID}?wait=0")
     assert answer["audit"]["complete"] is False and answer["connection"] == {"closed": True, "oomKilled": True}
@@ -284,21 +287,33 @@ def test_a_sandbox_the_kernel_oom_killed_is_answered_so_from_its_pods_memory_cgr
 
 def test_a_sandbox_that_ended_otherwise_or_whose_cgroup_is_gone_says_so(make_agent, tmp_path):
     root = tmp_path / "cgroup"
-    pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=0)
+    pod = pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=0)
     _, sandboxes, port = make_agent(cgroup_root=str(root))
     sandboxes.run(pause_start(), finished_run().packets)
     assert get(port, f"/v1/containers/{CID}")[1]["connection"] == {"closed": True, "oomKilled": False}
-    _, sandboxes, port = make_agent(cgroup_root=str(tmp_path / "nothing-mounted"))
+    shutil.rmtree(pod)  # the kubelet removed the pod's cgroup first: not known, never "no OOM kill"
+    _, sandboxes, port = make_agent(cgroup_root=str(root))
     sandboxes.run(pause_start(), finished_run().packets)
     assert get(port, f"/v1/containers/{CID}")[1]["connection"] == {"closed": True}
 
 
-def pod_cgroup(root, pod_path, containers, oom_kills, v2=False):
+def test_a_connection_the_agent_dropped_says_nothing_of_memory(make_agent, tmp_path):
+    """A packet that does not parse ends the connection while the sandbox may run on (and be OOM-killed later)."""
+    root = tmp_path / "cgroup"
+    pod_cgroup(root, "memory/kubepods/pod0f1e", [PAUSE, CID], oom_kills=0)
+    _, sandboxes, port = make_agent(cgroup_root=str(root))
+    sandboxes.run(pause_start(), Sandbox().program_started().packets, [b"\x00" * 3])
+    connection = get(port, f"/v1/containers/{CID}")[1]["connection"]
+    assert connection["closed"] is True and "error" in connection and "oomKilled" not in connection
+
+
+def pod_cgroup(root, pod_path, containers, oom_kills, v2=False, scopes=False):
     """A pod's memory cgroup as the kubelet and runsc lay it out: the Sentry's kill counted in the pod's own
-    directory (cgroup v1 counts a kill where the victim was), its containers' directories below it."""
+    directory (cgroup v1 counts a kill where the victim was), its containers' directories below it (named by the
+    id, or cri-containerd-<id>.scope with the systemd driver)."""
     pod = root / pod_path
     for container in containers:
-        name = f"cri-containerd-{container}.scope" if v2 else container
+        name = f"cri-containerd-{container}.scope" if scopes else container
         (pod / name).mkdir(parents=True)
         (pod / name / ("memory.events" if v2 else "memory.oom_control")).write_text(
             "oom 0\noom_kill 0\n" if v2 else "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
@@ -308,18 +323,24 @@ def pod_cgroup(root, pod_path, containers, oom_kills, v2=False):
     return pod
 
 
-@pytest.mark.parametrize("pod_path, v2", [
-    ("memory/kubepods/pod0f1e", False),                 # v1, cgroupfs driver, Guaranteed
-    ("memory/kubepods/burstable/pod0f1e", False),       # v1, Burstable
-    ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e.slice", True),  # v2, systemd driver
-    ("kubepods/besteffort/pod0f1e", True),              # v2, cgroupfs driver
+@pytest.mark.parametrize("pod_path, v2, scopes", [
+    ("memory/kubepods/pod0f1e", False, False),                 # v1, cgroupfs driver, Guaranteed (this cluster)
+    ("memory/kubepods/burstable/pod0f1e", False, False),       # v1, Burstable
+    ("memory/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0f1e.slice", False, True),  # v1, systemd
+    ("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e.slice", True, True),  # v2, systemd driver
+    ("kubepods/besteffort/pod0f1e", True, False),              # v2, cgroupfs driver
+    ("kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod0f1e.slice", True, True),  # kind: --cgroup-root=/kubelet
+    ("memory/kubelet/kubepods/pod0f1e", False, False),         # the same with cgroupfs on v1
 ])
-def test_the_pods_cgroup_is_found_by_a_container_id_in_each_layout(tmp_path, pod_path, v2):
+def test_the_pods_cgroup_is_found_by_a_container_id_in_each_layout(tmp_path, pod_path, v2, scopes):
     root = tmp_path / "cgroup"
-    pod_cgroup(root, pod_path.replace("0f1e", "9999"), [OTHER], oom_kills=3, v2=v2)  # another pod's kill
-    pod = pod_cgroup(root, pod_path, [PAUSE, CID], oom_kills=0, v2=v2)
+    for controller in ("cpu", "pids"):  # v1's other controllers hold the same tree, without memory's counts
+        if not v2:
+            pod_cgroup(root, pod_path.replace("memory/", f"{controller}/"), [PAUSE, CID], 0, scopes=scopes)
+    pod_cgroup(root, pod_path.replace("0f1e", "9999"), [OTHER], oom_kills=3, v2=v2, scopes=scopes)  # another's kill
+    pod = pod_cgroup(root, pod_path, [PAUSE, CID], oom_kills=0, v2=v2, scopes=scopes)
     assert oom.pod_directory(root, [PAUSE, CID]) == pod and oom.pod_oom_killed(root, [CID]) is False
-    killed_below = pod / (f"cri-containerd-{PAUSE}.scope" if v2 else PAUSE) / \
+    killed_below = pod / (f"cri-containerd-{PAUSE}.scope" if scopes else PAUSE) / \
         ("memory.events" if v2 else "memory.oom_control")
     killed_below.write_text(killed_below.read_text().replace("oom_kill 0", "oom_kill 1"))
     assert oom.pod_oom_killed(root, [PAUSE, CID]) is True  # v1 counts where the victim was: below is read too

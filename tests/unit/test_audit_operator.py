@@ -243,11 +243,11 @@ def env(api):
     return api, clock, ctl, transport
 
 
-def finish_cold(api, ctl, terminated=None, **spec):
-    """The kubelet reports the run container terminated on node-1, with its id (by default, with the runner's
-    frame: terminated=None)."""
+def finish_cold(api, ctl, terminated=None, frame=None, **spec):
+    """The kubelet reports the run container terminated on node-1, with its id: with the runner's frame (its
+    fields `frame`) unless `terminated` says how the sandbox ended without one."""
     submit((api, None, ctl), make_run(**spec))
-    log, termination = frame_log()
+    log, termination = frame_log(**(frame or {}))
     if terminated is None:
         terminated = {"reason": "Completed", "exitCode": 0, "message": termination}
     else:
@@ -314,6 +314,22 @@ def test_a_sandbox_ended_without_a_frame_is_oom_killed_when_the_node_counted_an_
     else:
         assert "exit code 128" in status["message"]
     assert status["audit"]["source"] == "gvisor-trace" and len(transport.asked) == 1
+
+
+KILLED = {"reason": "Signaled", "signal": 9, "exitCode": None, "stdout": "", "oomKilled": False}
+
+
+@pytest.mark.parametrize("frame, node_says, reason", [
+    (KILLED, True, "OOMKilled"),     # a stub of the program was OOM-killed; containerd's event came after the exit
+    (KILLED, False, "Signaled"),
+    ({"reason": "Completed", "exitCode": 0}, True, "Completed"),  # the count is the pod's: only a death it explains
+    ({"reason": "Timeout", "signal": 9, "exitCode": None}, True, "Timeout"),  # the runner's own kill
+])
+def test_a_program_killed_by_a_sigkill_the_runner_did_not_send_takes_the_nodes_oom_word(env, frame, node_says, reason):
+    api, _, ctl, transport = env
+    transport.answer = (200, {"audit": SUMMARY, "record": RECORD, "connection": {"closed": True, "oomKilled": node_says}})
+    status = finish_cold(api, ctl, frame=frame, limits={"memory": "128Mi"})
+    assert status["reason"] == reason
 
 
 def test_the_nodes_oom_word_is_taken_only_as_a_boolean_true():

@@ -191,7 +191,8 @@ def test_the_audit_agent_reads_the_hosts_cgroups_read_only_and_writes_only_its_s
     assert host_paths == {"socket-dir": "/run/coderun/audit", "cgroup": "/sys/fs/cgroup"}
     container, = spec["containers"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["cgroup"] == {"name": "cgroup", "mountPath": "/host/sys/fs/cgroup", "readOnly": True}
+    assert mounts["cgroup"] == {"name": "cgroup", "mountPath": "/host/sys/fs/cgroup", "readOnly": True,
+                                "recursiveReadOnly": "IfPossible"}
     assert "--cgroup-root=/host/sys/fs/cgroup" in container["args"]
     assert not spec.get("hostPID") and container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 

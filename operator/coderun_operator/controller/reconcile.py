@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from signal import SIGKILL
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
@@ -475,9 +474,8 @@ class Controller:
         except FrameError as e:
             log.warning("run %s: %s; waiting for the pod's log", run["metadata"]["name"], e)
             return
-        if frame.reason == Reason.SIGNALED and frame.signal == SIGKILL and not frame.oomKilled:
-            # A SIGKILL the runner did not send is most often the node's OOM killer (gVisor's cgroupfs keeps no
-            # OOM count for the runner to read): only the container's end says so, as it does for a cold run.
+        if frame.killed_unexplained:
+            # Only the container's end (and the node's count) says whether it was the OOM killer, as for a cold run.
             return
         pod = self.store.pod(run["metadata"]["uid"])
         if pod is None or pod["metadata"]["name"] != pod_name:
@@ -503,15 +501,16 @@ class Controller:
         effective = decision.limits if isinstance(decision, Decision) else None
         redact = redactor(policy, self.store.policies(ns))
         answer = ask_agent(self.audit, run, pod)
+        node_oom = node_saw_oom_kill(answer)  # where containerd's OOM event trailed the exit it explains
         if isinstance(frame, FrameError):
             outcome = eviction(pod, effective) or outcome_without_frame(
-                str(frame), frame.truncated, container_status(pod), effective, node_saw_oom_kill(answer))
+                str(frame), frame.truncated, container_status(pod), effective, node_oom)
         else:
             try:
                 artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
             except ArtifactsConflict as e:
                 artifacts, skipped, conflict = [], [], e
-            outcome = outcome_from_frame(spec, frame, redact, oom_killed,
+            outcome = outcome_from_frame(spec, frame, redact, oom_killed or (node_oom and frame.killed_unexplained),
                                          effective, parse_time(status.get("startTime")), artifacts,
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:

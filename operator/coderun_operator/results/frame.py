@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from signal import SIGKILL
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from coderun.sandbox.runner.protocol import (FRAME_PREFIX, MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS,
-                                             MAX_NAME_CHARS, REDACTION_MARGIN_CHARS, cap)
+                                             MAX_NAME_CHARS, REDACTION_MARGIN_CHARS, SIGNALED, cap)
 
 PREFIX = FRAME_PREFIX  # the runner spells the protocol; the operator reads it
 INT64_MAX = 2**63 - 1
@@ -110,6 +111,12 @@ class RunnerFrame(_Lenient):
     artifactsSkippedUnlisted: Size = 0
     limit: FrameLimit | None = None
     nonce: str | None = None  # a warm pod's: the nonce the operator sent with the input
+
+    @property
+    def killed_unexplained(self) -> bool:
+        """The program died of a SIGKILL the runner did not send and cannot explain: most often the node's OOM
+        killer (gVisor's cgroupfs keeps no OOM count for the runner to read), which only the node can tell."""
+        return self.reason == SIGNALED and self.signal == SIGKILL and not self.oomKilled
 
 
 def _last_frame_line(log: str) -> str | None:

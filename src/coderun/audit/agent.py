@@ -97,7 +97,7 @@ class Sink:
         with self.live_lock:
             self.live.add(sock)
         connection = None
-        error = None
+        error, dropped = None, False
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             buffer = bytearray(MAX_PACKET_BYTES)
@@ -112,7 +112,7 @@ class Sink:
             while packet := receive(sock, buffer):
                 self.store.add(connection, packet)
         except wire.WireError as failure:
-            error = str(failure)
+            error, dropped = str(failure), True  # the agent ends the connection: the sandbox may run on
         except OSError as failure:
             error = f"socket: {failure}"
         finally:
@@ -123,9 +123,10 @@ class Sink:
                 if error:
                     log.warning("sandbox connection ended before it was kept: %s", error)
             else:
-                # The sandbox has ended: the kernel's OOM count is read now, before the kubelet removes the cgroup.
+                # runsc closed it: the sandbox has ended, and the kernel's OOM count is read now, before the kubelet
+                # removes the cgroup. Not when the agent dropped it: a later OOM kill would be missed.
                 oom_killed = oom.pod_oom_killed(self.cgroup_root, connection.containers) \
-                    if self.cgroup_root else None
+                    if self.cgroup_root and not dropped else None
                 self.store.close(connection, error, oom_killed)
                 log.info("sandbox connection %d closed: %s", connection.number, connection.describe())
 

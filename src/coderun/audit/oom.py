@@ -1,12 +1,15 @@
 """The node's own word on memory: did the kernel's OOM killer kill a process of a sandbox's pod?
 
-gVisor's Sentry and gofer are the only host processes of a sandbox, and they live in the pod's memory cgroup. When
-a program's allocations take the pod past its limit, the host's OOM killer kills the Sentry, the program dies with
-it, and no frame is written. containerd usually reports the container `OOMKilled`, but when its TaskOOM event
-arrives after the sandbox's exit (seen under load: two seconds later) the kubelet says `Error`, exit code 128, and
-nothing the operator can read says memory. The kernel's count cannot be late: it is raised before the kill. The
-agent reads it when the sandbox's trace connection closes (the Sentry has ended), before the kubelet notices the
-pod ended and removes its cgroup.
+A sandbox's host processes (gVisor's Sentry and gofer, and under the systrap platform a stub process holding each
+program process's address space) live in its pod's memory cgroup. When a program's allocations take the pod past
+its limit, the host's OOM killer kills the largest: a stub (the program process dies, the runner reports a SIGKILL
+it did not send) or the Sentry (everything dies, and no frame is written). containerd usually reports the container
+`OOMKilled`, but when its TaskOOM event arrives after the container's exit (seen under load: two seconds later) the
+kubelet says `Error` (exit code 128 when the Sentry died), and nothing the operator can read says memory. The
+kernel's count cannot be late: it is raised before the kill. The agent reads it when runsc closes the sandbox's
+trace connection (the sandbox has ended), before the kubelet notices the pod ended and removes its cgroup. The
+count is the pod's, over the sandbox's life: the operator takes it only for an end that needs explaining (no frame,
+or a SIGKILL the runner did not send).
 
 Where the pod's cgroup is: the directory of one of the sandbox's containers (the pause container's or the run's,
 named by the container id: cgroup v1's `kubepods/[qos/]pod<uid>/<id>`, v2's `.../cri-containerd-<id>.scope`) has
@@ -23,8 +26,10 @@ from coderun.sandbox.runner.child import oom_kill_count
 
 # The host's /sys/fs/cgroup, mounted read-only into the agent's container (the chart's DaemonSet).
 DEFAULT_CGROUP_ROOT = "/host/sys/fs/cgroup"
-# The kubelet's top cgroup under each hierarchy (cgroupfs driver, then systemd's).
-KUBEPODS = ("kubepods", "kubepods.slice")
+# The kubelet's top cgroup, under the root or the kubelet's --cgroup-root (kind's /kubelet): kubepods
+# (cgroupfs driver) or kubepods.slice, kubelet-kubepods.slice (systemd's).
+KUBEPODS_NAMES = ("kubepods", "kubepods.slice")
+KUBEPODS_SUFFIX = "-kubepods.slice"
 # Directories below kubepods where a pod's may be: QoS classes, then the pod, then its containers.
 MAX_POD_DEPTH = 3
 # A pod has a handful of containers; a tree larger than this is not a pod's and is not read further.
@@ -32,9 +37,28 @@ MAX_DIRECTORIES = 64
 COUNT_FILES = ("memory.oom_control", "memory.events")
 
 
+def _is_kubepods(name: str) -> bool:
+    return name in KUBEPODS_NAMES or name.endswith(KUBEPODS_SUFFIX)
+
+
+def _directories(path: Path) -> list[Path]:
+    try:
+        return [Path(e.path) for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
 def hierarchies(root: Path) -> list[Path]:
-    """kubepods under cgroup v1's memory controller and under v2's unified root, where they exist."""
-    return [base / name for base in (root / "memory", root) for name in KUBEPODS if (base / name).is_dir()]
+    """The kubelet's kubepods in the memory hierarchy (cgroup v1's memory controller, else v2's unified root), at
+    the top or one level down (a kubelet --cgroup-root such as kind's /kubelet)."""
+    base = root / "memory" if (root / "memory").is_dir() else root
+    found = []
+    for top in _directories(base):
+        if _is_kubepods(top.name):
+            found.append(top)
+        else:
+            found += [below for below in _directories(top) if _is_kubepods(below.name)]
+    return found
 
 
 def pod_directory(root: Path, container_ids: list[str]) -> Path | None:
@@ -46,14 +70,10 @@ def pod_directory(root: Path, container_ids: list[str]) -> Path | None:
         for _ in range(MAX_POD_DEPTH):
             below = []
             for directory in level:
-                try:
-                    entries = [e for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
-                except OSError:
-                    continue
-                for entry in entries:
-                    if any(c in entry.name for c in container_ids):
-                        return directory
-                below += [Path(e.path) for e in entries]
+                entries = _directories(directory)
+                if any(c in entry.name for entry in entries for c in container_ids):
+                    return directory
+                below += entries
             level = below
     return None
 

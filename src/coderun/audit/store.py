@@ -52,8 +52,9 @@ class Connection:
 
     def describe(self) -> str:
         ended = f"; ended by: {self.error}" if self.error else ""
+        memory = {None: "", True: "; the kernel OOM-killed it", False: "; no OOM kill"}[self.oom_killed]
         return (f"containers {', '.join(self.containers) or 'none'}; {len(self.ends)} packets "
-                f"({len(self.data)} bytes), {self.lost} lost{ended}")
+                f"({len(self.data)} bytes), {self.lost} lost{ended}{memory}")
 
 
 class RunView:

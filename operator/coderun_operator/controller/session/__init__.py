@@ -17,7 +17,6 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from signal import SIGKILL
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -505,7 +504,7 @@ class Sessions:
             self._attach_failures.pop(session["metadata"]["uid"], None)
         try:
             frame = parse_streamed_frame(text, nonce)
-            if frame.reason == Reason.SIGNALED and frame.signal == SIGKILL and not frame.oomKilled:
+            if frame.killed_unexplained:
                 self.killed[run["metadata"]["uid"]] = (frame, time.monotonic())  # _in_sandbox finishes it
                 return None
             self.received[run["metadata"]["uid"]] = frame  # until finished(): see _in_sandbox
