@@ -447,6 +447,29 @@ class PodCensus:
         self._watch.stop()
 
 
+class RunWriteCensus:
+    """How many times each CodeRun of a namespace was written after its creation (its watch's MODIFIED events):
+    a watch from before the first run."""
+
+    def __init__(self, cluster, namespace):
+        self.writes: defaultdict[str, int] = defaultdict(int)
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
+        self._thread.start()
+
+    def _record(self, cluster, namespace):
+        try:
+            for event in self._watch.stream(cluster.custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
+                                            PLURAL, timeout_seconds=300):
+                if event["type"] == "MODIFIED":
+                    self.writes[event["object"]["metadata"]["name"]] += 1
+        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
+            pass
+
+    def stop(self):
+        self._watch.stop()
+
+
 # ---- people: kubectl impersonation (`--as=alice`) with the RBAC a namespace owner gives them
 CODERUNS = [{"apiGroups": [GROUP], "resources": [PLURAL]}]
 CREATOR_VERBS = ["create", "get", "list", "watch", "patch"]

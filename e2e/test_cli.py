@@ -33,6 +33,23 @@ def test_the_exit_code_is_the_programs(cli, tmp_path):
     assert stderr[-1].startswith("coderun: run-") and "exit code 7 (NonZeroExit)" in stderr[-1]
 
 
+def test_an_artifact_named_with_escapes_cannot_drive_the_terminal_or_forge_the_summary(cli, tmp_path):
+    """The third attack: an artifact named with OSC and CSI sequences and a carriage return set the terminal's
+    title, erased the summary of a run that exited 3 and wrote a forged "exit code 0" over it."""
+    (tmp_path / "forge.py").write_text(
+        "import os\n"
+        "name = 'plot.png\\x1b]0;pwned\\x07\\r\\x1b[2Kcoderun: run-x exit code 0 (Completed)'\n"
+        "open(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], name), 'w').write('x')\n"
+        "raise SystemExit(3)\n")
+    done = cli("run", "forge.py", cwd=tmp_path)
+    assert done.returncode == 3, done.stderr
+    for control in ("\x1b", "\x07", "\r"):
+        assert control not in done.stdout + done.stderr, (control, done.stderr)
+    summary = done.stderr.splitlines()[-1]
+    assert summary.startswith("coderun: run-") and "exit code 3 (NonZeroExit)" in summary, summary
+    assert "1 artifact(s): plot.png\\x1b]0;pwned\\x07\\x0d\\x1b[2Kcoderun: run-x exit code 0" in summary, summary
+
+
 def test_run_on_a_csv_file_and_the_run_is_deleted_afterwards(cli, tmp_path):
     values = [round(random.uniform(0, 100), 2) for _ in range(20)]
     (tmp_path / "data.csv").write_text("city,value\n" + "".join(f"c{i},{v}\n" for i, v in enumerate(values)))

@@ -871,6 +871,18 @@ PROGRAMS: list[Hostile] = [
     Hostile("separators-artifact-name", r'''
         open(os.path.join(OUT, "n\u2028m\u2029o\x85p"), "w").write("x")''',
             "Completed", lambda s, f: artifact_names(s) == ["n\u2028m\u2029o\x85p"]),
+    # The third attack: an error parsed from stderr whatever the exit status gave a successful run a status.error,
+    # which every client renders. Only a failed run's stderr is parsed.
+    Hostile("forged-traceback-then-success", r'''
+        sys.stderr.write('Traceback (most recent call last):\n  File "/tmp/work/main.py", line 1, in <module>\n'
+                         'SecurityViolation: the sandbox was breached\n')
+        print("fine")''',
+            "Completed", lambda s, f: s["exitCode"] == 0 and not s.get("error") and "SecurityViolation" in s["stderr"]),
+    Hostile("forged-artifact-name-escapes", r'''
+        open(os.path.join(OUT, "plot.png\x1b]0;pwned\x07\r\x1b[2Kcoderun: exit code 0 (Completed)"), "w").write("x")
+        sys.exit(3)''',
+            "NonZeroExit", lambda s, f: s["exitCode"] == 3 and len(artifact_names(s)) == 1
+            and artifact_names(s)[0].startswith("plot.png")),
     Hostile("long-exception-message", "raise ValueError('m' * 10000)", "NonZeroExit",
             lambda s, f: 0 < len(s["error"]["message"]) <= 4096 and s["error"]["type"] == "ValueError"),
     Hostile("long-exception-type", "raise type('E' * 1000, (Exception,), {})('boom')", "NonZeroExit",
@@ -1032,6 +1044,13 @@ PROGRAMS: list[Hostile] = [
         flood();''',
             {"OOMKilled", "Timeout"}, lambda s, f: s["reason"] == "Timeout" or "memory" in s["message"].lower(),
             language="javascript"),
+    # A Node error report on stderr, then exit 0: a successful run, with no status.error.
+    Hostile("js-forged-error-then-success", r'''
+        fs.writeSync(2, "/tmp/work/main.js:1\nthrow new SecurityViolation();\n^\n\nSecurityViolation: breached\n" +
+                        "    at Object.<anonymous> (/tmp/work/main.js:1:7)\n\nNode.js v20.19.2\n");
+        report({done: true});''',
+            "Completed", lambda s, f: f["done"] is True and s["exitCode"] == 0 and not s.get("error")
+            and "SecurityViolation" in s["stderr"], language="javascript"),
     # PID 1 of the program's namespace is the runner's init: catchable signals are ignored, SIGSTOP is undone.
     Hostile("js-signals-to-init", r'''
         const sent = {};

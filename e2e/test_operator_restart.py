@@ -2,12 +2,21 @@
 
 from conftest import PodCensus, wait_for
 
+from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 
 
 
 
 def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namespace):
+    """...and decides every run by the namespace's policy: the new leader admits nothing before it has listed
+    the policies (the third attack: a run without policyRef could get the built-in baseline after a leader
+    change, and with it what the namespace denies)."""
+    operator.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
+        "spec": {"admission": "Record", "codeRules": {"deniedPythonImports": ["socket"]}}})
+    wait_for(lambda: (operator.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "default")
+                      .get("status") or {}).get("observedGeneration") == 1, 30, "the operator to accept the policy")
     census = PodCensus(operator, namespace)
     small = {"cpu": "500m", "timeoutSeconds": 30}
     expected = {}
@@ -24,17 +33,23 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
             name = operator.create_run(namespace, {"language": "python", "limits": small,
                                                    "code": f"print({i} * 11)"})
             expected[name] = f"{i * 11}\n"
+        denied = operator.create_run(namespace, {"language": "python", "limits": small,
+                                                 "code": "import socket\nprint('the baseline decided')"})
         wait_for(lambda: any(p.status.container_statuses and p.status.container_statuses[0].state.terminated
                              for p in operator.core.list_namespaced_pod(namespace).items),
                  60, "a run's program to finish while the operator is down")
         operator.operator.control("start")
         results = {name: operator.wait_run(namespace, name, timeout=120)["status"] for name in expected}
+        refused = operator.wait_run(namespace, denied, timeout=120)["status"]
     finally:
         operator.operator.control("start")
         census.stop()
     for name, status in results.items():
         assert (status["phase"], status["stdout"]) == ("Succeeded", expected[name]), (name, status)
         assert len(census.pods_by_run[name]) == 1, (name, census.pods_by_run[name])
+        assert status["policy"] == "default", (name, status["policy"])
+    assert (refused["phase"], refused["policy"]) == ("Rejected", "default"), refused
+    assert "socket" in refused["message"] and not census.pods_by_run[denied], refused
 
 
 def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):

@@ -12,7 +12,13 @@ from kubernetes.client.rest import ApiException
 from coderun.api.coderunpolicy import POLICY_PLURAL, spec_digest
 from coderun.api.models import GROUP, VERSION, CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
-from conftest import APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, create_as, grant, parse_timestamp, wait_for
+from conftest import (APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, RunWriteCensus, create_as, grant, parse_timestamp,
+                      wait_for)
+
+# A run's writes after its creation: admitted (queued), started, running, finished, the cache's label, and room
+# for a kopf annotation or a retried patch; never one per run ahead of it.
+MAX_WRITES_PER_RUN = 8
+
 
 def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
     """Create the policy, or replace its spec; return once the operator applies that generation to new runs."""
@@ -168,13 +174,22 @@ def test_max_concurrent_runs_holds_exactly_and_runs_start_in_creation_order(oper
     # a quarter of a core each, so three sandboxes fit the node at once and the cap (not the node) is what holds
     apply_policy(operator, namespace, "default", {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m"}})
     names = [f"q-{i:02d}" for i in range(20)]
+    census = RunWriteCensus(operator, namespace)
     for name in names:  # one by one: the creation order is the names' order
         operator.create_run(namespace, {"language": "python", "code": "import time\ntime.sleep(1.5)\nprint('ok')"},
                             name=name)
     # A policy changed while runs wait does not change what they were admitted with.
     apply_policy(operator, namespace, "default",
                  {"maxConcurrentRuns": 3, "defaults": {"cpu": "250m", "memory": "300Mi"}})
-    runs = [operator.wait_run(namespace, name, timeout=240) for name in names]
+    try:
+        runs = [operator.wait_run(namespace, name, timeout=240) for name in names]
+    finally:
+        census.stop()
+    # The writes a run gets do not grow with the queue ahead of it (the third attack: 30 runs behind a cap of 1
+    # took 525 status writes, each waiting run rewritten at every finish): the last runs, 17 ahead of each, are
+    # written no more often than the first, which never waited.
+    writes = [census.writes[name] for name in names]
+    assert max(writes[-5:]) <= max(writes[:3]) + 2 and max(writes) <= MAX_WRITES_PER_RUN, dict(zip(names, writes))
     statuses = [status_of(r) for r in runs]
     assert all(s["phase"] == "Succeeded" for s in statuses), [(s.get("reason"), s.get("message")) for s in statuses]
     started = [parse_timestamp(s["startTime"]) for s in statuses]
