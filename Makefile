@@ -128,6 +128,8 @@ test-unit: venv helm
 # The venv is kept outside the clone, keyed by pyproject.toml, so CI's fresh clones do not install it again; it
 # holds the frameworks (and a copy of coderun, which pytest's pythonpath puts the clone's src/ in front of).
 FRAMEWORKS_VENV := $(HOME)/.cache/coderun/venv-frameworks-$(shell sha256sum pyproject.toml | cut -c1-16)
+# e2e/test_examples.py runs the framework examples against the cluster with this Python (tests/frameworks/on_cluster.py).
+export CODERUN_FRAMEWORKS_PYTHON := $(FRAMEWORKS_VENV)/bin/python
 $(FRAMEWORKS_VENV)/.installed:
 	rm -rf $(FRAMEWORKS_VENV) && python3 -m venv $(FRAMEWORKS_VENV)
 	$(FRAMEWORKS_VENV)/bin/python -m pip install -q --upgrade pip
@@ -142,7 +144,7 @@ test-frameworks: $(FRAMEWORKS_VENV)/.installed
 test-egress: venv
 	$(PYTEST) tests/egress
 
-test-e2e: up-host
+test-e2e: up-host $(FRAMEWORKS_VENV)/.installed
 	$(PYTEST) e2e
 
 # The e2e tier against the operator as users install it (the image and the Helm chart, brought up once by
@@ -152,7 +154,7 @@ test-e2e: up-host
 # /healthz throughout), the tests that kill the leader, the chart's tests (they reinstall the chart).
 CHART := CODERUN_E2E_OPERATOR=chart CODERUN_E2E_UP=1
 ALONE := e2e/test_hostile.py e2e/test_operator_restart.py e2e/test_warm.py e2e/test_helm.py
-e2e-chart-passes:
+e2e-chart-passes: $(FRAMEWORKS_VENV)/.installed
 	$(CHART) $(PYTEST) -n 2 --dist loadfile e2e $(addprefix --ignore=,$(ALONE))
 	$(CHART) $(PYTEST) e2e/test_hostile.py
 	$(CHART) $(PYTEST) e2e/test_operator_restart.py e2e/test_warm.py

@@ -2,8 +2,9 @@
 Python (or bash and kubectl), KUBECONFIG pointing at the cluster and a fresh test namespace, given as an argument
 or as the kubeconfig context's namespace; each test reads what the example printed.
 
-Tested elsewhere, and why: openai_agents_agent.py, langchain_tools.py and llamaindex_agent.py need a model's API
-key, so tests/frameworks/test_examples.py drives them through a scripted model; agent-rbac.yaml is applied and
+The framework examples (openai_agents_agent.py, langchain_tools.py, llamaindex_agent.py) need a model's API key:
+here they run against the cluster with a scripted model, in the frameworks' venv (tests/frameworks/on_cluster.py),
+and tests/frameworks/test_examples.py drives them against the fake API server. agent-rbac.yaml is applied and
 used as a ServiceAccount by e2e/test_sdk.py (test_the_agent_role_example_is_all_an_agents_service_account_needs)."""
 import hashlib
 import json
@@ -16,15 +17,22 @@ import yaml
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from coderun.client.result import result_from_object
+from coderun.tools import render_result
 from conftest import KUBECONFIG, REPO
 
 EXAMPLES = REPO / "examples"
 CODERUN = os.path.join(os.path.dirname(sys.executable), "coderun")
 
 
-def run_example(*command: str, kubeconfig=KUBECONFIG, cwd=None) -> subprocess.CompletedProcess:
+# The frameworks' own venv (the Makefile's FRAMEWORKS_VENV, made by make test-frameworks), whose Python runs
+# tests/frameworks/on_cluster.py: the e2e tier's venv has no agent framework.
+FRAMEWORKS_PYTHON = os.environ.get("CODERUN_FRAMEWORKS_PYTHON", "")
+
+
+def run_example(*command: str, kubeconfig=KUBECONFIG, cwd=None, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(list(command), capture_output=True, text=True, cwd=cwd, timeout=300,
-                          env={**os.environ, "KUBECONFIG": str(kubeconfig)})
+                          env={**os.environ, "KUBECONFIG": str(kubeconfig), **(env or {})})
 
 
 def python_example(name: str, *args: str, **kw) -> subprocess.CompletedProcess:
@@ -111,3 +119,23 @@ def test_demo_sh_waits_for_finished_with_kubectl(operator, cluster, namespace):
     status = cluster.get_run(namespace, "conversion-rate")["status"]
     finished = next(c for c in status["conditions"] if c["type"] == "Finished")
     assert finished["status"] == "True"
+
+
+def test_the_framework_examples_answer_from_the_runs_the_cluster_made(operator, cluster, namespace):
+    """Each framework's agent (a scripted model: it calls run_code with print(6*7), then answers with what the tool
+    returned) hands the model exactly the rendering of the CodeRun the cluster ran for it."""
+    assert os.path.isfile(FRAMEWORKS_PYTHON), (
+        "CODERUN_FRAMEWORKS_PYTHON names no Python: run this through make (test, test-e2e-chart or test-e2e), "
+        "which makes the frameworks' venv and sets it")
+    # The clone's src first (the venv holds a copy of coderun), and scripted.py beside the driver.
+    path = os.pathsep.join([str(REPO / "src"), str(REPO / "tests" / "frameworks")])
+    done = run_example(FRAMEWORKS_PYTHON, str(REPO / "tests" / "frameworks" / "on_cluster.py"), namespace,
+                       env={"PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(done.stdout.splitlines()[-1])
+    runs = json.loads(cluster.kubectl("get", "coderuns", "-n", namespace, "-o", "json").stdout)["items"]
+    assert [(r["spec"]["code"], r["status"]["phase"]) for r in runs] == [("print(6*7)", "Succeeded")] * 3
+    renderings = {render_result(result_from_object(run)) for run in runs}
+    assert set(answers) == {"openai-agents", "langchain", "llamaindex"}
+    for framework, answer in answers.items():
+        assert answer in renderings and "42" in answer, (framework, answer)

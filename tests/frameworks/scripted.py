@@ -1,10 +1,15 @@
 """What the framework tests share: the text every framework must hand the model, scripted models for the OpenAI
-Agents SDK and LlamaIndex (no model API is called), and what the fake API server was asked to run."""
+Agents SDK, LangChain and LlamaIndex (no model API is called), the examples as modules, and what the fake API
+server was asked to run."""
+import importlib.util
 import json
+from pathlib import Path
 
 from agents import ModelResponse, Usage
 from agents.models.interface import Model
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import RunnableLambda
 from llama_index.core.llms import MockFunctionCallingLLM
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 
@@ -19,6 +24,17 @@ ADMISSION_DENIAL = ('admission webhook "validate.coderun.io" denied the request:
                     "policy's maximum 2Gi [maximums.memory]")
 # What a strict model sends: every property, the ones it does not need as null.
 STRICT_CALL = {"code": "print(6*7)", "language": None, "files": None, "stdin": None, "timeout": None}
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def example(name):
+    """examples/<name>.py as a module (its main() is not run)."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def created_specs(api):
@@ -56,3 +72,13 @@ def scripted_llm(arguments, seen):
         return ChatMessage(role=MessageRole.ASSISTANT, blocks=[
             ToolCallBlock(tool_call_id="c1", tool_name=RUN_CODE, tool_kwargs=arguments)])
     return MockFunctionCallingLLM(response_generator=respond, is_chat_model=True)
+
+
+def scripted_chat_model(arguments):
+    """A LangChain chat model that calls run_code with `arguments`, then answers with what the tool returned."""
+    def respond(messages):
+        results = [m for m in messages if isinstance(m, ToolMessage)]
+        if results:
+            return AIMessage(results[-1].content)
+        return AIMessage("", tool_calls=[{"name": RUN_CODE, "args": arguments, "id": "c1"}])
+    return RunnableLambda(respond)
