@@ -10,9 +10,11 @@ operator back at the end.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
+import tarfile
 import threading
 import time
 import urllib.request
@@ -20,6 +22,7 @@ import urllib.request
 import pytest
 from kubernetes.client.rest import ApiException
 
+import coderun
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 from conftest import OPERATOR_MODE, REPO, ChartOperator, PodCensus, wait_for
@@ -112,6 +115,31 @@ def test_install_gives_two_ready_hardened_replicas_and_one_leader(chart):
     assert "@sha256:" in container.image  # the chart runs the image imported by digest
     standby = next(p for p in pods if p.metadata.name != leader.metadata.name)
     assert "coderun_leader 1.0" in metrics_of(leader) and "coderun_leader 0.0" in metrics_of(standby)
+
+
+def test_make_dist_image_ships_the_image_the_chart_runs(chart):
+    """The release's operator image (`make dist-image`, an OCI archive for `docker load` or `skopeo copy`) is whole
+    (every blob's sha256 is its name) and is the very image both replicas run: its manifest's digest is theirs."""
+    made = _sh("make", "--no-print-directory", "dist-image", check=False)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    archive = REPO / "dist" / f"coderun-operator-{coderun.__version__}.oci.tar"
+    with tarfile.open(archive) as tar:
+        assert json.load(tar.extractfile("oci-layout")) == {"imageLayoutVersion": "1.0.0"}
+        index = json.load(tar.extractfile("index.json"))
+        blobs = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("blobs/sha256/")]
+        for blob in blobs:
+            digest = hashlib.sha256()
+            with tar.extractfile(blob) as content:
+                for chunk in iter(lambda: content.read(1 << 20), b""):
+                    digest.update(chunk)
+            assert digest.hexdigest() == blob.name.rsplit("/", 1)[1], blob.name
+        manifest_digest = index["manifests"][0]["digest"]
+        manifest = json.load(tar.extractfile(f"blobs/sha256/{manifest_digest.split(':')[1]}"))
+        config = json.load(tar.extractfile(f"blobs/sha256/{manifest['config']['digest'].split(':')[1]}"))
+    assert {layer["digest"] for layer in manifest["layers"]} <= {f"sha256:{b.name.rsplit('/', 1)[1]}" for b in blobs}
+    assert config["config"]["User"] and config["os"] == "linux"
+    running = {p.status.container_statuses[0].image_id.rpartition("@")[2] for p in operator_pods(chart)}
+    assert running == {manifest_digest}, (running, manifest_digest)
 
 
 def test_a_coderun_runs_through_the_in_cluster_operator(chart, namespace):
