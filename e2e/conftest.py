@@ -424,50 +424,52 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(f"warm mode: runs by startMode {dict(START_MODES)}")
 
 
-class PodCensus:
-    """Every sandbox pod ever created in a namespace, by run: a watch from before the first run."""
+class _WatchCensus:
+    """A watch from before the first run, in a thread of its own, each event handed to `_count`."""
+
+    def __init__(self, list_call, *args):
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._record, args=(list_call, args), daemon=True)
+        self._thread.start()
+
+    def _record(self, list_call, args):
+        try:
+            for event in self._watch.stream(list_call, *args, timeout_seconds=300):
+                self._count(event)
+        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
+            pass
+
+    def _count(self, event) -> None:
+        raise NotImplementedError
+
+    def stop(self):
+        self._watch.stop()
+
+
+class PodCensus(_WatchCensus):
+    """Every sandbox pod ever created in a namespace, by run."""
 
     def __init__(self, cluster, namespace):
         self.pods_by_run: defaultdict[str, set[str]] = defaultdict(set)
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
-        self._thread.start()
+        super().__init__(cluster.core.list_namespaced_pod, namespace)
 
-    def _record(self, cluster, namespace):
-        try:
-            for event in self._watch.stream(cluster.core.list_namespaced_pod, namespace, timeout_seconds=300):
-                pod = event["object"]
-                run = (pod.metadata.labels or {}).get("coderun.io/run")
-                if run:
-                    self.pods_by_run[run].add(pod.metadata.uid)
-        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
-            pass
-
-    def stop(self):
-        self._watch.stop()
+    def _count(self, event) -> None:
+        pod = event["object"]
+        run = (pod.metadata.labels or {}).get("coderun.io/run")
+        if run:
+            self.pods_by_run[run].add(pod.metadata.uid)
 
 
-class RunWriteCensus:
-    """How many times each CodeRun of a namespace was written after its creation (its watch's MODIFIED events):
-    a watch from before the first run."""
+class RunWriteCensus(_WatchCensus):
+    """How many times each CodeRun of a namespace was written after its creation (its watch's MODIFIED events)."""
 
     def __init__(self, cluster, namespace):
         self.writes: defaultdict[str, int] = defaultdict(int)
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._record, args=(cluster, namespace), daemon=True)
-        self._thread.start()
+        super().__init__(cluster.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL)
 
-    def _record(self, cluster, namespace):
-        try:
-            for event in self._watch.stream(cluster.custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
-                                            PLURAL, timeout_seconds=300):
-                if event["type"] == "MODIFIED":
-                    self.writes[event["object"]["metadata"]["name"]] += 1
-        except Exception:  # stop() closes the stream under the reader; nothing is lost by then
-            pass
-
-    def stop(self):
-        self._watch.stop()
+    def _count(self, event) -> None:
+        if event["type"] == "MODIFIED":
+            self.writes[event["object"]["metadata"]["name"]] += 1
 
 
 # ---- people: kubectl impersonation (`--as=alice`) with the RBAC a namespace owner gives them

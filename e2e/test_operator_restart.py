@@ -1,8 +1,8 @@
 """The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
 
 from conftest import PodCensus, wait_for
+from test_policy import apply_policy
 
-from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
 
 
@@ -12,11 +12,8 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
     """...and decides every run by the namespace's policy: the new leader admits nothing before it has listed
     the policies (the third attack: a run without policyRef could get the built-in baseline after a leader
     change, and with it what the namespace denies)."""
-    operator.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
-        "spec": {"admission": "Record", "codeRules": {"deniedPythonImports": ["socket"]}}})
-    wait_for(lambda: (operator.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "default")
-                      .get("status") or {}).get("observedGeneration") == 1, 30, "the operator to accept the policy")
+    apply_policy(operator, namespace, "default",
+                 {"admission": "Record", "codeRules": {"deniedPythonImports": ["socket"]}})
     census = PodCensus(operator, namespace)
     small = {"cpu": "500m", "timeoutSeconds": 30}
     expected = {}
