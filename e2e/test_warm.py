@@ -79,6 +79,7 @@ def comparable(status: dict, case: str = "") -> dict:
     # The runner's own share differs by transport: a warm runner read its code and wrote its setup before the
     # claim, which is not the run's. What the program did must be the same.
     audit.pop("runner", None)
+    without_interpreter_start(audit)
     if case in RACING:  # which enforcer won decides what the program did next (a traceback re-reads main.py,
         status.pop("audit", None)  # a sandbox killed whole leaves no end in the record): the race above
     status.get("decision", {}).pop("policyDigest", None)
@@ -89,6 +90,30 @@ def comparable(status: dict, case: str = "") -> dict:
     for artifact in status.get("artifacts") or ():
         artifact.pop("configMap", None)
     return status
+
+
+def differences(a, b, path: str = "") -> dict:
+    """Where two statuses differ, leaf by leaf (a readable failure message)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = {}
+        for key in set(a) | set(b):
+            out.update(differences(a.get(key), b.get(key), f"{path}.{key}"))
+        return out
+    return {} if a == b else {path: (a, b)}
+
+
+def without_interpreter_start(audit: dict) -> None:
+    """What the interpreter's own start did, which a prestarted run's did before the run came (the record says so:
+    its first process is the prestarted interpreter, `startedBeforeRun`): the libraries it read outside the work
+    dir, its reads of the code file (a cold start opens it twice), and how that first process was started. What the
+    program did after (its files, connections, later processes, exit) is compared whole."""
+    if not audit:
+        return
+    audit.get("outsideWorkdir", {}).pop("reads", None)
+    audit["filesRead"] = [row for row in audit.get("filesRead", ()) if row.get("path") != "main.py"]
+    processes = audit.get("processes") or []
+    if processes:
+        processes[0] = {k: v for k, v in processes[0].items() if k not in ("argv", "startedBeforeRun")}
 
 
 @contextlib.contextmanager
@@ -115,9 +140,7 @@ def run_warm_and_cold(cluster, namespace: str, cold_ns: str, name: str, spec: di
     assert warm["startMode"] == "Warm", (name, warm)
     assert cold["startMode"] == "Cold", (name, cold)
     warm_view, cold_view = comparable(warm, name), comparable(cold, name)
-    assert warm_view == cold_view, (name, {k: (warm_view.get(k), cold_view.get(k))
-                                           for k in set(warm_view) | set(cold_view)
-                                           if warm_view.get(k) != cold_view.get(k)})
+    assert warm_view == cold_view, (name, differences(warm_view, cold_view))
     assert warm["podName"].startswith("pool-default-")
     return warm, cold
 

@@ -92,7 +92,7 @@ def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.e
     def run(code: str | bytes, *, input_files: dict[str, bytes] | None = None, stdin: bytes | None = None,
             runner_env: dict | None = None, raw_run_json: bytes | None = None, wrapper: tuple = (),
             subprocess_timeout: float = 60, warm_nonce: str | None = None, warm_stream: bytes | None = None,
-            cwd: Path | None = None,
+            cwd: Path | None = None, prestart: bool = False,
             **overrides) -> RunnerRun:
         entries = {"code": code.encode() if isinstance(code, str) else code}
         file_refs = []
@@ -111,6 +111,8 @@ def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.e
         else:  # a warm pool pod: the same keys arrive on stdin
             source = ["--input-stdin", "--input", str(input_dir)]
             stream = warm_stream if warm_stream is not None else warm_document(entries, warm_nonce)
+            if prestart:  # the pool pod's settings: the run's own run.json, less its program
+                source += ["--prestart", json.dumps({k: v for k, v in spec.items() if k not in ("files", "stdinKey")})]
         work, outputs = tmp_path / "scratch" / "work", tmp_path / "scratch" / "outputs"
         termination_log = tmp_path / "termination-log"
         if not termination_log.exists():

@@ -173,7 +173,7 @@ def test_encode_frame_is_compact_ascii():
 def test_parse_args_defaults_and_both_forms():
     assert vars(parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work", "input_stdin": False,
                                            "session": False, "outputs": "/tmp/outputs",
-                                           "termination_log": "/dev/termination-log"}
+                                           "termination_log": "/dev/termination-log", "prestart": ""}
     args = parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
     # A warm pool pod's runner: the input comes on stdin and is laid out where a cold pod's ConfigMap is mounted.
@@ -182,6 +182,8 @@ def test_parse_args_defaults_and_both_forms():
     assert parse_args(["--input-stdin", "--input=/x"]).input == "/x"
     # A session pod's runner: one run per document on stdin.
     assert (parse_args(["--session"]).session, parse_args(["--session"]).input_stdin) == (True, False)
+    # Either prestarts its programs with the operator's settings.
+    assert parse_args(["--session", "--prestart={}"]).prestart == "{}"
 
 
 @pytest.mark.parametrize("argv", [["--nope", "x"], ["--input"], ["stray"], ["--session", "--input-stdin"]])

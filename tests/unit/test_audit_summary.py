@@ -305,6 +305,22 @@ def test_a_session_run_has_only_its_own_processes_and_is_complete_once_they_end(
     assert sandbox.exit(second).summary(since_ns=since)["complete"]
 
 
+def test_a_prestarted_interpreter_is_the_runs_from_its_start_and_says_it_started_before():
+    """A warm or session pod's interpreter, started (and its libraries read) before the run came: the run lists it,
+    marked, with what it did from the run's start on; the earlier run's ended program is still not this one's."""
+    sandbox = Sandbox().program_started()
+    sandbox.exit(PROGRAM)                                                     # an earlier run's program, ended
+    prestarted = PROGRAM + 10
+    bootstrap = ["python3", "-u", "-c", "from coderun.sandbox.runner.prestarted import main"]
+    sandbox.clone(NS_INIT, prestarted).execve(prestarted, bootstrap).open(prestarted, "/usr/lib/numpy.py", cwd="/")
+    since = sandbox.now + 1
+    sandbox.open(prestarted, "data.csv")
+    audit = sandbox.summary(since_ns=since)
+    assert audit["processes"] == [{"argv": bootstrap, "startedBeforeRun": True}], audit["processes"]
+    assert audit["filesRead"] == [{"path": "data.csv", "count": 1}] and audit["outsideWorkdir"]["reads"] == 0
+    assert not audit["complete"] and sandbox.exit(prestarted).summary(since_ns=since)["complete"]
+
+
 def test_points_lost_on_the_way_are_counted_across_the_counters_wrap():
     sandbox = Sandbox().program_started()
     sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="a"),

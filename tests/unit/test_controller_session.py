@@ -13,6 +13,7 @@ from coderun_operator.builders.session import build_session_pod, session_documen
 from coderun_operator.controller import Controller
 from coderun_operator.controller.session import session_key
 from coderun_operator.policy import DEFAULT_POLICY, Decision
+from prestart_check import assert_prestarts_as_the_decision_runs
 from coderun_operator.policy.session import run_in_session, session_verdict
 from coderun_operator.results.lifecycle import session_expiry_time
 from coderun_operator.results.session import compute_session_status, runs_in_order
@@ -20,6 +21,7 @@ from coderun_operator.results.status import parse_time
 from coderun.api.coderunpolicy import Sessions
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec
+from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s
 from test_controller import NS, T0, Clock, make_run
 from datetime import timedelta
@@ -105,7 +107,8 @@ def test_the_session_pod_is_the_sandbox_pod_with_an_open_stdin_owned_by_the_sess
     pod = build_session_pod(make_session(), verdict.decision, verdict.max_lifetime_seconds)
     container = pod["spec"]["containers"][0]
     assert container["stdin"] is True and container["stdinOnce"] is False
-    assert container["command"][-1] == "--session"
+    assert container["command"][-2] == "--session"
+    assert_prestarts_as_the_decision_runs(container["command"][-1], verdict.decision)
     assert pod["metadata"]["ownerReferences"][0]["kind"] == "CodeRunSession"
     assert pod["spec"]["activeDeadlineSeconds"] == 3600 + 60
     assert pod["spec"]["runtimeClassName"] == "gvisor" and pod["spec"]["automountServiceAccountToken"] is False

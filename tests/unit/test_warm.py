@@ -11,7 +11,9 @@ from coderun_operator.builders import build_pod
 from coderun_operator.controller import Controller
 from coderun_operator.controller.warm import session, trust
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
+from coderun_operator.policy.load import policy_from_object
 from coderun.api.models import CodeRunSpec
+from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s, Transient
 from test_controller import NS, T0, Clock, frame_log, make_run
 
@@ -79,7 +81,10 @@ def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
     cold = build_pod(make_run(), evaluate(spec, DEFAULT_POLICY), "demo-input")
     container, cold_container = pool_pod["spec"]["containers"][0], cold["spec"]["containers"][0]
     assert container["stdin"] is container["stdinOnce"] is True
-    assert container["command"][-1] == "--input-stdin" and "volumeMounts" in container
+    assert container["command"][-2] == "--input-stdin" and "volumeMounts" in container
+    policy = policy_from_object(POLICY)
+    _, decision = trust.wanted_pools(NS, policy)[trust.key_of(pool_pod)]
+    assert_prestarts_as_the_decision_runs(container["command"][-1], decision)
     # No input ConfigMap: a small volume of its own at the same path, which its runner writes the input to.
     assert [m["name"] for m in container["volumeMounts"]] == ["input", "tmp"]
     assert pool_pod["spec"]["volumes"][0] == {"name": "input", "emptyDir": {"sizeLimit": "4Mi"}}
@@ -343,7 +348,6 @@ def test_refill_replaces_claimed_and_spent_pods_and_drops_a_removed_policys(env,
 ])
 def test_only_a_pod_built_as_the_pool_builds_it_is_genuine(change, genuine):
     from coderun_operator.builders import build_pool_pod
-    from coderun_operator.policy.load import policy_from_object
     policy = policy_from_object(POLICY)
     (key, (language, decision)), = trust.wanted_pools(NS, policy).items()
     pod = build_pool_pod(NS, decision, {"coderun.io/pool": "default", "coderun.io/pool-language": language,

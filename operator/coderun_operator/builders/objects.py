@@ -68,7 +68,8 @@ def code_hash(spec: CodeRunSpec) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | None) -> dict[str, Any]:
+def _sandbox_json(decision: Decision) -> dict[str, Any]:
+    """What every run of a decision tells the runner, whatever its program: a run.json without one."""
     runtime, limits, policy = decision.runtime, decision.limits, decision.policy
     return {
         "version": 1,
@@ -87,10 +88,22 @@ def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | No
         "scratchTmpfs": True,
         "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
                       "maxTotalBytes": policy.artifact_max_total_bytes},
+    }
+
+
+def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | None) -> dict[str, Any]:
+    return {
+        **_sandbox_json(decision),
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],
         "stdinKey": "stdin" if spec.stdin is not None else None,
         "env": dict(env or {}),
     }
+
+
+def prestart_argument(decision: Decision) -> str:
+    """A pool or session pod's runner starts each program before its code comes (runner prestart.py), as a run
+    of this decision would start: its settings are the run.json every such run shares."""
+    return "--prestart=" + json.dumps(_sandbox_json(decision), separators=(",", ":"), sort_keys=True)
 
 
 def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
@@ -250,7 +263,7 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
     if decision.policy.uid:
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]
-    pod = _sandbox_pod(metadata, decision, list(POOL_RUNNER_COMMAND), idle_seconds,
+    pod = _sandbox_pod(metadata, decision, [*POOL_RUNNER_COMMAND, prestart_argument(decision)], idle_seconds,
                        {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     container = pod["spec"]["containers"][0]
     container.update({"stdin": True, "stdinOnce": True})

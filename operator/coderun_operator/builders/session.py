@@ -14,7 +14,7 @@ from .egress import ProxyRoute
 from .names import ANNOTATION_POLICY, LABEL_MANAGED_BY, LABEL_SANDBOX, LABEL_SESSION, LABEL_SESSION_UID, MANAGER, \
     child_name, fit_name
 from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _egress_routes, _sandbox_pod, \
-    input_document, owner_reference
+    input_document, owner_reference, prestart_argument
 
 # The runner reads one document per run on stdin for as long as the session lives (runner main.serve_session).
 SESSION_RUNNER_COMMAND = (*RUNNER, "--session")
@@ -42,7 +42,8 @@ def build_session_pod(session: Mapping[str, Any], decision: Decision, lifetime_s
     metadata = {"name": session_pod_name(session), "namespace": meta["namespace"], "labels": session_labels(session),
                 "annotations": {ANNOTATION_POLICY: decision.policy.name},
                 "ownerReferences": [owner_reference(session, SESSION_KIND)]}
-    pod = _sandbox_pod(metadata, decision, list(SESSION_RUNNER_COMMAND), lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS,
+    pod = _sandbox_pod(metadata, decision, [*SESSION_RUNNER_COMMAND, prestart_argument(decision)],
+                       lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS,
                        {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": False})
     return pod

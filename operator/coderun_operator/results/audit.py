@@ -178,6 +178,8 @@ class _Cleaner:
             out["argvOmitted"] = left_out
         if row.get("fromMemfd") is True:
             out["fromMemfd"] = True
+        if row.get("startedBeforeRun") is True:
+            out["startedBeforeRun"] = True
         code = row.get("exitCode")
         if isinstance(code, int) and not isinstance(code, bool) and -256 < code < 256:
             out["exitCode"] = code

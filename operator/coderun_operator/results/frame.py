@@ -111,6 +111,7 @@ class RunnerFrame(_Lenient):
     artifactsSkippedUnlisted: Size = 0
     limit: FrameLimit | None = None
     nonce: str | None = None  # a warm pod's: the nonce the operator sent with the input
+    prestarted: bool = False  # the program ran in a process started before its code came (runner prestart.py)
 
     @property
     def killed_unexplained(self) -> bool:

@@ -315,7 +315,8 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
         "redactions": redactions, "error": error, "artifacts": artifacts,
         "artifactsSkipped": skipped, "artifactsSkippedUnlisted": frame.artifactsSkippedUnlisted or None,
         "metrics": {"wallMillis": frame.metrics.wallMillis, "cpuMillis": frame.metrics.cpuMillis,
-                    "maxRSSBytes": frame.metrics.maxRSSBytes, "startupMillis": millis_between(pod_created, started)},
+                    "maxRSSBytes": frame.metrics.maxRSSBytes, "startupMillis": millis_between(pod_created, started),
+                    "interpreterPrestarted": frame.prestarted or None},
     }
     validation = validate_output(spec.expect, frame.exitCode, frame.stdout, frame.stdoutTruncated)
     if validation is not None:

@@ -333,6 +333,9 @@ class Metrics(ApiModel):
     queue_millis: int | None = Field(None, description="CodeRun created -> sandbox pod created.")
     startup_millis: int | None = Field(None, description="Sandbox pod created -> program started.")
     total_millis: int | None = Field(None, description="CodeRun created -> result written.")
+    interpreter_prestarted: bool | None = Field(None, description=(
+        "True when the program ran in an interpreter started before its code came (a warm or session pod's, with "
+        "the image's common modules imported): startup then holds no interpreter start."))
 
 
 class RunError(ApiModel):
@@ -461,6 +464,9 @@ class AuditProcess(ApiModel):
         json_schema_extra={"items": {"type": "string", "maxLength": MAX_AUDIT_ARG_CHARS}})
     argv_omitted: int | None = Field(None, ge=0, description="Arguments left out of argv.")
     from_memfd: bool | None = Field(None, description="Its binary was run from a memfd (never on disk).")
+    started_before_run: bool | None = Field(None, description=(
+        "The interpreter a warm or session pod started before the run came (its argv is that start's, its start "
+        "not recorded); it ran the program from the run's start on."))
     exit_code: int | None = Field(None, description="Its exit code, when it exited by itself.")
     signal: str | None = Field(None, max_length=16, description="The signal that ended it (SIGKILL, ...).")
 

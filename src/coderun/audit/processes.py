@@ -30,6 +30,7 @@ class Process:
     exec_path: str = ""
     from_memfd: bool = False
     wait_status: int | None = None  # as wait(2) reports it
+    ended_ns: int | None = None
 
     def exit_fields(self) -> dict:
         """{'exitCode': n} or {'signal': 'SIGKILL'}, or {} while no exit was seen."""
@@ -83,8 +84,12 @@ class ProcessTable:
         return process
 
     def program(self, since_ns: int = 0) -> list[Process]:
-        """The program's processes started since `since_ns` (a session's earlier runs ran in the same container)."""
-        return [p for p in self.processes.values() if p.side == PROGRAM and p.started_ns >= since_ns]
+        """The program's processes alive at or started since `since_ns` (a session's earlier runs ran in the same
+        container, and ended before it): one started before it is the program's own prestarted interpreter
+        (runner prestart.py), started before the run came, its start not the run's (what it did then is not
+        recorded either), its run from `since_ns` on the program's."""
+        return [p for p in self.processes.values()
+                if p.side == PROGRAM and (p.started_ns >= since_ns or p.ended_ns is None or p.ended_ns >= since_ns)]
 
     def program_ended(self, since_ns: int = 0) -> bool:
         """The program ran and every process of its side was seen ending (a warm pod's frame comes before the
@@ -92,7 +97,8 @@ class ProcessTable:
         program = self.program(since_ns)
         return bool(program) and all(p.wait_status is not None for p in program)
 
-    def exit(self, tgid: int, parent: int, wait_status: int) -> None:
-        self.process(tgid, parent).wait_status = wait_status
+    def exit(self, tgid: int, parent: int, wait_status: int, ended_ns: int = 0) -> None:
+        process = self.process(tgid, parent)
+        process.wait_status, process.ended_ns = wait_status, ended_ns
         if tgid == self.runner_root:
             self.runner_exited = True

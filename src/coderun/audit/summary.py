@@ -138,14 +138,15 @@ class RunAudit:
                           message.binary_path, message.binary_in_memfd)
 
     def _exit_notify(self, message: sentry_pb2.ExitNotifyParentInfo, context) -> None:
-        self.table.exit(context.thread_group_id, context.parent_thread_group_id, message.exit_status)
+        self.table.exit(context.thread_group_id, context.parent_thread_group_id, message.exit_status, context.time_ns)
 
     def _task_exit(self, message: sentry_pb2.TaskExit, context) -> None:
         # Every thread's end; only the leader's says the process ended (exit_notify_parent, if it comes, agrees).
         if self._exec_calls.pop(context.thread_id, False):
             self.failed_execs += 1  # its last execve call never became an exec
         if context.thread_id == context.thread_group_id:
-            self.table.exit(context.thread_group_id, context.parent_thread_group_id, message.exit_status)
+            self.table.exit(context.thread_group_id, context.parent_thread_group_id, message.exit_status,
+                            context.time_ns)
 
     def _failed_exec(self, message: syscall_pb2.Execve, context) -> None:
         if not self._in_run(context) or self._side(context) != PROGRAM:
@@ -280,6 +281,8 @@ class RunAudit:
                 row["argvOmitted"] = len(process.argv) - bounds.argv_items
             if process.from_memfd:
                 row["fromMemfd"] = True
+            if process.started_ns < self.since_ns:  # a prestarted interpreter: its start was not the run's
+                row["startedBeforeRun"] = True
             row.update(process.exit_fields())
             processes.append(row)
         audit = {

@@ -63,7 +63,20 @@ ChildOutcome = collections.namedtuple(
 def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
               timeout_seconds: float, output_bytes: int, flood_bytes: int,
               is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
-    """Run the program, enforcing the deadline and the output flood cap.
+    """Start the program and run it (supervise_child)."""
+    with open(stdin_path or os.devnull, "rb") as stdin:
+        started = time.monotonic()
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, close_fds=True,
+                                preexec_fn=guards.child_limits if guards else None)
+    return supervise_child(proc, started, timeout_seconds, output_bytes, flood_bytes, is_pid1, guards)
+
+
+def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: float, output_bytes: int,
+                    flood_bytes: int, is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
+    """Run the program `proc` (started at `started`, or prestarted and handed its run then), enforcing the
+    deadline and the output flood cap.
 
     One selector loop drains both pipes (a blocking read in a thread could not
     be abandoned when an escaped process keeps a pipe open); a waiter thread
@@ -72,12 +85,6 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
     """
     stdout = StreamCapture(output_bytes)
     stderr = StreamCapture(output_bytes)
-    with open(stdin_path or os.devnull, "rb") as stdin:
-        started = time.monotonic()
-        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=stdin,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, close_fds=True,
-                                preexec_fn=guards.child_limits if guards else None)
     if guards is not None:
         guards.session = proc.pid
     wake_read, wake_write = os.pipe()
@@ -178,13 +185,15 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
     return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
 
 
-def child_metrics(wall_seconds: float, before=None) -> dict:
+def child_metrics(wall_seconds: float, before=None, prestart_cpu_seconds: float = 0.0) -> dict:
     """What the program used; `before` (the children's usage when it started) takes out a session's earlier runs'
-    CPU. maxRSSBytes is the largest of any child so far: in a session, of this run or an earlier one."""
+    CPU, `prestart_cpu_seconds` what a prestarted process spent before its run (its start and preloads).
+    maxRSSBytes is the largest of any child so far: in a session, of this run or an earlier one."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_seconds = usage.ru_utime + usage.ru_stime
+    cpu_seconds = usage.ru_utime + usage.ru_stime - prestart_cpu_seconds
     if before is not None:
         cpu_seconds -= before.ru_utime + before.ru_stime
+    cpu_seconds = max(cpu_seconds, 0.0)
     return {
         "wallMillis": int(round(wall_seconds * 1000)),
         "cpuMillis": int(round(cpu_seconds * 1000)),

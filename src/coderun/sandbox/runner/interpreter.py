@@ -14,6 +14,7 @@ Stdlib only, and cheap to import: it is loaded into the program's own interprete
 from __future__ import annotations
 
 import atexit
+import builtins
 import os
 import signal
 import sys
@@ -30,7 +31,7 @@ def main_module(path: str) -> types.ModuleType:
     """A fresh `__main__` for a session: the module a cold `python3 main.py` would run in (its globals then
     persist from run to run: pickle and dataclasses find the run's classes in sys.modules["__main__"])."""
     module = types.ModuleType("__main__")
-    module.__dict__.update(_main_attributes(path))
+    module.__dict__.update(_main_attributes(path), __builtins__=builtins)
     return module
 
 

@@ -13,13 +13,15 @@ import time
 import types
 
 from .artifacts import collect_artifacts
-from .child import OOM_EVIDENCE_WAIT_SECONDS, cgroup_reports_oom_kill, child_environment, child_metrics, run_child
+from .child import (OOM_EVIDENCE_WAIT_SECONDS, cgroup_reports_oom_kill, child_environment, child_metrics, run_child,
+                    supervise_child)
 from .confinement import enter_user_namespace, make_undumpable, mount_capped_scratch
 from .errors import V8_HEAP_EXHAUSTED
 from .frame import encode_frame, failure_frame, result_frame, termination_summary
 from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
                      read_stdin_input)
 from .limits import Guards
+from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings
 from .processes import kill_all_other_processes
 from .protocol import (ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
                        SESSION_SETTINGS_KEY)
@@ -32,58 +34,132 @@ SESSION_KEY = re.compile(r"^(?:[0-9a-f]{2}){32,64}$")
 SHIELDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
 
 
+class SandboxMismatch(Exception):
+    """The sandbox was set up (its /tmp mounted, its program prestarted) for other limits than the run's."""
+
+
 class ScratchMount:
     """Whether the scratch dir is a capped tmpfs of ours (confinement.mount_capped_scratch). It is mounted once,
-    over the empty scratch dir, before the first program: a session's later runs keep it, and what is in it."""
+    over the empty scratch dir, before the first program (or the prestarted one, whose mount namespace is a copy
+    made then): a session's later runs keep it, and what is in it, so every run must ask for the same caps."""
 
     def __init__(self):
-        self.tried, self.capped = False, False
+        self.tried, self.capped, self.caps = False, False, None
 
     def ensure(self, spec: dict, scratch_dir: str, own_namespaces: bool) -> bool:
+        caps = (spec["scratchTmpfs"], spec["maxInodes"], spec["diskBytes"])
         if not self.tried:
-            self.tried = True
+            self.tried, self.caps = True, caps
             self.capped = bool(own_namespaces and spec["scratchTmpfs"] and mount_capped_scratch(
                 scratch_dir, spec["maxInodes"], spec["diskBytes"]))
+        elif caps != self.caps:
+            raise SandboxMismatch(f"this sandbox's /tmp was set up for (tmpfs, inodes, bytes) {self.caps}, "
+                                  f"the run asks for {caps}")
         return self.capped
 
 
+class Sandbox:
+    """What a warm or session pod keeps from run to run: its scratch mount, and the program process prestarted
+    for the next run (the operator's `--prestart` settings; none for a runtime it cannot stand in for)."""
+
+    def __init__(self, args, is_pid1: bool, own_namespaces: bool, settings: dict | None = None):
+        self.args, self.is_pid1, self.own_namespaces, self.settings = args, is_pid1, own_namespaces, settings
+        self.scratch = ScratchMount()
+        self.prestarted: Prestarted | None = None
+
+    def prestart(self) -> None:
+        """Start the next run's program now, under the limits the pod was made for (one left from before is
+        given up first: as PID 1 the last frame's printing killed it). An optimisation only: if it fails, every
+        later run starts cold."""
+        if self.prestarted is not None:
+            self.take_prestarted().discard()
+        if self.settings is None:
+            return
+        try:
+            paths = ProgramPaths(self.args)
+            capped = self.scratch.ensure(self.settings, paths.scratch, self.own_namespaces)
+            paths.make()
+            guards = Guards(paths.scratch, self.settings["diskBytes"], self.settings["maxInodes"],
+                            self.settings["maxProcesses"], None, self.is_pid1, paths.input, capped)
+            self.prestarted = Prestarted.start(self.settings, paths.work, paths.environment({}, "python", 0), guards)
+        except Exception as exc:  # noqa: BLE001
+            print(f"coderun-runner: could not prestart ({type(exc).__name__}: {exc}); runs start cold",
+                  file=sys.stderr)
+            self.settings = None
+
+    def take_prestarted(self) -> Prestarted | None:
+        prestarted, self.prestarted = self.prestarted, None
+        return prestarted
+
+
+class ProgramPaths:
+    """Where the program lives: its work dir (cwd), the scratch dir above it (/tmp: HOME and TMPDIR), outputs."""
+
+    def __init__(self, args):
+        # Absolute, because the program's cwd is the work dir.
+        self.work, self.outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
+        self.input = os.path.abspath(args.input)
+        self.scratch = os.path.dirname(self.work)
+        self.home = os.path.join(self.scratch, "home")
+
+    def make(self) -> None:
+        for path in (self.work, self.home, self.outputs):
+            os.makedirs(path, exist_ok=True)
+
+    def environment(self, spec_env: dict, language: str, memory_bytes: int) -> dict:
+        return child_environment(spec_env, self.scratch, self.home, self.outputs,
+                                 memory_bytes if language == "javascript" else None)
+
+
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
-            own_namespaces: bool = False, scratch: ScratchMount | None = None) -> dict:
-    # Absolute, because the program's cwd is the work dir.
-    work, outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
-    scratch_dir = os.path.dirname(work)
+            own_namespaces: bool = False, scratch: ScratchMount | None = None,
+            prestarted: Prestarted | None = None) -> dict:
+    """Run the program of the input at args.input: in `prestarted` (a process started for it before it came)
+    when the run starts exactly as that process did, else in a process started now (a cold start)."""
+    paths = ProgramPaths(args)
     scratch = scratch or ScratchMount()
     try:
         spec = load_run_spec(args.input)
         # Before the inputs are laid out there: they count against the caps, as the walk counts them.
-        scratch_capped = scratch.ensure(spec, scratch_dir, own_namespaces)
-        materialise_inputs(spec, args.input, work)
+        scratch_capped = scratch.ensure(spec, paths.scratch, own_namespaces)
+        materialise_inputs(spec, args.input, paths.work)
         stdin_path = None
         if spec["stdinKey"] is not None:
             stdin_path = os.path.join(args.input, spec["stdinKey"])
             if not os.path.isfile(stdin_path):
                 raise InvalidInput(f"input key {spec['stdinKey']!r} is missing")
-    except InvalidInput as exc:
-        return failure_frame(INVALID_INPUT, str(exc))
-    home_dir = os.path.join(scratch_dir, "home")
-    os.makedirs(home_dir, exist_ok=True)
-    os.makedirs(outputs, exist_ok=True)
-    env = child_environment(spec["env"], scratch_dir, home_dir, outputs,
-                            spec["memoryBytes"] if spec["language"] == "javascript" else None)
-    guards = Guards(scratch_dir, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
-                    is_pid1, os.path.abspath(args.input), scratch_capped)
+    except (InvalidInput, SandboxMismatch) as exc:
+        if prestarted is not None:
+            prestarted.discard()
+        return failure_frame(INVALID_INPUT if isinstance(exc, InvalidInput) else RUNNER_ERROR, str(exc))
+    paths.make()
+    env = paths.environment(spec["env"], spec["language"], spec["memoryBytes"])
+    guards = Guards(paths.scratch, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
+                    is_pid1, paths.input, scratch_capped)
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # a session's earlier runs are not this one's
-    try:
-        outcome = run_child(spec["command"], work, env, stdin_path,
-                            spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
-    except OSError as exc:  # e.g. the image lacks the interpreter
-        return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
-    metrics = child_metrics(outcome.wall_seconds, usage_before)
+    outcome, prestart_cpu = None, None
+    if prestarted is not None and fits(prestarted.settings, spec):
+        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"])
+        if prestart_cpu is not None:
+            outcome = supervise_child(prestarted.proc, time.monotonic(), spec["timeoutSeconds"], spec["outputBytes"],
+                                      spec["floodBytes"], is_pid1, guards)
+    elif prestarted is not None:
+        prestarted.discard()
+    if outcome is None:
+        try:
+            outcome = run_child(spec["command"], paths.work, env, stdin_path,
+                                spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
+        except OSError as exc:  # e.g. the image lacks the interpreter
+            return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
+    metrics = child_metrics(outcome.wall_seconds, usage_before, prestart_cpu or 0.0)
     oom_killed = outcome.runner_kill_reason is None and (
         (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
         or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
-    artifacts, skipped, unlisted = collect_artifacts(outputs, spec["artifacts"])
-    return result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
+    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"])
+    frame = result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
+    if prestart_cpu is not None:
+        frame["prestarted"] = True  # the program ran in a process started before its code came
+    return frame
 
 
 DEFAULT_PATHS = {
@@ -91,12 +167,14 @@ DEFAULT_PATHS = {
     "work": "/tmp/work",                            # writable; the program's cwd
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
+    "prestart": "",                                 # a warm or session pod's settings (JSON) to prestart programs by
 }
 USAGE = ("usage: python3 -I /opt/coderun [--input DIR] [--input-stdin | --session] [--work DIR] [--outputs DIR]\n"
-         "                               [--termination-log FILE]\n"
+         "                               [--termination-log FILE] [--prestart JSON]\n"
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
          "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.\n"
-         "--session (a session pod): one run per input document on stdin, a frame each, until stdin ends.")
+         "--session (a session pod): one run per input document on stdin, a frame each, until stdin ends.\n"
+         "--prestart (with either): start each program before its input comes, as these run.json settings say.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
@@ -122,6 +200,17 @@ def parse_args(argv: list[str]) -> types.SimpleNamespace:
         print(f"{USAGE}\ncoderun-runner: --input-stdin and --session are two modes: give one", file=sys.stderr)
         sys.exit(2)
     return types.SimpleNamespace(**paths, **flags)
+
+
+def prestart_settings(args) -> dict | None:
+    """The --prestart settings, or None (none given, or not usable: the runs then start cold, as before)."""
+    if not args.prestart or not (args.input_stdin or args.session):
+        return None
+    try:
+        return parse_settings(args.prestart)
+    except PrestartSettingsError as exc:
+        print(f"coderun-runner: {exc}; every run starts cold", file=sys.stderr)
+        return None
 
 
 def open_termination_log(path: str) -> int | None:
@@ -191,16 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in SHIELDED_SIGNALS:
         signal.signal(getattr(signal, name), lambda number, _frame: None)
     termination_fd = open_termination_log(args.termination_log)
+    sandbox = Sandbox(args, is_pid1, own_namespaces, prestart_settings(args))
     if args.session:
-        serve_session(args, is_pid1, termination_fd, own_namespaces)
+        serve_session(args, termination_fd, sandbox)
         return 0
     nonce, frame = None, None
     if args.input_stdin:
+        sandbox.prestart()  # while the pod waits for its run
         nonce, frame = accept_stdin_input(args.input)
         started_at_millis = int(time.time() * 1000)  # the program's start-up begins now, not at the pod's
     if frame is None:
         try:
-            frame = execute(args, is_pid1, termination_fd, own_namespaces)
+            frame = execute(args, is_pid1, termination_fd, own_namespaces, sandbox.scratch, sandbox.take_prestarted())
         except Exception as exc:  # the frame must still be printed
             frame = failure_frame(RUNNER_ERROR, f"runner failed: {type(exc).__name__}: {exc}")
     frame["startedAtMillis"] = started_at_millis
@@ -228,8 +319,7 @@ def session_key(entries: dict[str, bytes]) -> bytes:
     return bytes.fromhex(key)
 
 
-def session_run(document, args, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
-                scratch: ScratchMount) -> dict:
+def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) -> dict:
     """One run of a session: its keys laid out afresh in the input dir (nothing of the last run's input stays),
     the outputs dir emptied, the work dir as the last run left it, and the program run as a cold run's."""
     if document.error is not None:
@@ -245,7 +335,8 @@ def session_run(document, args, is_pid1: bool, termination_fd: int | None, own_n
     if termination_fd is not None:
         os.ftruncate(termination_fd, 0)  # what an earlier run wrote there was that run's violation, not this one's
     announce_accepted(document.nonce)
-    return execute(args, is_pid1, termination_fd, own_namespaces, scratch)
+    return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
+                   sandbox.take_prestarted())
 
 
 def killed_unasked(frame: dict) -> bool:
@@ -253,23 +344,24 @@ def killed_unasked(frame: dict) -> bool:
     return frame.get("reason") == SIGNALED and frame.get("signal") == signal.SIGKILL and not frame.get("oomKilled")
 
 
-def serve_session(args, is_pid1: bool, termination_fd: int | None, own_namespaces: bool) -> None:
+def serve_session(args, termination_fd: int | None, sandbox: Sandbox) -> None:
     """--session: a run per document on stdin (session.SessionInputs), each answered by a frame with its own
     nonce, until the stream ends. The first document carries the session's key; every later one must carry its
     MAC. Every process a run left is killed before its frame, so none is alive when the next run starts, and
     none can print into a later run's output. The termination log gets the last frame's summary at the end
     (emptied before each run: a program that writes it breaks the sandbox's rule in its own run, as cold)."""
     inputs = SessionInputs(sys.stdin.buffer)
-    scratch = ScratchMount()
+    is_pid1 = sandbox.is_pid1
     frame_json, frame = None, None
     try:
+        sandbox.prestart()
         for document in inputs:
             started_at_millis = int(time.time() * 1000)
             first = inputs.key is None
             try:
                 if first and document.error is None:
                     inputs.key = session_key(document.entries)
-                frame = session_run(document, args, is_pid1, termination_fd, own_namespaces, scratch)
+                frame = session_run(document, args, termination_fd, sandbox)
             except InvalidInput as exc:
                 frame = failure_frame(INVALID_INPUT, str(exc))
             except Exception as exc:  # the frame must still be printed
@@ -285,6 +377,7 @@ def serve_session(args, is_pid1: bool, termination_fd: int | None, own_namespace
                 # cgroupfs keeps no OOM count to read here). The container's end is what says so (OOMKilled, as
                 # for a cold run), and a sandbox under that pressure cannot be vouched for: the session ends.
                 return
+            sandbox.prestart()  # the next run's program, started while the session waits for it
     except InputIncomplete as exc:  # the stream broke: nothing after could be read in step
         frame = failure_frame(INPUT_INCOMPLETE, str(exc))
         frame_json = print_frame(frame, is_pid1)

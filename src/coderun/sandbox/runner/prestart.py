@@ -1,0 +1,149 @@
+"""A program's process started before its code arrives: the runner's side of prestarted.py.
+
+A warm pod starts one as it boots, a session as each run ends, so a run pays neither Python's start under gVisor
+(~110 ms) nor its common imports (pandas: ~750 ms). It is started as the program itself would be, by the same
+Popen and preexec (the program's namespaces, rlimits and syscall filter), with the environment every run gets,
+and waits on a socketpair for the run's word. The settings it was started with come from the operator
+(`--prestart JSON`: the pod's language, command, code file and limits); a run whose spec differs in anything its
+start depends on (another command, a startup variable such as PYTHONPATH in its env) gives it up and starts cold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import time
+
+from .inputs import InvalidInput, parse_run_spec
+from .limits import Guards
+from .processes import kill_all_other_processes, kill_process_group
+from .prestarted import FD_VARIABLE, MODULES_VARIABLE
+
+# What the runner's package root is: /opt/coderun in the images (the program imports prestarted from there).
+RUNNER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+BOOTSTRAP = ("import sys; sys.path.insert(0, {root!r}); "
+             "from coderun.sandbox.runner.prestarted import main; main({root!r})")
+# Modules imported before the code arrives, each only where the pod's memory leaves the program room for it: a
+# preloaded module's pages count against the pod's limit whether or not the program imports it, and a program
+# that fits cold must fit here too. (numpy ~25 MiB, and pandas ~60 MiB more, resident under gVisor.)
+PRELOADS = (("numpy", 256 * 1048576), ("pandas", 512 * 1048576))
+# Environment variables an interpreter (or a preloaded module, or the dynamic loader) reads as it starts: a run
+# that sets one starts cold, since the prestarted process read the run-less value.
+STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "MALLOC_", "GLIBC_TUNABLES",
+                     "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "PANDAS")
+# The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
+# bounded, and the run then starts cold.
+ANSWER_SECONDS = 20.0
+SETTINGS_KEYS = ("language", "command", "codeFile", "diskBytes", "maxInodes", "maxProcesses", "memoryBytes",
+                 "scratchTmpfs")
+
+
+class PrestartSettingsError(ValueError):
+    pass
+
+
+def parse_settings(text: str) -> dict:
+    """The operator's `--prestart` JSON: a run.json without a program (what the pod's runs share), checked and
+    filled in as a run's own run.json is, so the two compare key by key (`fits`)."""
+    try:
+        return parse_run_spec(json.loads(text))
+    except (ValueError, InvalidInput) as exc:
+        raise PrestartSettingsError(f"--prestart: {exc}") from None
+
+
+def can_prestart(settings: dict) -> bool:
+    """Python run as `python3 -u FILE.py`, the one command whose start this can stand in for."""
+    command = settings.get("command")
+    return (settings.get("language") == "python" and isinstance(command, list) and len(command) == 3
+            and command[0] in ("python3", "python") and command[1] == "-u" and command[2] == settings["codeFile"]
+            and str(settings["codeFile"]).endswith(".py"))
+
+
+def preloads_for(memory_bytes: int | None) -> list[str]:
+    return [name for name, needs in PRELOADS if memory_bytes is not None and memory_bytes >= needs]
+
+
+def fits(settings: dict, spec: dict) -> bool:
+    """Whether a run of `spec` would start exactly as the process prestarted with `settings` did."""
+    return (all(spec.get(key) == settings[key] for key in SETTINGS_KEYS)
+            and not any(name.startswith(STARTUP_VARIABLES) for name in spec.get("env", {})))
+
+
+def user_site_exists(home_dir: str) -> bool:
+    """A session run may have installed packages (or a .pth file) under the home dir: an interpreter started now
+    would run them outside any run's deadline. A cold start runs them inside the next run's."""
+    return os.path.lexists(os.path.join(home_dir, ".local"))
+
+
+class Prestarted:
+    """One program process, started and waiting: `take(env, stdin_path)` hands it the run (the Popen and the CPU it
+    spent before the run), `discard()` ends it."""
+
+    def __init__(self, settings: dict, proc: subprocess.Popen, channel: socket.socket):
+        self.settings, self.proc, self.channel = settings, proc, channel
+
+    @classmethod
+    def start(cls, settings: dict, work_dir: str, base_env: dict, guards: Guards) -> "Prestarted | None":
+        if not can_prestart(settings) or user_site_exists(base_env["HOME"]):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno()),
+                                MODULES_VARIABLE: ",".join(preloads_for(settings["memoryBytes"]))})
+        command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
+        try:
+            proc = subprocess.Popen(command, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                    close_fds=True, pass_fds=(theirs.fileno(),), preexec_fn=guards.child_limits)
+        except OSError:
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return cls(settings, proc, ours)
+
+    def take(self, env: dict, stdin_path: str | None, code_file: str) -> float | None:
+        """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time (it is
+        discarded then, and the run starts cold)."""
+        self.channel.settimeout(ANSWER_SECONDS)  # a process still importing reads the word only when done
+        try:
+            word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
+            if stdin_path is not None:
+                with open(stdin_path, "rb") as stdin:
+                    socket.send_fds(self.channel, [word], [stdin.fileno()])
+            else:
+                self.channel.sendall(word)
+            answer = self._answer(time.monotonic() + ANSWER_SECONDS)
+        except OSError:
+            answer = None
+        self.channel.close()
+        if answer is None:
+            self.discard()
+        return answer
+
+    def _answer(self, give_up: float) -> float | None:
+        received = b""
+        while not received.endswith(b"\n") and len(received) < 64:
+            if not select.select([self.channel], [], [], max(give_up - time.monotonic(), 0))[0]:
+                return None
+            data = self.channel.recv(64)
+            if not data:
+                return None
+            received += data
+        try:
+            return max(float(received), 0.0)
+        except ValueError:
+            return None
+
+    def discard(self) -> None:
+        """End it and everything of its namespace (as PID 1: what the preexec made for it)."""
+        self.channel.close()
+        kill_process_group(self.proc.pid)
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        if os.getpid() == 1:
+            kill_all_other_processes()
+

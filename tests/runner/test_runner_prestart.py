@@ -1,0 +1,149 @@
+"""A program run in a process started before its code came (a warm or session pod's `--prestart`) sees and ends
+exactly as the same program started cold: argv, __file__, __name__, the path, tracebacks and the error's line,
+exit codes and signals, stdin, atexit and threads, its fds; a run that sets a variable the interpreter reads at
+start starts cold; and a process that never answers is given up for a cold start."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from coderun.sandbox.runner import prestart
+from runner_harness import SESSION_KEY, lay_out_runner, run_entries, runner_in, session_stream
+
+NONCE = "0123456789abcdef" * 4
+
+PROGRAMS = {
+    "view": "import json, os, sys\n"
+            "print(json.dumps({'argv': sys.argv, 'name': __name__, 'file': os.path.basename(__file__),\n"
+            "    'path0': sys.path[0] == os.getcwd(), 'orig': sys.orig_argv[1:], 'cwd': os.path.basename(os.getcwd()),\n"
+            "    'env': sorted(os.environ), 'fds': sorted(os.listdir('/proc/self/fd')),\n"
+            "    'coderun': [m for m in sys.modules if m.startswith('coderun')],\n"
+            "    'main': sys.modules['__main__'].__dict__ is globals(), 'builtins': type(__builtins__).__name__,\n"
+            "    'stdin': sys.stdin.read()}))\n",
+    "traceback": "def f():\n    raise ValueError('bad value')\n\nf()\n",
+    "exit-3": "import sys\nprint('before')\nsys.exit(3)\n",
+    "exit-message": "raise SystemExit('a message')\n",
+    "keyboard-interrupt": "raise KeyboardInterrupt\n",
+    "os-exit": "import os\nprint('kept', flush=True)\nos._exit(7)\n",
+    "atexit-and-thread": "import atexit, threading, time\natexit.register(lambda: print('atexit ran'))\n"
+                         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n",
+    "syntax-error": "x = (\n",
+    "excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hooked', t.__name__)\n1/0\n",
+}
+# What may differ: how long, that it ran prestarted, and the digests of output that names its own tmp dir (the
+# output itself is compared, with that dir replaced).
+NOT_THE_PROGRAMS = ("metrics", "startedAtMillis", "prestarted", "stdoutSha256", "stderrSha256")
+
+
+def comparable(frame: dict, base: str) -> dict:
+    return {k: (v.replace(base, "<base>") if isinstance(v, str) else v)
+            for k, v in frame.items() if k not in NOT_THE_PROGRAMS}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_a_prestarted_program_ends_as_the_same_program_cold(tmp_path, name):
+    frames = {}
+    for mode, directory in (("cold", "a"), ("prestarted", "b")):  # paths of one length: byte counts compare
+        (tmp_path / directory).mkdir()
+        run = runner_in(tmp_path / directory)(PROGRAMS[name], stdin=b"from stdin", warm_nonce=NONCE,
+                                              prestart=mode == "prestarted")
+        frames[mode] = comparable(run.frame, str(tmp_path / directory))
+        assert run.frame.get("prestarted", False) is (mode == "prestarted"), run.frame
+    assert frames["prestarted"] == frames["cold"]
+    if name == "view":
+        view = json.loads(frames["prestarted"]["stdout"])
+        assert view["coderun"] == [] and view["argv"] == ["main.py"] and view["orig"] == ["-u", "main.py"]
+        assert view["fds"] == ["0", "1", "2", "3"] and view["stdin"] == "from stdin", view  # 3: listdir's own
+
+
+def test_a_run_that_sets_a_startup_variable_starts_cold_and_sees_it(run_runner):
+    run = run_runner("import sys\nprint(sys.path[1])", warm_nonce=NONCE, prestart=True,
+                     env={"PYTHONPATH": "/from/the/run"})
+    assert run.frame["stdout"] == "/from/the/run\n" and "prestarted" not in run.frame
+
+
+def test_the_cpu_of_the_start_is_not_the_programs(run_runner):
+    run = run_runner("print(1)", warm_nonce=NONCE, prestart=True)
+    assert run.frame["prestarted"] is True
+    # The start (interpreter and bootstrap) took tens of ms of CPU; the program's print takes next to none.
+    assert run.frame["metrics"]["cpuMillis"] < 15, run.frame["metrics"]
+
+
+def session_runs(tmp_path, documents, wrapper=()):
+    root = tmp_path / "opt-coderun"
+    lay_out_runner(root)
+    settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
+    scratch = tmp_path / "scratch"
+    proc = subprocess.run(
+        [*wrapper, sys.executable, "-I", str(root), "--session", "--input", str(tmp_path / "input"),
+         "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
+         "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings)],
+        input=session_stream(documents, SESSION_KEY), capture_output=True, timeout=60)
+    return [json.loads(line.split(b" ", 1)[1]) for line in proc.stdout.splitlines()
+            if line.startswith(b"CODERUN-RESULT-V1 ")]
+
+
+def test_each_session_run_is_prestarted_and_a_home_an_earlier_run_filled_makes_the_next_cold(tmp_path):
+    (tmp_path / "log").write_text("")
+    codes = ["open('kept.txt', 'w').write('from run 1'); x = 1",
+             "print(open('kept.txt').read()); print('x' in globals())",
+             "import os; os.makedirs(os.path.expanduser('~/.local/lib'))",
+             "print('after a .local')"]
+    documents = [(f"{i:032x}", run_entries(code)) for i, code in enumerate(codes)]
+    frames = session_runs(tmp_path, documents)
+    assert [f["reason"] for f in frames] == ["Completed"] * 4
+    assert frames[1]["stdout"] == "from run 1\nFalse\n"  # files persist, variables do not (keepState false)
+    # Packages (or a .pth) under ~/.local would run at an interpreter's start, outside any run's deadline.
+    assert [f.get("prestarted", False) for f in frames] == [True, True, True, False]
+
+
+def test_as_pid1_a_prestarted_run_is_confined_and_leaves_nothing_behind(tmp_path, as_pid1):
+    (tmp_path / "log").write_text("")
+    leave = "import subprocess\nsubprocess.Popen(['sleep', '300'])\nimport os\nprint(os.getpid())"
+    count = "import os\nprint(sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    documents = [(f"{i:032x}", run_entries(code)) for i, code in enumerate((leave, count))]
+    frames = session_runs(tmp_path, documents, wrapper=as_pid1)
+    assert [f.get("prestarted", False) for f in frames] == [True, True]
+    # Its own PID namespace (the program is PID 2 under an init of ours), and the last run's sleep is gone.
+    assert frames[0]["stdout"] == "2\n" and frames[1]["stdout"] == "['1', '2']\n", frames
+
+
+def test_a_prestarted_process_that_never_answers_is_given_up(monkeypatch):
+    monkeypatch.setattr(prestart, "ANSWER_SECONDS", 0.3)
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    ours, theirs = socket.socketpair()
+    started = time.monotonic()
+    try:
+        answer = prestart.Prestarted({}, silent, ours).take({"PATH": "/bin"}, None, "main.py")
+    finally:
+        theirs.close()
+    assert answer is None and silent.poll() is not None and time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"language": "python", "command": ["python3", "-u", "main.py"], "codeFile": "main.py"}, True),
+    ({"language": "python", "command": ["python3", "main.py"], "codeFile": "main.py"}, False),
+    ({"language": "python", "command": ["python3", "-u", "app.py"], "codeFile": "main.py"}, False),
+    ({"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}, False),
+])
+def test_only_the_python_command_it_stands_in_for_is_prestarted(settings, expected):
+    assert prestart.can_prestart(settings) is expected
+
+
+def test_the_preloads_follow_the_memory_the_program_has():
+    assert prestart.preloads_for(None) == [] and prestart.preloads_for(128 << 20) == []
+    assert prestart.preloads_for(256 << 20) == ["numpy"] and prestart.preloads_for(1 << 30) == ["numpy", "pandas"]
+
+
+def test_bad_settings_say_what_is_wrong():
+    with pytest.raises(prestart.PrestartSettingsError, match="command"):
+        prestart.parse_settings(json.dumps({"version": 1, "timeoutSeconds": 5}))
+    with pytest.raises(prestart.PrestartSettingsError, match="not valid JSON|Expecting"):
+        prestart.parse_settings("{")

@@ -1,0 +1,22 @@
+"""What a pool or session pod's `--prestart` argument must be: settings the runner takes, under which the runs the
+operator then sends it start in the prestarted process (prestart.fits), not cold."""
+import json
+
+from coderun.api.models import CodeRunSpec
+from coderun.sandbox.runner.inputs import parse_run_spec
+from coderun.sandbox.runner.prestart import can_prestart, fits, parse_settings
+from coderun_operator.builders import build_input_configmap
+from coderun_operator.policy import Decision
+
+
+def assert_prestarts_as_the_decision_runs(argument: str, decision: Decision) -> None:
+    option, _, text = argument.partition("=")
+    assert option == "--prestart"
+    settings = parse_settings(text)
+    assert can_prestart(settings) == (decision.runtime.language == "python")
+    spec = CodeRunSpec.model_validate({"language": decision.runtime.language, "code": "print(1)", "stdin": "x"})
+    run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
+    run_json = json.loads(build_input_configmap(run, spec, decision)["data"]["run.json"])
+    assert fits(settings, parse_run_spec(run_json))
+    # A run that sets a variable the interpreter reads as it starts cannot use it.
+    assert not fits(settings, parse_run_spec({**run_json, "env": {"PYTHONPATH": "/x"}}))
