@@ -271,3 +271,34 @@ def test_a_run_cannot_forge_the_next_runs_result_nor_leave_a_process_to_do_it(op
         (process,) = later["audit"]["processes"]
         assert process["argv"][:3] == ["python3", "-u", "-c"] and process["startedBeforeRun"] is True, process
         assert process["exitCode"] == 0, process
+
+
+def test_a_keep_state_session_keeps_variables_its_runs_keep_their_own_output_and_a_hang_keeps_the_session(
+        operator, namespace):
+    """keepState: true, created with kubectl as the README writes it: one interpreter for the session's runs.
+    Variables, imports and functions persist; each run's output, error and line are its own; a run that hangs
+    ends at its timeout and the next still has the session's variables; one that cannot be interrupted ends the
+    session InterpreterLost, and a later run is refused saying so."""
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, keepState=True)
+    wait_session(operator, namespace, session)
+    load = run_in(operator, namespace, session, "import json\nrows = json.load(open('rows.json'))\nprint(len(rows))",
+                  files=[{"path": "rows.json", "content": "[3, 4, 5]"}])
+    assert (load["phase"], load["stdout"], load["metrics"]["interpreterPrestarted"]) == ("Succeeded", "3\n", True)
+    total = run_in(operator, namespace, session, "def total():\n    return sum(rows)\nprint(total(), json.dumps(1))")
+    assert (total["phase"], total["stdout"]) == ("Succeeded", "12 1\n"), total
+    broken = run_in(operator, namespace, session, "x = total()\n\nraise KeyError(x)\n")
+    assert (broken["reason"], broken["error"]["type"], broken["error"]["line"]) == ("NonZeroExit", "KeyError", 3)
+    assert broken["stdout"] == "" and "12" not in (broken["stdout"] or ""), broken
+    hung = run_in(operator, namespace, session, "import time\nprint('waiting', flush=True)\ntime.sleep(600)",
+                  limits={"timeoutSeconds": 2})
+    assert (hung["reason"], hung["stdout"]) == ("Timeout", "waiting\n"), hung
+    after = run_in(operator, namespace, session, "print(x, total())")
+    assert (after["phase"], after["stdout"]) == ("Succeeded", "12 12\n"), after
+    stuck = run_in(operator, namespace, session, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                   "while True:\n    pass", limits={"timeoutSeconds": 2})
+    assert stuck["reason"] == "Timeout" and "interpreter was lost" in stuck["message"], stuck
+    ended = wait_session(operator, namespace, session, "Ended", timeout=60)
+    assert ended["reason"] == "InterpreterLost" and "did not stop" in ended["message"], ended
+    refused = refused_at_apply(operator, namespace, session)
+    assert "has ended" in refused and "InterpreterLost" in refused, refused

@@ -123,11 +123,12 @@ class AuditAgent:
         if s.create_key:
             ensure_key(self.api, s.namespace, s.key_secret, KEY_ENTRY, "audit agent key")
 
-    def ask(self, pod: Mapping[str, Any], since: int) -> AgentAnswer | str:
+    def ask(self, pod: Mapping[str, Any], since: int, wait: bool = True) -> AgentAnswer | str:
         """The agent's answer for the run's container, or why there is none (a sentence naming what to check),
-        within the deadline whatever the agent and the API server do."""
+        within the deadline whatever the agent and the API server do. `wait`: for the record to be complete (the
+        program's processes seen ending); without, what the agent has now."""
         deadline = self._clock() + self.settings.deadline_seconds
-        future = self._pool.submit(self._ask, pod, since, deadline)
+        future = self._pool.submit(self._ask, pod, since, deadline, wait)
         try:
             return future.result(timeout=self.settings.deadline_seconds + LATE_SECONDS)
         except FutureTimeout:
@@ -138,7 +139,7 @@ class AuditAgent:
         log.warning("pod %s: %s", pod["metadata"]["name"], why)
         return why
 
-    def _ask(self, pod: Mapping[str, Any], since: int, deadline: float) -> AgentAnswer | str:
+    def _ask(self, pod: Mapping[str, Any], since: int, deadline: float, wait_complete: bool = True) -> AgentAnswer | str:
         name, node = pod["metadata"]["name"], (pod.get("spec") or {}).get("nodeName")
         container = container_id(pod)
         if not node or not container:
@@ -155,7 +156,7 @@ class AuditAgent:
         if len(key) < MIN_KEY_BYTES:
             return self._unavailable(name, f"the audit key Secret {s.namespace}/{s.key_secret} has no entry "
                                            f"{KEY_ENTRY!r} of {MIN_KEY_BYTES} bytes or more")
-        wait = max(0, min(s.wait_millis, int((deadline - self._clock()) * 1000) - 200))
+        wait = max(0, min(s.wait_millis, int((deadline - self._clock()) * 1000) - 200)) if wait_complete else 0
         url = f"http://{address}/v1/containers/{container}?since={since}&wait={wait}"
         try:
             status, body, _ = self._transport("GET", url, agent_bearer(key), None, deadline)

@@ -182,11 +182,12 @@ def assert_nothing_after_the_frame(run) -> None:
 SESSION_KEY = bytes(range(32))
 
 
-def session_stream(documents: list[tuple[str, dict[str, bytes]]], key: bytes = SESSION_KEY) -> bytes:
+def session_stream(documents: list[tuple[str, dict[str, bytes]]], key: bytes = SESSION_KEY,
+                   keep_state: bool = False) -> bytes:
     """A session pod's stdin for these (nonce, ConfigMap keys) runs: the first document carries the session's
-    settings (its key, keepState false), every later one the MAC of its sequence number and body."""
+    settings (its key, keepState), every later one the MAC of its sequence number and body."""
     (nonce, entries), rest = documents[0], documents[1:]
-    settings = json.dumps({"key": key.hex(), "keepState": False}).encode()
+    settings = json.dumps({"key": key.hex(), "keepState": keep_state}).encode()
     return warm_document({**entries, "session.json": settings}, nonce) + b"".join(
         signed_document(sequence, nonce, entries, key) for sequence, (nonce, entries) in enumerate(rest, 1))
 

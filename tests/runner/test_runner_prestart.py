@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from coderun.sandbox.runner import prestart
+from coderun.sandbox.runner import prestart, protocol
 from runner_harness import SESSION_KEY, lay_out_runner, run_entries, runner_in, session_stream
 
 NONCE = "0123456789abcdef" * 4
@@ -75,16 +75,20 @@ def test_the_cpu_of_the_start_is_not_the_programs(run_runner):
     assert run.frame["metrics"]["cpuMillis"] < 15, run.frame["metrics"]
 
 
-def session_runs(tmp_path, documents, wrapper=()):
+def session_runs(tmp_path, documents, wrapper=(), keep_state=False):
+    """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents."""
     root = tmp_path / "opt-coderun"
-    lay_out_runner(root)
+    if not root.exists():
+        lay_out_runner(root)
+    (tmp_path / "log").write_text("")
     settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
     scratch = tmp_path / "scratch"
     proc = subprocess.run(
         [*wrapper, sys.executable, "-I", str(root), "--session", "--input", str(tmp_path / "input"),
          "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
-         "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings)],
-        input=session_stream(documents, SESSION_KEY), capture_output=True, timeout=60)
+         "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings),
+         *(["--keep-state"] if keep_state else [])],
+        input=session_stream(documents, SESSION_KEY, keep_state), capture_output=True, timeout=60)
     return [json.loads(line.split(b" ", 1)[1]) for line in proc.stdout.splitlines()
             if line.startswith(b"CODERUN-RESULT-V1 ")]
 
@@ -134,7 +138,7 @@ def test_a_prestarted_process_that_never_answers_is_given_up(monkeypatch):
     ({"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}, False),
 ])
 def test_only_the_python_command_it_stands_in_for_is_prestarted(settings, expected):
-    assert prestart.can_prestart(settings) is expected
+    assert protocol.can_prestart(settings) is expected
 
 
 def test_the_preloads_follow_the_memory_the_program_has():
@@ -147,3 +151,16 @@ def test_bad_settings_say_what_is_wrong():
         prestart.parse_settings(json.dumps({"version": 1, "timeoutSeconds": 5}))
     with pytest.raises(prestart.PrestartSettingsError, match="not valid JSON|Expecting"):
         prestart.parse_settings("{")
+
+
+def test_files_an_earlier_run_left_never_run_before_the_next_run_and_shadow_as_cold(tmp_path):
+    """A session's run leaves resource.py (which the prestart's own imports would have found first on `-c`'s path)
+    and json.py (which a cold start's `import json` finds in the work dir): the next run's process runs neither
+    before its run, and a run whose files stand for a module already imported starts cold to see its own."""
+    plant = ("open('resource.py', 'w').write('print(\"INJECTED\")')\n"
+             "open('json.py', 'w').write('X = \"the run\\'s own json\"')\n")
+    documents = [(f"{i:032x}", run_entries(code)) for i, code in enumerate(
+        (plant, "import json\nprint(json.X)", "print('after')"))]
+    frames = session_runs(tmp_path, documents)
+    assert [f["stdout"] for f in frames] == ["", "the run's own json\n", "after\n"], frames
+    assert "prestarted" not in frames[1]  # json.py shadows the json the prestart imported: it started cold

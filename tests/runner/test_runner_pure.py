@@ -172,7 +172,7 @@ def test_encode_frame_is_compact_ascii():
 
 def test_parse_args_defaults_and_both_forms():
     assert vars(parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work", "input_stdin": False,
-                                           "session": False, "outputs": "/tmp/outputs",
+                                           "session": False, "keep_state": False, "outputs": "/tmp/outputs",
                                            "termination_log": "/dev/termination-log", "prestart": ""}
     args = parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")

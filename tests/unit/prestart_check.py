@@ -4,7 +4,8 @@ import json
 
 from coderun.api.models import CodeRunSpec
 from coderun.sandbox.runner.inputs import parse_run_spec
-from coderun.sandbox.runner.prestart import can_prestart, fits, parse_settings
+from coderun.sandbox.runner.prestart import fits, parse_settings
+from coderun.sandbox.runner.protocol import can_prestart
 from coderun_operator.builders import build_input_configmap
 from coderun_operator.policy import Decision
 

@@ -154,6 +154,17 @@ def test_the_agent_on_the_pod_s_node_is_asked_for_the_run_container(api):
     assert query["since"] == ["0"] and 0 < int(query["wait"][0]) <= 500
 
 
+def test_a_keep_state_sessions_run_does_not_wait_for_a_record_its_interpreter_never_completes(api):
+    """Its interpreter outlives the run, so its processes are never seen ending: the agent answers at once."""
+    from coderun_operator.controller.audit import ask_agent
+    transport = Agent()
+    pod = sandbox_pod()
+    pod["spec"]["containers"] = [{"name": "run", "command": ["python3", "-I", "/opt/coderun", "--session",
+                                                             "--keep-state"]}]
+    assert ask_agent(AuditAgent(api, SETTINGS, transport), {"status": {}}, pod) == AgentAnswer(SUMMARY, RECORD, 3)
+    assert parse_qs(urlsplit(transport.asked[0]).query)["wait"] == ["0"]
+
+
 @pytest.mark.parametrize("change, says", [
     (lambda api, agent: api.objects.pop(("Pod", AGENT_NS, "agent-a")), "no ready audit agent on node node-1"),
     (lambda api, agent: api.objects[("Pod", AGENT_NS, "agent-a")].update(agent_pod(ready=False)),

@@ -348,3 +348,30 @@ def test_execve_calls_without_an_errno_count_as_failed_unless_the_exec_follows()
     sandbox.exit(15).exit(PROGRAM).exit(NS_INIT).exit(HELPER).task_exit(RUNNER)
     audit = sandbox.summary()
     assert audit["counts"]["failedExecs"] == 3, audit["counts"]
+
+
+def test_the_next_runs_interpreter_started_as_this_run_ended_is_not_this_runs():
+    """A session's runner prestarts the next run's interpreter the moment a run's program ends: asked about the run
+    after that, the agent lists the run's own program, complete, and not the next one's interpreter (alive)."""
+    sandbox = Sandbox().start()
+    since = sandbox.now + 1
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM)
+    sandbox.execve(PROGRAM, ["python3", "-u", "main.py"]).exit(PROGRAM)
+    following = PROGRAM + 10
+    bootstrap = ["python3", "-u", "-c", "import sys; from coderun.sandbox.runner.prestarted import main"]
+    sandbox.clone(NS_INIT, following).execve(following, bootstrap)
+    audit = sandbox.summary(since_ns=since)
+    assert audit["processes"] == [{"argv": ["python3", "-u", "main.py"], "exitCode": 0}] and audit["complete"]
+
+
+def test_a_process_the_program_starts_with_the_bootstrap_argv_is_still_the_programs():
+    """Only the runner's side starts interpreters: a program cannot hide a child by giving it that command line."""
+    sandbox = Sandbox().start()
+    since = sandbox.now + 1
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM)
+    sandbox.execve(PROGRAM, ["python3", "-u", "main.py"])
+    disguised = PROGRAM + 20
+    bootstrap = ["python3", "-u", "-c", "import sys; from coderun.sandbox.runner.prestarted import main"]
+    sandbox.clone(PROGRAM, disguised).exit(PROGRAM).execve(disguised, bootstrap)
+    audit = sandbox.summary(since_ns=since)
+    assert [p["argv"] for p in audit["processes"]] == [["python3", "-u", "main.py"], bootstrap], audit

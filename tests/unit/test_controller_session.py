@@ -115,7 +115,7 @@ def test_the_session_pod_is_the_sandbox_pod_with_an_open_stdin_owned_by_the_sess
     assert container["resources"]["limits"]["memory"] == "576Mi"  # 512Mi and the 64Mi /tmp
 
 
-def test_the_policy_decides_sessions_caps_and_refuses_keep_state():
+def test_the_policy_decides_sessions_caps_and_keep_state():
     off = session_verdict(CodeRunSessionSpec(language="python"), DEFAULT_POLICY, 0)
     assert off.reason == "PolicyDenied" and off.rule == "sessions.allowed"
     policy = dataclasses.replace(DEFAULT_POLICY, sessions=Sessions(allowed=True, max_sessions=1,
@@ -125,7 +125,13 @@ def test_the_policy_decides_sessions_caps_and_refuses_keep_state():
     assert (capped.max_lifetime_seconds, capped.idle_timeout_seconds) == (600, 1800)
     assert session_verdict(CodeRunSessionSpec(language="python"), policy, 1).rule == "sessions.maxSessions"
     keep = session_verdict(CodeRunSessionSpec(language="python", keepState=True), policy, 0)
-    assert keep.reason == "StartFailed" and "not supported" in keep.message
+    assert keep.decision.runtime.language == "python"  # allowed: the runner holds one interpreter for it
+    # Node has no interpreter the runner can hold: refused, saying what to change.
+    keep_js = session_verdict(CodeRunSessionSpec(language="javascript", keepState=True), policy, 0)
+    assert keep_js.reason == "StartFailed" and "keepState: false" in keep_js.message, keep_js
+    no_keep = dataclasses.replace(policy, sessions=policy.sessions.model_copy(update={"allow_keep_state": False}))
+    assert session_verdict(CodeRunSessionSpec(language="python", keepState=True), no_keep, 0).rule == \
+        "sessions.allowKeepState"
     run = run_in_session(CodeRunSpec(language="python", code="x", session="s1", limits={"timeoutSeconds": 9}),
                          capped.decision.limits, policy)
     assert isinstance(run, Decision) and run.limits.timeout_seconds == 9 and run.limits.memory == "256Mi"
@@ -264,12 +270,32 @@ def test_a_run_of_another_language_or_no_session_is_refused(env):
     assert api.run(NS, "lost")["status"]["reason"] == "SessionNotFound"
 
 
-def test_a_keep_state_session_is_refused_until_the_runner_supports_it(env):
+def test_a_keep_state_session_holds_one_interpreter_and_ends_when_a_run_loses_it(env):
+    """Its runner is told to keep one interpreter (--keep-state, and keepState true in the first document); a run
+    whose frame says the interpreter was lost (it hung past the interrupt) keeps its own status, saying so, and
+    the session ends InterpreterLost."""
     api, _, ctl = env
-    ctl.on_session(api.add_session(make_session(keepState=True)), deleted=False)
-    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
-    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed") and "not supported" in status["message"]
-    assert ("Pod", NS, POD) not in api.objects
+    start_session(env, keepState=True)
+    assert api.objects[("Pod", NS, POD)]["spec"]["containers"][0]["command"][-1] == "--keep-state"
+    _, answer = runner(api)
+    settings = []
+
+    def lost(document: bytes) -> bytes:
+        settings.append(json.loads(json.loads(document.split(b"\n", 1)[1])["data"]["session.json"]))
+        stream = answer(document).decode()
+        head, _, frame = stream.partition("CODERUN-RESULT-V1 ")
+        frame = {**json.loads(frame), "reason": "Timeout", "exitCode": None, "signal": None,
+                 "interpreterLost": "the interpreter did not stop within 2 s of the interrupt"}
+        return f"{head}CODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
+    api.attach_answers[POD] = lost
+    ctl.on_run(api.add_run(session_run("hang", "uid-1")), deleted=False)
+    settle()
+    assert settings[0]["keepState"] is True
+    status = api.run(NS, "hang")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Timeout") and "interpreter was lost" in status["message"]
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["reason"]) == ("Ended", "InterpreterLost") and "did not stop" in \
+        session["message"], session
 
 
 @pytest.mark.parametrize("container_reason, run_reason", [("OOMKilled", "OOMKilled"), ("Completed", "Signaled")])

@@ -18,6 +18,7 @@ from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _egre
 
 # The runner reads one document per run on stdin for as long as the session lives (runner main.serve_session).
 SESSION_RUNNER_COMMAND = (*RUNNER, "--session")
+KEEP_STATE_FLAG = "--keep-state"  # the runner holds one interpreter for all the session's runs (runner kernel.py)
 
 
 def session_labels(session: Mapping[str, Any]) -> dict[str, str]:
@@ -42,7 +43,8 @@ def build_session_pod(session: Mapping[str, Any], decision: Decision, lifetime_s
     metadata = {"name": session_pod_name(session), "namespace": meta["namespace"], "labels": session_labels(session),
                 "annotations": {ANNOTATION_POLICY: decision.policy.name},
                 "ownerReferences": [owner_reference(session, SESSION_KIND)]}
-    pod = _sandbox_pod(metadata, decision, [*SESSION_RUNNER_COMMAND, prestart_argument(decision)],
+    keep_state = [KEEP_STATE_FLAG] if (session.get("spec") or {}).get("keepState") else []
+    pod = _sandbox_pod(metadata, decision, [*SESSION_RUNNER_COMMAND, prestart_argument(decision), *keep_state],
                        lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS,
                        {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": False})
@@ -64,14 +66,15 @@ def build_session_network_policy(session: Mapping[str, Any], egress: Sequence[Eg
                      "policyTypes": ["Ingress", "Egress"], "ingress": [], "egress": _egress_routes(egress, proxy)}}
 
 
-def session_document(configmap: Mapping[str, Any], nonce: str, key: bytes, sequence: int) -> bytes:
+def session_document(configmap: Mapping[str, Any], nonce: str, key: bytes, sequence: int,
+                     keep_state: bool = False) -> bytes:
     """One run's document for the session's runner (runner/session.py): the first (`sequence` 0) carries the
     session's key in session.json and no MAC (the runner has no key yet); every later one carries, on its length
     line, its sequence number and the MAC under that key of that number and its body, so no other client of the
     pod's stdin can run, replay or reorder a document (the runner takes only numbers past the last it read)."""
     if sequence == 0:
         body = input_document(configmap, nonce, {SESSION_SETTINGS_KEY: json.dumps({"key": key.hex(),
-                                                                                   "keepState": False})})
+                                                                                   "keepState": keep_state})})
         return b"%d\n" % len(body) + body
     body = input_document(configmap, nonce)
     return b"%d %d %s\n" % (len(body), sequence, session_document_mac(key, sequence, body).encode()) + body

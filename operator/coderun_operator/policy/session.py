@@ -9,6 +9,7 @@ from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec, Limits, ResourceLimits
 from coderun.api.policy import Decision, Denial, Policy
 from coderun.api.reasons import SessionReason
+from coderun.sandbox.runner.protocol import can_prestart
 from .evaluate import effective_limits, evaluate
 
 # What a session's own limits are; a run in it may set only timeoutSeconds and outputBytes (CEL says so at apply).
@@ -26,7 +27,7 @@ class SessionDecision:
 
 def session_verdict(spec: CodeRunSessionSpec, policy: Policy, alive: int) -> SessionDecision | Denial:
     """`policy`: the one the session selects (policy.evaluate.select_policy); `alive`: the namespace's other live
-    sessions of that policy. Caps are applied, not refused; keepState is refused while the operator cannot run it."""
+    sessions of that policy. Caps are applied, not refused."""
     sessions = policy.sessions
     if sessions is None or not sessions.allowed:
         return _denied("sessions.allowed", f"policy {policy.name!r} does not allow sessions (spec.sessions.allowed); "
@@ -34,10 +35,6 @@ def session_verdict(spec: CodeRunSessionSpec, policy: Policy, alive: int) -> Ses
     if spec.keep_state and not sessions.allow_keep_state:
         return _denied("sessions.allowKeepState", f"policy {policy.name!r} does not allow keepState sessions; create "
                        "the session with keepState: false (files persist, variables do not)", policy)
-    if spec.keep_state:
-        return Denial(SessionReason.START_FAILED, "keepState", "keepState: true is not supported by this operator "
-                      "yet (its runner side is not built); create the session with keepState: false",
-                      policy.name, policy.digest)
     if sessions.max_sessions is not None and alive >= sessions.max_sessions:
         return _denied("sessions.maxSessions", f"policy {policy.name!r} allows {sessions.max_sessions} live sessions "
                        "in this namespace and that many are alive; end one (delete it) and create this one again",
@@ -46,6 +43,11 @@ def session_verdict(spec: CodeRunSessionSpec, policy: Policy, alive: int) -> Ses
     if runtime is None:
         return _denied("runtimes", f"language {spec.language!r} is not offered by policy {policy.name!r}; use one "
                        f"of: {', '.join(sorted(policy.runtimes)) or 'none'}", policy)
+    if spec.keep_state and not keeps_state(runtime):
+        return Denial(SessionReason.START_FAILED, "keepState", f"keepState: true needs a Python runtime run as "
+                      f"`python3 -u FILE.py` (policy {policy.name!r} runs {spec.language} as "
+                      f"{' '.join(runtime.command)!r}); create the session with keepState: false",
+                      policy.name, policy.digest)
     limits = effective_limits(spec.limits, policy)
     if isinstance(limits, Denial):
         return replace(limits, policy=policy.name, policy_digest=policy.digest)
@@ -61,6 +63,12 @@ def run_in_session(spec: CodeRunSpec, sandbox: ResourceLimits, policy: Policy) -
     limits = Limits(**{name: own.get(name) if own.get(name) is not None and name not in SANDBOX_LIMITS
                        else getattr(sandbox, name) for name in Limits.model_fields})
     return evaluate(spec.model_copy(update={"limits": limits}), policy)
+
+
+def keeps_state(runtime) -> bool:
+    """Whether the runner can hold one interpreter for a session of this runtime (runner kernel.py)."""
+    return can_prestart({"language": runtime.language, "command": list(runtime.command),
+                         "codeFile": runtime.code_file})
 
 
 def _denied(rule: str, message: str, policy: Policy) -> Denial:

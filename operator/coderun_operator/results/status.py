@@ -306,6 +306,8 @@ def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor
         message = (detail if reason == Reason.INVALID_SPEC else f"the sandbox runner failed: {detail}")
     else:
         message = _message(reason, frame, error, limits)
+    if frame.interpreterLost:
+        message += f"; the session's interpreter was lost ({frame.interpreterLost}) and the session ended"
     started = datetime.fromtimestamp(frame.startedAtMillis / 1000, timezone.utc) if frame.startedAtMillis else None
     fields = {
         "exitCode": frame.exitCode, "signal": frame.signal,

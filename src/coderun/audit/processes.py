@@ -16,7 +16,14 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
+from coderun.sandbox.runner.protocol import PRESTART_MODULE
+
 RUNNER, PROGRAM = "runner", "program"
+
+
+def is_prestarted(process: "Process") -> bool:
+    """An interpreter the runner started before a run came (its argv: python3 -u -c <bootstrap>)."""
+    return len(process.argv) == 4 and process.argv[2] == "-c" and PRESTART_MODULE in process.argv[3]
 CLONE_THREAD = 0x00010000
 
 
@@ -85,11 +92,22 @@ class ProcessTable:
 
     def program(self, since_ns: int = 0) -> list[Process]:
         """The program's processes alive at or started since `since_ns` (a session's earlier runs ran in the same
-        container, and ended before it): one started before it is the program's own prestarted interpreter
-        (runner prestart.py), started before the run came, its start not the run's (what it did then is not
-        recorded either), its run from `since_ns` on the program's."""
-        return [p for p in self.processes.values()
+        container, and ended before it). One started before it is the run's prestarted interpreter (runner
+        prestart.py), its start not the run's (what it did then is not recorded either). The next run's, started
+        by the runner once this run's program ended, is that run's, not this one's."""
+        seen = [p for p in self.processes.values()
                 if p.side == PROGRAM and (p.started_ns >= since_ns or p.ended_ns is None or p.ended_ns >= since_ns)]
+        roots = sorted((p for p in seen if self.is_root(p)), key=lambda p: p.started_ns)
+        if not roots or roots[0].ended_ns is None:
+            return seen
+        first_ended = roots[0].ended_ns
+        later = {p.tgid for p in roots[1:] if p.started_ns >= first_ended and is_prestarted(p)}
+        return [p for p in seen if p.tgid not in later]
+
+    def is_root(self, process: Process) -> bool:
+        """A program process the runner's side started (the program itself, not one of its children)."""
+        creator = self.processes.get(process.parent)
+        return creator is not None and creator.side == RUNNER
 
     def program_ended(self, since_ns: int = 0) -> bool:
         """The program ran and every process of its side was seen ending (a warm pod's frame comes before the

@@ -281,8 +281,8 @@ class RunAudit:
                 row["argvOmitted"] = len(process.argv) - bounds.argv_items
             if process.from_memfd:
                 row["fromMemfd"] = True
-            if process.started_ns < self.since_ns:  # a prestarted interpreter: its start was not the run's
-                row["startedBeforeRun"] = True
+            if process.started_ns < self.since_ns and self.table.is_root(process):
+                row["startedBeforeRun"] = True  # the run's prestarted interpreter: its start was not the run's
             row.update(process.exit_fields())
             processes.append(row)
         audit = {

@@ -429,7 +429,8 @@ class Sessions:
             return None
         nonce = secrets.token_hex(32)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
-                                    session_key(master, session["metadata"]["uid"]), sequence)
+                                    session_key(master, session["metadata"]["uid"]), sequence,
+                                    bool((session.get("spec") or {}).get("keepState")))
         timeout = decision.limits.timeout_seconds
 
         def serve() -> None:
@@ -508,6 +509,10 @@ class Sessions:
                 self.killed[run["metadata"]["uid"]] = (frame, time.monotonic())  # _in_sandbox finishes it
                 return None
             self.received[run["metadata"]["uid"]] = frame  # until finished(): see _in_sandbox
+            if frame.interpreterLost and session is not None:
+                with self._lock:
+                    self._end(session, SessionReason.INTERPRETER_LOST, f"run {run['metadata']['name']}: "
+                              f"{frame.interpreterLost}; its variables are gone: create a new session")
             return HeldFrame(frame, oom_killed=False)
         except FrameError as e:
             if session is None:

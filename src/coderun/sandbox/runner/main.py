@@ -21,7 +21,8 @@ from .frame import encode_frame, failure_frame, result_frame, termination_summar
 from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
                      read_stdin_input)
 from .limits import Guards
-from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings
+from .kernel import Kernel
+from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings, start_program
 from .processes import kill_all_other_processes
 from .protocol import (ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
                        SESSION_SETTINGS_KEY)
@@ -60,20 +61,24 @@ class ScratchMount:
 
 class Sandbox:
     """What a warm or session pod keeps from run to run: its scratch mount, and the program process prestarted
-    for the next run (the operator's `--prestart` settings; none for a runtime it cannot stand in for)."""
+    for the next run (the operator's `--prestart` settings; none for a runtime it cannot stand in for), or with
+    keepState (`--keep-state`) the one interpreter every run of the session runs in."""
 
     def __init__(self, args, is_pid1: bool, own_namespaces: bool, settings: dict | None = None):
         self.args, self.is_pid1, self.own_namespaces, self.settings = args, is_pid1, own_namespaces, settings
+        self.keep_state = bool(getattr(args, "keep_state", False))
         self.scratch = ScratchMount()
         self.prestarted: Prestarted | None = None
+        self.kernel: Kernel | None = None
 
     def prestart(self) -> None:
         """Start the next run's program now, under the limits the pod was made for (one left from before is
         given up first: as PID 1 the last frame's printing killed it). An optimisation only: if it fails, every
-        later run starts cold."""
+        later run starts cold. With keepState, the session's interpreter, once: without it no run can keep state,
+        and each is refused (kernel_missing)."""
         if self.prestarted is not None:
             self.take_prestarted().discard()
-        if self.settings is None:
+        if self.settings is None or (self.keep_state and self.kernel is not None):
             return
         try:
             paths = ProgramPaths(self.args)
@@ -81,11 +86,20 @@ class Sandbox:
             paths.make()
             guards = Guards(paths.scratch, self.settings["diskBytes"], self.settings["maxInodes"],
                             self.settings["maxProcesses"], None, self.is_pid1, paths.input, capped)
-            self.prestarted = Prestarted.start(self.settings, paths.work, paths.environment({}, "python", 0), guards)
+            base_env = paths.environment({}, "python", 0)
+            if self.keep_state:
+                started = start_program(self.settings, paths.work, base_env, guards, keep=True)
+                self.kernel = Kernel.adopt(self.settings, *started) if started is not None else None
+            else:
+                self.prestarted = Prestarted.start(self.settings, paths.work, base_env, guards)
         except Exception as exc:  # noqa: BLE001
             print(f"coderun-runner: could not prestart ({type(exc).__name__}: {exc}); runs start cold",
                   file=sys.stderr)
             self.settings = None
+
+    def spared(self) -> frozenset[int]:
+        """What must outlive a run's frame: the keepState interpreter's chain."""
+        return self.kernel.chain if self.kernel is not None else frozenset()
 
     def take_prestarted(self) -> Prestarted | None:
         prestarted, self.prestarted = self.prestarted, None
@@ -113,9 +127,20 @@ class ProgramPaths:
 
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
             own_namespaces: bool = False, scratch: ScratchMount | None = None,
-            prestarted: Prestarted | None = None) -> dict:
-    """Run the program of the input at args.input: in `prestarted` (a process started for it before it came)
-    when the run starts exactly as that process did, else in a process started now (a cold start)."""
+            prestarted: Prestarted | None = None, kernel: Kernel | None = None) -> dict:
+    """Run the program of the input at args.input: in `kernel` (a keepState session's interpreter), in
+    `prestarted` (a process started for it before it came) when the run starts exactly as that process did, else
+    in a process started now (a cold start). A prestarted process the run did not take is ended, whatever
+    happened."""
+    try:
+        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kernel)
+    finally:
+        if prestarted is not None:
+            prestarted.discard()  # a no-op once taken: its run reaped it
+
+
+def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
+             scratch: ScratchMount | None, prestarted: Prestarted | None, kernel: Kernel | None) -> dict:
     paths = ProgramPaths(args)
     scratch = scratch or ScratchMount()
     try:
@@ -129,23 +154,25 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
             if not os.path.isfile(stdin_path):
                 raise InvalidInput(f"input key {spec['stdinKey']!r} is missing")
     except (InvalidInput, SandboxMismatch) as exc:
-        if prestarted is not None:
-            prestarted.discard()
         return failure_frame(INVALID_INPUT if isinstance(exc, InvalidInput) else RUNNER_ERROR, str(exc))
     paths.make()
     env = paths.environment(spec["env"], spec["language"], spec["memoryBytes"])
     guards = Guards(paths.scratch, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
                     is_pid1, paths.input, scratch_capped)
+    if kernel is not None:
+        return run_in_kernel(kernel, spec, env, stdin_path, guards, paths)
+    prestart_cpu = None
+    if prestarted is not None:
+        # A process given up is reaped here, before the usage below: its start is not the run's either.
+        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"]) if fits(prestarted.settings, spec) else None
+        if prestart_cpu is None:
+            prestarted.discard()
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # a session's earlier runs are not this one's
-    outcome, prestart_cpu = None, None
-    if prestarted is not None and fits(prestarted.settings, spec):
-        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"])
-        if prestart_cpu is not None:
-            outcome = supervise_child(prestarted.proc, time.monotonic(), spec["timeoutSeconds"], spec["outputBytes"],
-                                      spec["floodBytes"], is_pid1, guards)
-    elif prestarted is not None:
-        prestarted.discard()
-    if outcome is None:
+    outcome = None
+    if prestart_cpu is not None:
+        outcome = supervise_child(prestarted.proc, time.monotonic(), spec["timeoutSeconds"], spec["outputBytes"],
+                                  spec["floodBytes"], is_pid1, guards)
+    else:
         try:
             outcome = run_child(spec["command"], paths.work, env, stdin_path,
                                 spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
@@ -162,6 +189,26 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
     return frame
 
 
+def run_in_kernel(kernel: Kernel, spec: dict, env: dict, stdin_path: str | None, guards: Guards,
+                  paths: ProgramPaths) -> dict:
+    """A keepState run: in the session's interpreter, which must be able to stand in for the run's start."""
+    if not fits(kernel.settings, spec):
+        return failure_frame(INVALID_INPUT, "a keepState session runs every run in the one interpreter it started "
+                                            "with the session: a run cannot change how it starts (its command, or "
+                                            "a variable such as PYTHONPATH read at start); run it in a session "
+                                            "with keepState false")
+    outcome, lost, metrics = kernel.run(env, stdin_path, spec["codeFile"], spec["timeoutSeconds"],
+                                        spec["outputBytes"], spec["floodBytes"], guards)
+    oom_killed = (outcome.runner_kill_reason is None and outcome.returncode == -signal.SIGKILL
+                  and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
+    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"])
+    frame = result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
+    frame["prestarted"] = True
+    if lost is not None:
+        frame["interpreterLost"] = lost
+    return frame
+
+
 DEFAULT_PATHS = {
     "input": "/coderun/input",                      # the input ConfigMap mount, or where --input-stdin writes it
     "work": "/tmp/work",                            # writable; the program's cwd
@@ -174,20 +221,21 @@ USAGE = ("usage: python3 -I /opt/coderun [--input DIR] [--input-stdin | --sessio
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
          "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.\n"
          "--session (a session pod): one run per input document on stdin, a frame each, until stdin ends.\n"
-         "--prestart (with either): start each program before its input comes, as these run.json settings say.")
+         "--prestart (with either): start each program before its input comes, as these run.json settings say.\n"
+         "--keep-state (with --session and --prestart): one interpreter for all the session's runs.")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
     """`--name VALUE` or `--name=VALUE` for the four paths. Hand-rolled
     because importing argparse costs ~10 ms on every run."""
     paths = dict(DEFAULT_PATHS)
-    args, flags = list(argv), {"input_stdin": False, "session": False}
+    args, flags = list(argv), {"input_stdin": False, "session": False, "keep_state": False}
     while args:
         option = args.pop(0)
         if option in ("-h", "--help"):
             print(USAGE)
             sys.exit(0)
-        if option in ("--input-stdin", "--session"):
+        if option in ("--input-stdin", "--session", "--keep-state"):
             flags[option[2:].replace("-", "_")] = True
             continue
         name, has_value, value = option.partition("=")
@@ -233,10 +281,11 @@ def write_termination_log(fd: int | None, summary: bytes) -> None:
         os.close(fd)
 
 
-def print_frame(frame: dict, is_pid1: bool) -> bytes:
-    """Print the frame once nothing of the program is left to print after it; return its JSON text."""
+def print_frame(frame: dict, is_pid1: bool, spared: frozenset[int] = frozenset()) -> bytes:
+    """Print the frame once nothing of the program is left to print after it (but the keepState interpreter,
+    `spared`, whose run has ended); return its JSON text."""
     if is_pid1:
-        kill_all_other_processes()
+        kill_all_other_processes(spared=spared)
     frame_json = encode_frame(frame)
     out = sys.stdout.buffer
     # The leading newline ends any partial line a program wrote to our stdout
@@ -302,9 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def session_key(entries: dict[str, bytes]) -> bytes:
+def session_key(entries: dict[str, bytes], keep_state: bool = False) -> bytes:
     """The session's key from its first document's `session.json` ({"key": 64-128 hex digits, "keepState"}),
-    taken out of the run's keys: the program never sees it. InvalidInput if there is none or it is malformed."""
+    taken out of the run's keys: the program never sees it. InvalidInput if there is none or it is malformed, or
+    if its keepState is not the one the pod's runner was started with (`--keep-state`)."""
     try:
         settings = json.loads(entries.pop(SESSION_SETTINGS_KEY))
     except KeyError:
@@ -314,8 +364,9 @@ def session_key(entries: dict[str, bytes]) -> bytes:
     key = settings.get("key") if isinstance(settings, dict) else None
     if not (isinstance(key, str) and SESSION_KEY.match(key)):
         raise InvalidInput(f"{SESSION_SETTINGS_KEY}: key must be 64-128 hex digits")
-    if settings.get("keepState", False) is not False:
-        raise InvalidInput(f"{SESSION_SETTINGS_KEY}: keepState sessions are not supported by this runner yet")
+    if settings.get("keepState", False) is not keep_state:
+        raise InvalidInput(f"{SESSION_SETTINGS_KEY}: keepState must be {str(keep_state).lower()}, as the session's "
+                           "sandbox was started")
     return bytes.fromhex(key)
 
 
@@ -335,8 +386,10 @@ def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) ->
     if termination_fd is not None:
         os.ftruncate(termination_fd, 0)  # what an earlier run wrote there was that run's violation, not this one's
     announce_accepted(document.nonce)
+    if sandbox.keep_state and sandbox.kernel is None:
+        return failure_frame(RUNNER_ERROR, "the keepState session's interpreter could not be started")
     return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
-                   sandbox.take_prestarted())
+                   sandbox.take_prestarted(), sandbox.kernel)
 
 
 def killed_unasked(frame: dict) -> bool:
@@ -360,7 +413,7 @@ def serve_session(args, termination_fd: int | None, sandbox: Sandbox) -> None:
             first = inputs.key is None
             try:
                 if first and document.error is None:
-                    inputs.key = session_key(document.entries)
+                    inputs.key = session_key(document.entries, sandbox.keep_state)
                 frame = session_run(document, args, termination_fd, sandbox)
             except InvalidInput as exc:
                 frame = failure_frame(INVALID_INPUT, str(exc))
@@ -369,9 +422,11 @@ def serve_session(args, termination_fd: int | None, sandbox: Sandbox) -> None:
             frame["startedAtMillis"] = started_at_millis
             if document.nonce is not None:
                 frame["nonce"] = document.nonce
-            frame_json = print_frame(frame, is_pid1)
+            frame_json = print_frame(frame, is_pid1, sandbox.spared())
             if inputs.key is None:
                 return  # without the session's key no later document could be told from another client's
+            if frame.get("interpreterLost"):
+                return  # a keepState session without its interpreter has nothing left to keep: it ends
             if killed_unasked(frame):
                 # A SIGKILL the runner did not send is most often the sandbox's memory running out (gVisor's
                 # cgroupfs keeps no OOM count to read here). The container's end is what says so (OOMKilled, as

@@ -11,6 +11,7 @@ start depends on (another command, a startup variable such as PYTHONPATH in its 
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import socket
@@ -20,23 +21,27 @@ import time
 from .inputs import InvalidInput, parse_run_spec
 from .limits import Guards
 from .processes import kill_all_other_processes, kill_process_group
-from .prestarted import FD_VARIABLE, MODULES_VARIABLE
+from .prestarted import FD_VARIABLE, KEEP_VARIABLE, MODULES_VARIABLE
+from .protocol import PRESTART_MODULE, can_prestart
 
 # What the runner's package root is: /opt/coderun in the images (the program imports prestarted from there).
 RUNNER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-BOOTSTRAP = ("import sys; sys.path.insert(0, {root!r}); "
-             "from coderun.sandbox.runner.prestarted import main; main({root!r})")
+# `-c` puts the work dir first on sys.path, where an earlier run of a session may have left a json.py: it goes
+# before anything is imported (prestarted.main puts it back for the program).
+BOOTSTRAP = ("import sys; sys.path[0:1] = [{root!r}]; "
+             f"from {PRESTART_MODULE} import main; main({{root!r}})")
 # Modules imported before the code arrives, each only where the pod's memory leaves the program room for it: a
 # preloaded module's pages count against the pod's limit whether or not the program imports it, and a program
 # that fits cold must fit here too. (numpy ~25 MiB, and pandas ~60 MiB more, resident under gVisor.)
 PRELOADS = (("numpy", 256 * 1048576), ("pandas", 512 * 1048576))
 # Environment variables an interpreter (or a preloaded module, or the dynamic loader) reads as it starts: a run
 # that sets one starts cold, since the prestarted process read the run-less value.
-STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "MALLOC_", "GLIBC_TUNABLES",
-                     "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "PANDAS")
+STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "PATH", "MALLOC_", "GLIBC_TUNABLES",
+                     "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "NUMPY_", "PANDAS")
 # The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
 # bounded, and the run then starts cold.
 ANSWER_SECONDS = 20.0
+MAX_PRESTART_CPU_SECONDS = 60.0
 SETTINGS_KEYS = ("language", "command", "codeFile", "diskBytes", "maxInodes", "maxProcesses", "memoryBytes",
                  "scratchTmpfs")
 
@@ -52,14 +57,6 @@ def parse_settings(text: str) -> dict:
         return parse_run_spec(json.loads(text))
     except (ValueError, InvalidInput) as exc:
         raise PrestartSettingsError(f"--prestart: {exc}") from None
-
-
-def can_prestart(settings: dict) -> bool:
-    """Python run as `python3 -u FILE.py`, the one command whose start this can stand in for."""
-    command = settings.get("command")
-    return (settings.get("language") == "python" and isinstance(command, list) and len(command) == 3
-            and command[0] in ("python3", "python") and command[1] == "-u" and command[2] == settings["codeFile"]
-            and str(settings["codeFile"]).endswith(".py"))
 
 
 def preloads_for(memory_bytes: int | None) -> list[str]:
@@ -78,50 +75,78 @@ def user_site_exists(home_dir: str) -> bool:
     return os.path.lexists(os.path.join(home_dir, ".local"))
 
 
+def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
+                  keep: bool = False) -> tuple[subprocess.Popen, socket.socket] | None:
+    """The program's process, started as a cold one would be (the same Popen and preexec) but running
+    prestarted.main, which waits on the returned channel; `keep`: it serves every run of a keepState session.
+    None where it cannot stand in for the run's start."""
+    if not can_prestart(settings) or user_site_exists(base_env["HOME"]):
+        return None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno()),
+                            MODULES_VARIABLE: ",".join(preloads_for(settings["memoryBytes"]))},
+               **({KEEP_VARIABLE: "1"} if keep else {}))
+    command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
+    try:
+        proc = subprocess.Popen(command, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                close_fds=True, pass_fds=(theirs.fileno(),), preexec_fn=guards.child_limits)
+    except OSError:
+        ours.close()
+        return None
+    finally:
+        theirs.close()
+    return proc, ours
+
+
 class Prestarted:
     """One program process, started and waiting: `take(env, stdin_path)` hands it the run (the Popen and the CPU it
     spent before the run), `discard()` ends it."""
 
     def __init__(self, settings: dict, proc: subprocess.Popen, channel: socket.socket):
         self.settings, self.proc, self.channel = settings, proc, channel
+        self.ended = False  # taken by its run (which reaps it) or discarded: nothing left to end
 
     @classmethod
     def start(cls, settings: dict, work_dir: str, base_env: dict, guards: Guards) -> "Prestarted | None":
-        if not can_prestart(settings) or user_site_exists(base_env["HOME"]):
-            return None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno()),
-                                MODULES_VARIABLE: ",".join(preloads_for(settings["memoryBytes"]))})
-        command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
-        try:
-            proc = subprocess.Popen(command, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    close_fds=True, pass_fds=(theirs.fileno(),), preexec_fn=guards.child_limits)
-        except OSError:
-            ours.close()
-            return None
-        finally:
-            theirs.close()
-        return cls(settings, proc, ours)
+        started = start_program(settings, work_dir, base_env, guards)
+        return cls(settings, *started) if started is not None else None
 
     def take(self, env: dict, stdin_path: str | None, code_file: str) -> float | None:
-        """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time (it is
-        discarded then, and the run starts cold)."""
+        """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time, or
+        answered that the run must start cold (its files would be shadowed by a module already imported). It is
+        discarded then, and the run starts cold. One budget bounds the word and the answer together."""
+        give_up = time.monotonic() + ANSWER_SECONDS
         self.channel.settimeout(ANSWER_SECONDS)  # a process still importing reads the word only when done
         try:
+            self._discard_pending_output()
             word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
             if stdin_path is not None:
                 with open(stdin_path, "rb") as stdin:
                     socket.send_fds(self.channel, [word], [stdin.fileno()])
             else:
                 self.channel.sendall(word)
-            answer = self._answer(time.monotonic() + ANSWER_SECONDS)
+            answer = self._answer(give_up)
         except OSError:
             answer = None
         self.channel.close()
         if answer is None:
             self.discard()
+        self.ended = True
         return answer
+
+    def _discard_pending_output(self) -> None:
+        """Nothing the process wrote before its run (nothing should: its preloads write to a pipe of their own) is
+        the run's output."""
+        for stream in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+            try:
+                while os.read(stream.fileno(), 65536):
+                    pass
+            except BlockingIOError:
+                pass
+            finally:
+                os.set_blocking(stream.fileno(), True)
 
     def _answer(self, give_up: float) -> float | None:
         received = b""
@@ -133,12 +158,17 @@ class Prestarted:
                 return None
             received += data
         try:
-            return max(float(received), 0.0)
+            cpu = float(received)
         except ValueError:
-            return None
+            return None  # "cold", or anything else
+        # What an interpreter's start and preloads can cost; a figure past that is not believed (nor nan or inf).
+        return min(max(cpu, 0.0), MAX_PRESTART_CPU_SECONDS) if math.isfinite(cpu) else None
 
     def discard(self) -> None:
-        """End it and everything of its namespace (as PID 1: what the preexec made for it)."""
+        """End it and everything of its namespace (as PID 1: what the preexec made for it), once."""
+        if self.ended:
+            return
+        self.ended = True
         self.channel.close()
         kill_process_group(self.proc.pid)
         self.proc.wait()

@@ -14,6 +14,7 @@ modules to preload in CODERUN_PRESTART_FD and CODERUN_PRESTART_MODULES (both gon
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import resource
@@ -26,6 +27,7 @@ from .interpreter import main_module, run_as_main
 
 FD_VARIABLE = "CODERUN_PRESTART_FD"
 MODULES_VARIABLE = "CODERUN_PRESTART_MODULES"
+KEEP_VARIABLE = "CODERUN_PRESTART_KEEP"  # set: serve every run of a keepState session (serve_runs)
 OWN_PACKAGE = "coderun"
 MAX_WORD_BYTES = 1024 * 1024  # the run's environment: the spec's env is bounded far below this
 
@@ -74,6 +76,21 @@ def receive_word(channel: socket.socket) -> tuple[dict, int | None]:
     return word, (fds[0] if fds else None)
 
 
+def shadowed(work_dir: str) -> list[str]:
+    """Modules already imported that a file of the run would stand for in a cold start (a json.py or a numpy/ dir in
+    the work dir, which a cold `python3 main.py` finds first): such a run must start cold to see its own."""
+    names = set()
+    try:
+        entries = os.listdir(work_dir)
+    except OSError:
+        return []
+    for entry in entries:
+        name = entry.split(".", 1)[0]
+        if entry.endswith((".py", ".pyc", ".so", ".pyd")) or os.path.isdir(os.path.join(work_dir, entry)):
+            names.add(name)
+    return sorted(name for name in names if name in sys.modules)
+
+
 def forget_ourselves(own_path: str) -> None:
     """What the bootstrap added is not the program's: this package in sys.modules, its path in sys.path."""
     for name in [name for name in sys.modules if name == OWN_PACKAGE or name.startswith(OWN_PACKAGE + ".")]:
@@ -96,20 +113,64 @@ def end_as_cpython(status: int) -> None:
     sys.exit(status)
 
 
-def main(own_path: str) -> None:
-    channel = socket.socket(fileno=int(os.environ.pop(FD_VARIABLE)))
-    modules = [name for name in os.environ.pop(MODULES_VARIABLE, "").split(",") if name]
-    preload(modules)
-    word, stdin_fd = receive_word(channel)
+def take_run(word: dict, stdin_fd: int | None) -> None:
+    """The run's environment (os.environ and the C environment under it) and stdin (the file, or /dev/null)."""
     os.environ.clear()
     os.environ.update(word["env"])
     if stdin_fd is not None:
         os.dup2(stdin_fd, 0)
         os.close(stdin_fd)
+
+
+def serve_runs(channel: socket.socket, own_path: str) -> None:
+    """keepState: every run of the session in one `__main__`, each answered `done <status>` once its code ended,
+    its output flushed first (the runner takes what is in the pipes then as the run's). SIGINT (the runner's
+    interrupt at a deadline) is the program's KeyboardInterrupt during a run and ignored between runs."""
+    forget_ourselves(own_path)
+    sys.path.insert(0, os.getcwd())  # what `-c` put there, taken out while we imported (run_as_main replaces it)
+    module, encoding, errors = None, sys.stdin.encoding, sys.stdin.errors
+    while True:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        word, stdin_fd = receive_word(channel)
+        take_run(word, stdin_fd if stdin_fd is not None else os.open(os.devnull, os.O_RDONLY))
+        # What the last run read of its stdin is not this one's: a fresh reader, as a cold start's.
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                     encoding=encoding, errors=errors)
+        if module is None:
+            module = main_module(os.path.join(os.getcwd(), word["codeFile"]))
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            status = run_as_main(module, os.getcwd(), word["codeFile"])
+        except KeyboardInterrupt:  # the interrupt landed outside the program's own code
+            status = -signal.SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream the program closed or replaced
+                pass
+        channel.sendall(b"done %d\n" % status)
+
+
+def main(own_path: str) -> None:
+    importlib.import_module("array")  # socket.recv_fds imports it at its first call: from the image, not the work dir
+    channel = socket.socket(fileno=int(os.environ.pop(FD_VARIABLE)))
+    modules = [name for name in os.environ.pop(MODULES_VARIABLE, "").split(",") if name]
+    keep = os.environ.pop(KEEP_VARIABLE, "") == "1"
+    preload(modules)
+    if keep:
+        serve_runs(channel, own_path)
+        return
+    word, stdin_fd = receive_word(channel)
+    forget_ourselves(own_path)
+    if shadowed(os.getcwd()):
+        channel.sendall(b"cold\n")
+        raise SystemExit(0)
+    take_run(word, stdin_fd)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     channel.sendall(b"%.6f\n" % (usage.ru_utime + usage.ru_stime))
     channel.close()
-    forget_ourselves(own_path)
+    sys.path.insert(0, os.getcwd())  # what `-c` put there, taken out while we imported (run_as_main replaces it)
     code_file = word["codeFile"]
     sys.orig_argv[:] = [sys.orig_argv[0], "-u", code_file]
     end_as_cpython(run_as_main(main_module(os.path.join(os.getcwd(), code_file)), os.getcwd(), code_file))

@@ -64,21 +64,22 @@ def reap_zombies() -> None:
             return
 
 
-def kill_all_other_processes(max_seconds: float = 2.0) -> None:
+def kill_all_other_processes(max_seconds: float = 2.0, spared: frozenset[int] = frozenset()) -> None:
     """Only when PID 1 of the sandbox: no escaped daemon may outlive the frame.
 
     kill(-1) reaches every process of the PID namespace but its init in one pass that a fork cannot slip
     through (a fork racing the signal fails); the listing loop then reaps and confirms, and is the fallback.
+    With `spared` (a keepState session's interpreter, between runs) the listing loop alone, sparing those.
     """
     own_pid = os.getpid()
     give_up = time.monotonic() + max_seconds
     while time.monotonic() < give_up:
-        if own_pid == 1:  # never outside a PID namespace of our own: kill(-1) there would hit the whole host
+        if own_pid == 1 and not spared:  # never outside a PID namespace of ours: kill(-1) would hit the host
             try:
                 os.kill(-1, signal.SIGKILL)
             except OSError:  # ESRCH: nothing left
                 pass
-        alive = live_process_ids(own_pid)
+        alive = [pid for pid in live_process_ids(own_pid) if pid not in spared]
         if not alive:
             return
         for pid in alive:

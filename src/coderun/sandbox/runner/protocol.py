@@ -53,3 +53,17 @@ def session_document_mac(key: bytes, sequence: int, body: bytes) -> str:
     """The MAC of a session's sequence-th authenticated input document (runner/session.py checks it; the operator
     writes it on the document's length line)."""
     return hmac.new(key, b"%d\n" % sequence + body, hashlib.sha256).hexdigest()
+
+
+def can_prestart(settings: dict) -> bool:
+    """Python run as `python3 -u FILE.py`, the one command a prestarted interpreter (prestart.py) can stand in
+    for, and so the one runtime whose sessions can keep state (the operator refuses keepState for the others)."""
+    command = settings.get("command")
+    return (settings.get("language") == "python" and isinstance(command, list) and len(command) == 3
+            and command[0] in ("python3", "python") and command[1] == "-u" and command[2] == settings["codeFile"]
+            and str(settings["codeFile"]).endswith(".py"))
+
+
+# The module a prestarted program's interpreter runs before its code comes (prestart.py's bootstrap imports it):
+# the audit tells the next run's interpreter, started as a run ends, from that run's own processes by it.
+PRESTART_MODULE = "coderun.sandbox.runner.prestarted"

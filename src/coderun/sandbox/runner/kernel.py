@@ -1,0 +1,234 @@
+"""keepState: one interpreter for all of a session's runs, so variables persist (prestarted.serve_runs is its side).
+
+It is started as a prestarted program is (prestart.start_program: the program's confinement, the preloads), once
+per session, and told each run by a word on its channel; it answers `done <status>` when the run's code has ended
+(its exit status as a cold process's would be). Between runs it stays; what a run started besides (processes) is
+killed when the run ends, as every run's is. At the run's deadline, or when it breaks a limit, the interpreter is
+interrupted (SIGINT: KeyboardInterrupt in the program) and kills its leftovers; if it does not answer within
+INTERRUPT_GRACE_SECONDS, or it dies (os._exit, a crash), the interpreter is lost: the run's frame says why
+(`interpreterLost`) and the session ends, its variables with it.
+
+The runner trusts nothing the interpreter says after the first run started: the status is that run's own report
+(what the caller's own code made it), the CPU and memory are read from /proc, every read is bounded, every wait
+has a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import time
+
+from .capture import READ_CHUNK, StreamCapture
+from .child import ChildOutcome
+from .limits import Guards
+from .processes import kill_all_other_processes, kill_process_group, proc_stats
+from .protocol import OUTPUT_LIMIT_EXCEEDED, TIMEOUT
+
+INTERRUPT_GRACE_SECONDS = 2.0
+MAX_REPORT_BYTES = 32
+LEFTOVER_KILL_SECONDS = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def child_of(parent: int) -> int | None:
+    """The one child of `parent` (the chain right after its start, before any program code ran)."""
+    children = [pid for pid, fields in proc_stats(os.getpid()) if int(fields[1]) == parent]
+    return children[0] if len(children) == 1 else None
+
+
+class Kernel:
+    """The session's interpreter: `proc` (the Popen: the mirror of the program's exit, as for any program), the
+    channel, and the chain of processes that must outlive each run (mirror, namespace init, the interpreter)."""
+
+    def __init__(self, settings: dict, proc: subprocess.Popen, channel: socket.socket, chain: frozenset[int],
+                 interpreter: int):
+        self.settings, self.proc, self.channel, self.chain, self.interpreter = \
+            settings, proc, channel, chain, interpreter
+        for stream in (proc.stdout, proc.stderr):
+            os.set_blocking(stream.fileno(), False)
+
+    @classmethod
+    def adopt(cls, settings: dict, proc: subprocess.Popen, channel: socket.socket) -> "Kernel | None":
+        """Record the chain now, before any program code ran: as PID 1 the interpreter is the init's child, the
+        init the mirror's; without namespaces (the runner's tests) the mirror is the interpreter."""
+        init = child_of(proc.pid)
+        interpreter = child_of(init) if init is not None else None
+        if interpreter is None:
+            init, interpreter = None, proc.pid
+        return cls(settings, proc, channel, frozenset(p for p in (proc.pid, init, interpreter) if p), interpreter)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def run(self, env: dict, stdin_path: str | None, code_file: str, timeout_seconds: float, output_bytes: int,
+            flood_bytes: int, guards: Guards | None) -> tuple[ChildOutcome, str | None, dict]:
+        """One run: (its outcome, why the interpreter is lost or None, its metrics)."""
+        stdout, stderr = StreamCapture(output_bytes), StreamCapture(output_bytes)
+        cpu_before = self.cpu_seconds()
+        started = time.monotonic()
+        lost = self._send(env, stdin_path, code_file, timeout_seconds)
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ, stdout)
+        selector.register(self.proc.stderr, selectors.EVENT_READ, stderr)
+        selector.register(self.channel, selectors.EVENT_READ, None)
+        deadline, interrupted_at = started + timeout_seconds, None
+        runner_kill_reason, limit, status, report = None, None, None, b""
+        try:
+            while lost is None and status is None:
+                now = time.monotonic()
+                if runner_kill_reason is None:
+                    broken = guards.check(now) if guards is not None and guards.due(now) else None
+                    if broken is None and stdout.total + stderr.total > flood_bytes:
+                        broken = (OUTPUT_LIMIT_EXCEEDED, None)
+                    if broken is None and now >= deadline:
+                        broken = (TIMEOUT, None)
+                    if broken is not None:
+                        runner_kill_reason, limit = broken
+                        interrupted_at = now
+                        self.kill_leftovers()
+                        self._interrupt()
+                elif now >= interrupted_at + INTERRUPT_GRACE_SECONDS:
+                    lost = (f"the interpreter did not stop within {INTERRUPT_GRACE_SECONDS:g} s of the interrupt "
+                            f"sent at the run's {runner_kill_reason}")
+                    break
+                wait = (interrupted_at + INTERRUPT_GRACE_SECONDS if interrupted_at is not None
+                        else min(deadline, guards.next_check if guards is not None else deadline)) - now
+                for key, _ in selector.select(max(wait, 0)):
+                    if key.data is not None:
+                        self._drain(key.fileobj, key.data)
+                        continue
+                    chunk = self.channel.recv(MAX_REPORT_BYTES)
+                    if not chunk:
+                        lost = "the interpreter ended (os._exit, a signal or a crash) during the run"
+                        break
+                    report += chunk
+                    status = _status(report)
+                    if status is None and (b"\n" in report or len(report) >= MAX_REPORT_BYTES):
+                        lost = "the interpreter answered the run with something other than its status"
+                        break
+        except OSError as exc:
+            lost = f"the interpreter's channel failed: {exc}"
+        finally:
+            selector.close()
+        for stream, capture in ((self.proc.stdout, stdout), (self.proc.stderr, stderr)):
+            self._drain(stream, capture)  # it flushed both before it answered: all of the run's output is here
+        wall = time.monotonic() - started
+        if lost is not None:
+            status = self._end_all()
+        else:
+            self.kill_leftovers()
+        if runner_kill_reason is None and guards is not None:
+            broken = guards.check(time.monotonic(), final=True)
+            if broken:
+                runner_kill_reason, limit = broken
+        metrics = {"wallMillis": int(round(wall * 1000)),
+                   "cpuMillis": int(round(max(self.cpu_seconds(default=cpu_before) - cpu_before, 0.0) * 1000)),
+                   "maxRSSBytes": self.peak_rss()}
+        return ChildOutcome(status, runner_kill_reason, wall, stdout, stderr, limit), lost, metrics
+
+    def _send(self, env: dict, stdin_path: str | None, code_file: str, timeout_seconds: float) -> str | None:
+        word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
+        self.channel.settimeout(timeout_seconds)
+        try:
+            if stdin_path is not None:
+                with open(stdin_path, "rb") as stdin:
+                    socket.send_fds(self.channel, [word], [stdin.fileno()])
+            else:
+                self.channel.sendall(word)
+        except OSError as exc:
+            return f"the run could not be handed to the interpreter ({exc})"
+        finally:
+            self.channel.setblocking(False)
+        return None
+
+    @staticmethod
+    def _drain(stream, capture: StreamCapture) -> None:
+        while True:
+            try:
+                chunk = os.read(stream.fileno(), READ_CHUNK)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            capture.feed(chunk)
+
+    def _interrupt(self) -> None:
+        try:
+            os.kill(self.interpreter, signal.SIGINT)
+        except OSError:
+            pass
+
+    def kill_leftovers(self) -> None:
+        """Every process but the chain (and us): as PID 1 all of them, else (the runner's tests) those of the
+        interpreter's session."""
+        own = os.getpid()
+        if own == 1:
+            kill_all_other_processes(LEFTOVER_KILL_SECONDS, spared=self.chain)
+            return
+        give_up = time.monotonic() + LEFTOVER_KILL_SECONDS
+        while time.monotonic() < give_up:
+            left = [pid for pid, fields in proc_stats(own) if pid not in self.chain and fields[0] not in (b"Z", b"X")
+                    and int(fields[3]) == self.proc.pid]
+            if not left:
+                return
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.005)
+
+    def _end_all(self) -> int:
+        """The interpreter is lost: end it and its namespace; the run ends as its process did (or killed)."""
+        kill_process_group(self.proc.pid)
+        try:
+            status = self.proc.wait(timeout=LEFTOVER_KILL_SECONDS)
+        except subprocess.TimeoutExpired:
+            status = -signal.SIGKILL
+        self.discard()
+        return status
+
+    def discard(self) -> None:
+        self.channel.close()
+        kill_process_group(self.proc.pid)
+        self.proc.wait()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+        if os.getpid() == 1:
+            kill_all_other_processes()
+
+    def cpu_seconds(self, default: float = 0.0) -> float:
+        """The interpreter's CPU, its reaped children's with it, from /proc (not from anything it says)."""
+        try:
+            with open(f"/proc/{self.interpreter}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+            return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            return default
+
+    def peak_rss(self) -> int:
+        try:
+            with open(f"/proc/{self.interpreter}/status", "rb") as handle:
+                for line in handle:
+                    if line.startswith(b"VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, IndexError, ValueError):
+            pass
+        return 0
+
+
+def _status(report: bytes) -> int | None:
+    """`done <int>\\n` -> the int; anything else (so far) -> None."""
+    if not report.endswith(b"\n"):
+        return None
+    word, _, number = report[:-1].partition(b" ")
+    try:
+        value = int(number)
+    except ValueError:
+        return None
+    return value if word == b"done" and -64 <= value <= 255 else None
