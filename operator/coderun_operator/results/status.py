@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from coderun.api.coderunpolicy import CodeRunPolicyStatus
@@ -39,10 +39,14 @@ def parse_time(value: object) -> datetime | None:
 
 
 def created_at(run: Mapping[str, Any]) -> datetime | None:
-    """When the run was created: the client's millisecond annotation if set, else the API's (seconds)."""
+    """When the run was created: the client's millisecond annotation where it falls in the second the API server
+    stamped (creationTimestamp has whole seconds; a caller's stamp outside it is not believed), else the API's."""
     meta = run["metadata"]
-    return parse_time((meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION)) or \
-        parse_time(meta.get("creationTimestamp"))
+    client = parse_time((meta.get("annotations") or {}).get(CREATED_AT_ANNOTATION))
+    server = parse_time(meta.get("creationTimestamp"))
+    if server is None or (client is not None and server <= client < server + timedelta(seconds=1)):
+        return client or server
+    return server
 
 
 def millis_between(start: datetime | None, end: datetime | None) -> int | None:
