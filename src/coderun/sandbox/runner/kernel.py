@@ -15,7 +15,6 @@ has a deadline.
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -26,6 +25,7 @@ import time
 from .capture import READ_CHUNK, StreamCapture
 from .child import ChildOutcome
 from .limits import Guards
+from .prestart import end_program, send_word
 from .processes import kill_all_other_processes, kill_process_group, proc_stats
 from .protocol import OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
@@ -132,14 +132,9 @@ class Kernel:
         return ChildOutcome(status, runner_kill_reason, wall, stdout, stderr, limit), lost, metrics
 
     def _send(self, env: dict, stdin_path: str | None, code_file: str, timeout_seconds: float) -> str | None:
-        word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
         self.channel.settimeout(timeout_seconds)
         try:
-            if stdin_path is not None:
-                with open(stdin_path, "rb") as stdin:
-                    socket.send_fds(self.channel, [word], [stdin.fileno()])
-            else:
-                self.channel.sendall(word)
+            send_word(self.channel, env, stdin_path, code_file)
         except OSError as exc:
             return f"the run could not be handed to the interpreter ({exc})"
         finally:
@@ -194,13 +189,7 @@ class Kernel:
         return status
 
     def discard(self) -> None:
-        self.channel.close()
-        kill_process_group(self.proc.pid)
-        self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
-        if os.getpid() == 1:
-            kill_all_other_processes()
+        end_program(self.proc, self.channel)
 
     def cpu_seconds(self, default: float = 0.0) -> float:
         """The interpreter's CPU, its reaped children's with it, from /proc (not from anything it says)."""

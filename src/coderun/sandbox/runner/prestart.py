@@ -120,12 +120,7 @@ class Prestarted:
         self.channel.settimeout(ANSWER_SECONDS)  # a process still importing reads the word only when done
         try:
             self._discard_pending_output()
-            word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
-            if stdin_path is not None:
-                with open(stdin_path, "rb") as stdin:
-                    socket.send_fds(self.channel, [word], [stdin.fileno()])
-            else:
-                self.channel.sendall(word)
+            send_word(self.channel, env, stdin_path, code_file)
             answer = self._answer(give_up)
         except OSError:
             answer = None
@@ -165,15 +160,29 @@ class Prestarted:
         return min(max(cpu, 0.0), MAX_PRESTART_CPU_SECONDS) if math.isfinite(cpu) else None
 
     def discard(self) -> None:
-        """End it and everything of its namespace (as PID 1: what the preexec made for it), once."""
-        if self.ended:
-            return
-        self.ended = True
-        self.channel.close()
-        kill_process_group(self.proc.pid)
-        self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
-        if os.getpid() == 1:
-            kill_all_other_processes()
+        """End it, once."""
+        if not self.ended:
+            self.ended = True
+            end_program(self.proc, self.channel)
+
+
+def send_word(channel: socket.socket, env: dict, stdin_path: str | None, code_file: str) -> None:
+    """The run's word to a prestarted program: its environment and code file, and its stdin as an fd."""
+    word = (json.dumps({"env": env, "codeFile": code_file}) + "\n").encode()
+    if stdin_path is not None:
+        with open(stdin_path, "rb") as stdin:
+            socket.send_fds(channel, [word], [stdin.fileno()])
+    else:
+        channel.sendall(word)
+
+
+def end_program(proc: subprocess.Popen, channel: socket.socket) -> None:
+    """End a prestarted program and everything of its namespace (as PID 1: what the preexec made for it)."""
+    channel.close()
+    kill_process_group(proc.pid)
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        stream.close()
+    if os.getpid() == 1:
+        kill_all_other_processes()
 
