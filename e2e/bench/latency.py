@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
 from kubernetes import client, config, watch
 
 from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
@@ -217,10 +216,33 @@ def bench_burst(custom, stopwatch, namespace, n):
     return max(finished), finished, modes, refilled
 
 
-def apply_policy(custom, namespace: str, warm_pool: dict) -> None:
+def apply_policy(custom, namespace: str, warm_pool: dict, **spec) -> None:
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
-        "spec": {"warmPool": {"languages": ["python"], **warm_pool}}})
+        "spec": {"warmPool": {"languages": ["python"], **warm_pool}, **spec}})
+
+
+def bench_demo_warm(custom, stopwatch, namespace, n):
+    """The pandas demo (examples/coderun.yaml, its own limits) on a warm pod, one at a time: created -> terminal
+    status, and the run's own status.metrics.totalMillis; a policy whose defaults are the demo's limits keeps the
+    pool (numpy and pandas prestarted: 512Mi)."""
+    demo = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "coderun.yaml").read_text())["spec"]
+    limits = demo["limits"]
+    apply_policy(custom, namespace, {"size": 1, "cpuRequest": "100m"},
+                 defaults={"memory": limits["memory"], "cpu": limits["cpu"], "timeoutSeconds": limits["timeoutSeconds"]})
+    to_result, totals, prestarted = [], [], 0
+    for i in range(n):
+        stopwatch.wait_pool(1)
+        name = f"demo-{i}"
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": name}, "spec": demo}
+        start = time.monotonic()
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        to_result.append(stopwatch.wait(("run-finished", name)) - start)
+        status = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)["status"]
+        assert status["phase"] == "Succeeded" and status["startMode"] == "Warm", status
+        totals.append(status["metrics"]["totalMillis"] / 1000)
+        prestarted += bool(status["metrics"].get("interpreterPrestarted"))
+    return to_result, totals, prestarted
 
 
 def new_namespace(core) -> str:
@@ -242,10 +264,11 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=50, help="sequential CodeRuns, warm and cold")
     parser.add_argument("--pods", type=int, default=20, help="sequential bare pods and Jobs")
     parser.add_argument("--burst", type=int, default=20, help="warm runs created at once, on a pool that size")
+    parser.add_argument("--demo", type=int, default=10, help="sequential pandas demo runs on a warm pod")
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    cold_ns, warm_ns, session_ns, burst_ns = new_namespace(core), new_namespace(core), None, None
+    cold_ns, warm_ns, session_ns, burst_ns, demo_ns = new_namespace(core), new_namespace(core), None, None, None
     try:
         stopwatch = Stopwatch(cold_ns)
         to_pod, cold = bench_cold(custom, stopwatch, cold_ns, args.n)
@@ -260,6 +283,9 @@ def main() -> None:
         session_ns = new_namespace(core)
         session = bench_session(custom, Stopwatch(session_ns), session_ns, args.n)
         core.delete_namespace(session_ns)
+        demo_ns = new_namespace(core)
+        demo, demo_totals, demo_prestarted = bench_demo_warm(custom, Stopwatch(demo_ns), demo_ns, args.demo)
+        core.delete_namespace(demo_ns)
         burst_ns = new_namespace(core)
         burst_watch = Stopwatch(burst_ns)
         created = time.monotonic()
@@ -269,14 +295,18 @@ def main() -> None:
         pod_ready = [burst_watch.seen[("pool-pod-ready", name)] - burst_watch.seen[("pod-created", name)]
                      for (kind, name) in list(burst_watch.seen) if kind == "pool-pod-ready"]
     finally:
-        for namespace in (cold_ns, warm_ns, session_ns, burst_ns):
+        for namespace in (cold_ns, warm_ns, session_ns, burst_ns, demo_ns):
             if namespace:
                 core.delete_namespace(namespace, propagation_policy="Background", _request_timeout=30) \
                     if _exists(core, namespace) else None
-    print(f"print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
+    print("print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
     print(summary("warm CodeRun created -> terminal status", warm) +
           f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
     print(summary("CodeRun in a session created -> terminal status", session))
+    print(f"the pandas demo (examples/coderun.yaml) on a warm pod, one at a time: {demo_prestarted}/{len(demo)} "
+          "with pandas prestarted")
+    print(summary("  created -> terminal status (client's watch)", demo))
+    print(summary("  status.metrics.totalMillis", demo_totals))
     print(summary("cold CodeRun created -> terminal status", cold))
     print(summary("cold CodeRun created -> sandbox pod created", to_pod))
     print(summary("bare pod created -> container terminated", to_terminated))

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -30,6 +31,10 @@ MODULES_VARIABLE = "CODERUN_PRESTART_MODULES"
 KEEP_VARIABLE = "CODERUN_PRESTART_KEEP"  # set: serve every run of a keepState session (serve_runs)
 OWN_PACKAGE = "coderun"
 MAX_WORD_BYTES = 1024 * 1024  # the run's environment: the spec's env is bounded far below this
+# The preloads wait this long for a run first: a run that comes at once (a session's next step, a harness's next
+# program) finds the bare interpreter ready rather than wait for numpy's import; a pod left waiting longer (a pool
+# pod, a session between an agent's steps) has them imported by the time its run comes.
+PRELOAD_AFTER_IDLE_SECONDS = 1.0
 
 
 def preload(modules: list[str]) -> None:
@@ -157,7 +162,8 @@ def main(own_path: str) -> None:
     channel = socket.socket(fileno=int(os.environ.pop(FD_VARIABLE)))
     modules = [name for name in os.environ.pop(MODULES_VARIABLE, "").split(",") if name]
     keep = os.environ.pop(KEEP_VARIABLE, "") == "1"
-    preload(modules)
+    if modules and not select.select([channel], [], [], PRELOAD_AFTER_IDLE_SECONDS)[0]:
+        preload(modules)
     if keep:
         serve_runs(channel, own_path)
         return
