@@ -302,3 +302,18 @@ def test_a_keep_state_session_keeps_variables_its_runs_keep_their_own_output_and
     assert ended["reason"] == "InterpreterLost" and "did not stop" in ended["message"], ended
     refused = refused_at_apply(operator, namespace, session)
     assert "has ended" in refused and "InterpreterLost" in refused, refused
+
+
+def test_a_session_ends_at_its_lifetime_however_busy_and_a_later_run_is_refused_saying_so(operator, namespace):
+    """maxLifetimeSeconds counts from the sandbox's start, busy or not: a run at the start keeps the idle clock
+    from ending it first (idle 60 s from that run's end), and the lifetime (60 s, the least allowed) ends it."""
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, idleTimeoutSeconds=60, maxLifetimeSeconds=60)
+    started = wait_session(operator, namespace, session)
+    assert run_in(operator, namespace, session, "print('early')")["stdout"] == "early\n"
+    ended = wait_session(operator, namespace, session, "Ended", timeout=120)
+    assert (ended["phase"], ended["reason"]) == ("Ended", "LifetimeExceeded"), ended
+    lived = (parse_timestamp(ended["endTime"]) - parse_timestamp(started["startTime"])).total_seconds()
+    assert 59 <= lived <= 90, (lived, started, ended)
+    refused = refused_at_apply(operator, namespace, session)
+    assert "has ended" in refused and "LifetimeExceeded" in refused, refused
