@@ -95,13 +95,14 @@ def test_condition_transition_time_moves_only_on_flips():
 
 
 def test_terminal_status_sets_conditions_and_total_time(run_body):
-    body = run_body(annotations={"coderun.io/created-at": "2026-11-22T10:00:01.250Z"})
+    # The client's millisecond stamp, within the second the API server stamped (10:00:00)
+    body = run_body(annotations={"coderun.io/created-at": "2026-11-22T10:00:00.250Z"})
     body["status"] = {"conditions": set_condition(None, "Running", True, "Started", "", 1, NOW)}
     status = terminal_status(body, Outcome("Failed", "Timeout", "too slow", {"exitCode": None}), NOW)
     by_type = {c.type: c for c in status.conditions}
     assert by_type["Failed"].status == "True" and by_type["Running"].status == "False"
     assert "Complete" not in by_type
-    assert status.metrics.total_millis == 3750 and status.completion_time == "2026-11-22T10:00:05.000Z"
+    assert status.metrics.total_millis == 4750 and status.completion_time == "2026-11-22T10:00:05.000Z"
     assert status.observed_generation == 1
 
 
