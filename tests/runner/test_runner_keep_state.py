@@ -83,3 +83,51 @@ def test_a_first_document_whose_keep_state_differs_from_the_pods_is_refused(tmp_
          "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings), "--keep-state"],
         input=session_stream([("0" * 32, entries)], SESSION_KEY, False), capture_output=True, timeout=60)
     assert b"keepState must be true" in proc.stdout
+
+
+def test_nothing_of_a_run_goes_on_between_runs(tmp_path, as_pid1):
+    """A thread run 1 left keeps starting a shell that stamps a file: between runs the interpreter is stopped (its
+    threads frozen) and the shell killed, so nothing is stamped while the session waits for run 2 (the runner
+    reads run 2's document only once it is there: the harness sends both at once, so run 2 first sleeps)."""
+    frames = keep_state_runs(tmp_path, [
+        "import threading, subprocess, time\n"
+        "def keep():\n"
+        "    while True:\n"
+        "        subprocess.run(['sh', '-c', 'while :; do date +%s.%N >> \"$TMPDIR/ghost\"; sleep 0.1; done'])\n"
+        "threading.Thread(target=keep, daemon=True).start()\n"
+        "time.sleep(0.5)\n"
+        "print('stamped', len(open(__import__('os').environ['TMPDIR'] + '/ghost').read().split()) > 0)",
+        "import os, time\nstamps = len(open(os.environ['TMPDIR'] + '/ghost').read().split())\n"
+        "time.sleep(1)\nprint(len(open(os.environ['TMPDIR'] + '/ghost').read().split()) > stamps)"], as_pid1)
+    assert [f["stdout"] for f in frames] == ["stamped True\n", "True\n"], frames  # it runs on during a run only
+
+
+def test_an_interpreter_a_thread_ended_between_runs_takes_no_run_and_says_so(tmp_path):
+    """A thread that ends the interpreter after its run's end: the next run never ran, and says so (never a
+    success), and the session ends."""
+    frames = keep_state_runs(tmp_path, [
+        "import threading, os, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(0)), daemon=True).start()\n"
+        "time.sleep(0.6)\nprint('never printed')",
+        "print('run 2')"])
+    assert frames[0]["reason"] == "Completed" and frames[0]["interpreterLost"], frames
+    assert len(frames) == 1 or frames[1]["reason"] == "RunnerError", frames
+
+
+def test_a_run_that_closes_the_interpreters_output_ends_the_session_after_its_own_end(tmp_path):
+    frames = keep_state_runs(tmp_path, ["import os, time\nprint('before', flush=True)\nos.close(1)\ntime.sleep(0.5)",
+                                        "print('never runs')"])
+    assert len(frames) == 1 and (frames[0]["reason"], frames[0]["stdout"]) == ("Completed", "before\n"), frames
+    assert "closed the interpreter's stdout" in frames[0]["interpreterLost"]
+
+
+def test_threads_flooding_the_output_cannot_hold_the_runner(tmp_path, as_pid1):
+    """Four threads writing to stdout without end and a main thread asleep: the run ends at its output cap, the
+    next run's frame comes too (the threads flood it as well: they are the session's), and the runner never
+    stalls on the pipes."""
+    flood = ("import threading, os, time\n"
+             "def write():\n    chunk = b'x' * 65536\n    while True:\n        os.write(1, chunk)\n"
+             "for _ in range(4):\n    threading.Thread(target=write, daemon=True).start()\n"
+             "time.sleep(1000)\n")
+    frames = keep_state_runs(tmp_path, [flood, "print('next')"], as_pid1, timeoutSeconds=1.0)
+    assert len(frames) == 2 and frames[0]["reason"] == "OutputLimitExceeded", frames

@@ -30,6 +30,7 @@ from .processes import kill_all_other_processes, kill_process_group, proc_stats
 from .protocol import OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
 INTERRUPT_GRACE_SECONDS = 2.0
+FINAL_DRAIN_BYTES = 4 * 1024 * 1024  # what pipes can hold once every writer is stopped, with room
 MAX_REPORT_BYTES = 32
 LEFTOVER_KILL_SECONDS = 2.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -66,17 +67,28 @@ class Kernel:
         return self.proc.poll() is None
 
     def run(self, env: dict, stdin_path: str | None, code_file: str, timeout_seconds: float, output_bytes: int,
-            flood_bytes: int, guards: Guards | None) -> tuple[ChildOutcome, str | None, dict]:
-        """One run: (its outcome, why the interpreter is lost or None, its metrics)."""
+            flood_bytes: int, guards: Guards | None) -> tuple[ChildOutcome | None, str | None, dict]:
+        """One run: (its outcome, or None if the run never reached the interpreter; why the interpreter is lost, or
+        None; its metrics). Between runs the interpreter is stopped (SIGSTOP: every thread a run left frozen, so
+        nothing of a run goes on unwatched) and what the runs started is gone."""
         stdout, stderr = StreamCapture(output_bytes), StreamCapture(output_bytes)
+        if guards is not None:
+            guards.session = self.proc.pid
+        if not self.alive():
+            return None, "the interpreter had ended before this run", {}
+        self._drop_stale()
+        self._signal(signal.SIGCONT)
         cpu_before = self.cpu_seconds()
         started = time.monotonic()
         lost = self._send(env, stdin_path, code_file, timeout_seconds)
+        if lost is not None:
+            self._end_all()
+            return None, lost, {}
         selector = selectors.DefaultSelector()
         selector.register(self.proc.stdout, selectors.EVENT_READ, stdout)
         selector.register(self.proc.stderr, selectors.EVENT_READ, stderr)
         selector.register(self.channel, selectors.EVENT_READ, None)
-        deadline, interrupted_at = started + timeout_seconds, None
+        deadline, interrupted_at, closed = started + timeout_seconds, None, []
         runner_kill_reason, limit, status, report = None, None, None, b""
         try:
             while lost is None and status is None:
@@ -91,7 +103,7 @@ class Kernel:
                         runner_kill_reason, limit = broken
                         interrupted_at = now
                         self.kill_leftovers()
-                        self._interrupt()
+                        self._signal(signal.SIGINT)
                 elif now >= interrupted_at + INTERRUPT_GRACE_SECONDS:
                     lost = (f"the interpreter did not stop within {INTERRUPT_GRACE_SECONDS:g} s of the interrupt "
                             f"sent at the run's {runner_kill_reason}")
@@ -100,7 +112,10 @@ class Kernel:
                         else min(deadline, guards.next_check if guards is not None else deadline)) - now
                 for key, _ in selector.select(max(wait, 0)):
                     if key.data is not None:
-                        self._drain(key.fileobj, key.data)
+                        # One chunk a wake-up, as a cold run's loop reads: the checks above come between.
+                        if not _read_chunk(key.fileobj, key.data):
+                            selector.unregister(key.fileobj)
+                            closed.append("stdout" if key.fileobj is self.proc.stdout else "stderr")
                         continue
                     chunk = self.channel.recv(MAX_REPORT_BYTES)
                     if not chunk:
@@ -115,13 +130,19 @@ class Kernel:
             lost = f"the interpreter's channel failed: {exc}"
         finally:
             selector.close()
-        for stream, capture in ((self.proc.stdout, stdout), (self.proc.stderr, stderr)):
-            self._drain(stream, capture)  # it flushed both before it answered: all of the run's output is here
         wall = time.monotonic() - started
+        if lost is None:
+            self._signal(signal.SIGSTOP)  # until the next run's word
+            if not self.kill_leftovers():
+                lost = "processes the run started could not all be ended"
+            elif closed:
+                lost = f"the run closed the interpreter's {' and '.join(closed)}: later runs could not print"
         if lost is not None:
-            status = self._end_all()
-        else:
-            self.kill_leftovers()
+            ended = self._end_all()
+            status = ended if status is None else status  # a run that answered keeps its own exit
+        # The interpreter is stopped or gone, the run's processes too: what is left in the pipes is bounded.
+        for stream, capture in ((self.proc.stdout, stdout), (self.proc.stderr, stderr)):
+            _drain(stream, capture, FINAL_DRAIN_BYTES)
         if runner_kill_reason is None and guards is not None:
             broken = guards.check(time.monotonic(), final=True)
             if broken:
@@ -130,6 +151,17 @@ class Kernel:
                    "cpuMillis": int(round(max(self.cpu_seconds(default=cpu_before) - cpu_before, 0.0) * 1000)),
                    "maxRSSBytes": self.peak_rss()}
         return ChildOutcome(status, runner_kill_reason, wall, stdout, stderr, limit), lost, metrics
+
+    def _drop_stale(self) -> None:
+        """What came before the run (a frozen thread's last write, a second `done` it sent) is not the run's."""
+        for stream in (self.proc.stdout, self.proc.stderr):
+            _drain(stream, None, FINAL_DRAIN_BYTES)
+        self.channel.setblocking(False)
+        try:
+            while self.channel.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def _send(self, env: dict, stdin_path: str | None, code_file: str, timeout_seconds: float) -> str | None:
         self.channel.settimeout(timeout_seconds)
@@ -141,42 +173,31 @@ class Kernel:
             self.channel.setblocking(False)
         return None
 
-    @staticmethod
-    def _drain(stream, capture: StreamCapture) -> None:
-        while True:
-            try:
-                chunk = os.read(stream.fileno(), READ_CHUNK)
-            except BlockingIOError:
-                return
-            if not chunk:
-                return
-            capture.feed(chunk)
-
-    def _interrupt(self) -> None:
+    def _signal(self, number: int) -> None:
         try:
-            os.kill(self.interpreter, signal.SIGINT)
+            os.kill(self.interpreter, number)
         except OSError:
             pass
 
-    def kill_leftovers(self) -> None:
+    def kill_leftovers(self) -> bool:
         """Every process but the chain (and us): as PID 1 all of them, else (the runner's tests) those of the
-        interpreter's session."""
+        interpreter's session. False if some outlived the tries."""
         own = os.getpid()
         if own == 1:
-            kill_all_other_processes(LEFTOVER_KILL_SECONDS, spared=self.chain)
-            return
+            return kill_all_other_processes(LEFTOVER_KILL_SECONDS, spared=self.chain)
         give_up = time.monotonic() + LEFTOVER_KILL_SECONDS
         while time.monotonic() < give_up:
             left = [pid for pid, fields in proc_stats(own) if pid not in self.chain and fields[0] not in (b"Z", b"X")
                     and int(fields[3]) == self.proc.pid]
             if not left:
-                return
+                return True
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
             time.sleep(0.005)
+        return False
 
     def _end_all(self) -> int:
         """The interpreter is lost: end it and its namespace; the run ends as its process did (or killed)."""
@@ -209,6 +230,32 @@ class Kernel:
         except (OSError, IndexError, ValueError):
             pass
         return 0
+
+
+def _read_chunk(stream, capture: StreamCapture) -> bool:
+    """One read of a ready pipe into capture; False at its end (every writer closed it)."""
+    try:
+        chunk = os.read(stream.fileno(), READ_CHUNK)
+    except BlockingIOError:
+        return True
+    if chunk:
+        capture.feed(chunk)
+    return bool(chunk)
+
+
+def _drain(stream, capture: StreamCapture | None, most: int) -> None:
+    """What a pipe holds now, up to `most` bytes (into capture, or dropped)."""
+    taken = 0
+    while taken < most:
+        try:
+            chunk = os.read(stream.fileno(), READ_CHUNK)
+        except (BlockingIOError, ValueError, OSError):
+            return
+        if not chunk:
+            return
+        taken += len(chunk)
+        if capture is not None:
+            capture.feed(chunk)
 
 
 def _status(report: bytes) -> int | None:

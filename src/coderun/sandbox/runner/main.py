@@ -199,6 +199,10 @@ def run_in_kernel(kernel: Kernel, spec: dict, env: dict, stdin_path: str | None,
                                             "with keepState false")
     outcome, lost, metrics = kernel.run(env, stdin_path, spec["codeFile"], spec["timeoutSeconds"],
                                         spec["outputBytes"], spec["floodBytes"], guards)
+    if outcome is None:  # the run never reached the interpreter: nothing of it ran
+        frame = failure_frame(RUNNER_ERROR, f"the session's interpreter could not take the run ({lost})")
+        frame["interpreterLost"] = lost
+        return frame
     oom_killed = (outcome.runner_kill_reason is None and outcome.returncode == -signal.SIGKILL
                   and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
     artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"])

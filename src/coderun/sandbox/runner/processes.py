@@ -64,12 +64,13 @@ def reap_zombies() -> None:
             return
 
 
-def kill_all_other_processes(max_seconds: float = 2.0, spared: frozenset[int] = frozenset()) -> None:
+def kill_all_other_processes(max_seconds: float = 2.0, spared: frozenset[int] = frozenset()) -> bool:
     """Only when PID 1 of the sandbox: no escaped daemon may outlive the frame.
 
     kill(-1) reaches every process of the PID namespace but its init in one pass that a fork cannot slip
     through (a fork racing the signal fails); the listing loop then reaps and confirms, and is the fallback.
     With `spared` (a keepState session's interpreter, between runs) the listing loop alone, sparing those.
+    False if some process outlived `max_seconds` of tries.
     """
     own_pid = os.getpid()
     give_up = time.monotonic() + max_seconds
@@ -81,7 +82,7 @@ def kill_all_other_processes(max_seconds: float = 2.0, spared: frozenset[int] = 
                 pass
         alive = [pid for pid in live_process_ids(own_pid) if pid not in spared]
         if not alive:
-            return
+            return True
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -89,6 +90,7 @@ def kill_all_other_processes(max_seconds: float = 2.0, spared: frozenset[int] = 
                 pass
         time.sleep(0.005)
         reap_zombies()
+    return False
 
 
 def program_processes(own_pid: int, session: int | None, child: int | None = None) -> list[int]:
