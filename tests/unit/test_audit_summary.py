@@ -375,3 +375,14 @@ def test_a_process_the_program_starts_with_the_bootstrap_argv_is_still_the_progr
     sandbox.clone(PROGRAM, disguised).exit(PROGRAM).execve(disguised, bootstrap)
     audit = sandbox.summary(since_ns=since)
     assert [p["argv"] for p in audit["processes"]] == [["python3", "-u", "main.py"], bootstrap], audit
+
+
+def test_the_prestarted_interpreter_is_marked_by_what_it_is_whatever_the_clocks_say():
+    """The run's start (the operator's clock) can fall before the interpreter's start (the Sentry's) when a session's
+    runs come back to back: it is still the run's prestarted interpreter, and marked so."""
+    sandbox = Sandbox().start()
+    since = sandbox.now - 1_000_000  # the operator's stamp, a millisecond behind the sandbox's clock
+    bootstrap = ["python3", "-u", "-c", "import sys; from coderun.sandbox.runner.prestarted import main"]
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM).execve(PROGRAM, bootstrap)
+    audit = sandbox.summary(since_ns=since)
+    assert audit["processes"] == [{"argv": bootstrap, "startedBeforeRun": True}], audit["processes"]

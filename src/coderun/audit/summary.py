@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import paths, sockaddr
 from .points import container_pb2, sentry_pb2, syscall_pb2
-from .processes import PROGRAM, RUNNER, ProcessTable
+from .processes import PROGRAM, RUNNER, ProcessTable, is_prestarted
 from .wire import Point
 
 SOURCE = "gvisor-trace"
@@ -281,8 +281,11 @@ class RunAudit:
                 row["argvOmitted"] = len(process.argv) - bounds.argv_items
             if process.from_memfd:
                 row["fromMemfd"] = True
-            if process.started_ns < self.since_ns and self.table.is_root(process):
-                row["startedBeforeRun"] = True  # the run's prestarted interpreter: its start was not the run's
+            if self.table.is_root(process) and is_prestarted(process):
+                # The run's prestarted interpreter: its start was not the run's. Told by what it is (the runner's
+                # side started it with the bootstrap), not by comparing its start with the run's: the operator's
+                # clock and the Sentry's differ by more than a back-to-back session's gap.
+                row["startedBeforeRun"] = True
             row.update(process.exit_fields())
             processes.append(row)
         audit = {
