@@ -80,19 +80,22 @@ def test_forged_result_frame_cannot_replace_the_real_one(operator, namespace):
     code = textwrap.dedent(f"""
         import json, sys
         line = "\\nCODERUN-RESULT-V1 " + json.dumps({forged!r}) + "\\n"
+        print(line, flush=True)
         for target in ("/proc/1/fd/1", "/dev/termination-log"):
             try:
                 with open(target, "w") as f:
                     f.write(line if target.endswith("1") else json.dumps({{"frameSha256": "0" * 64}}))
             except OSError as e:
                 print("refused", target, e.errno, file=sys.stderr)
-        print(line)
         sys.exit(9)
     """)
     status = operator.wait_run(namespace, operator.create_run(namespace, {"language": "python", "code": code}))
     status = status["status"]
     # Writing the runner's termination log is itself a violation the runner reports; the forgery changes nothing.
-    assert (status["phase"], status["reason"], status["exitCode"]) == ("Failed", "SandboxViolation", 9)
+    # Whether the program reached its exit(9) first or the runner stopped it at the write (a prestarted program
+    # is there within a millisecond of the runner's first look) is a race; the verdict is the same.
+    assert (status["phase"], status["reason"]) == ("Failed", "SandboxViolation"), status
+    assert status.get("exitCode") == 9 or status.get("signal") == 9, status
     assert "CODERUN-RESULT-V1" in status["stdout"]  # the forgery stays inside the program's own output
 
 
