@@ -66,7 +66,7 @@ class Sandbox:
 
     def __init__(self, args, is_pid1: bool, own_namespaces: bool, settings: dict | None = None):
         self.args, self.is_pid1, self.own_namespaces, self.settings = args, is_pid1, own_namespaces, settings
-        self.keep_state = bool(getattr(args, "keep_state", False))
+        self.keep_state = args.keep_state
         self.scratch = ScratchMount()
         self.prestarted: Prestarted | None = None
         self.kernel: Kernel | None = None
@@ -75,7 +75,7 @@ class Sandbox:
         """Start the next run's program now, under the limits the pod was made for (one left from before is
         given up first: as PID 1 the last frame's printing killed it). An optimisation only: if it fails, every
         later run starts cold. With keepState, the session's interpreter, once: without it no run can keep state,
-        and each is refused (kernel_missing)."""
+        and each is refused (session_run says so)."""
         if self.prestarted is not None:
             self.take_prestarted().discard()
         if self.settings is None or (self.keep_state and self.kernel is not None):
