@@ -25,12 +25,11 @@ import time
 from .capture import READ_CHUNK, StreamCapture
 from .child import ChildOutcome
 from .limits import Guards
-from .prestart import end_program, send_word
+from .prestart import FINAL_DRAIN_BYTES, drain_pipe, end_program, send_word
 from .processes import kill_all_other_processes, kill_process_group, proc_stats
 from .protocol import OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
 INTERRUPT_GRACE_SECONDS = 2.0
-FINAL_DRAIN_BYTES = 4 * 1024 * 1024  # what pipes can hold once every writer is stopped, with room
 MAX_REPORT_BYTES = 32
 LEFTOVER_KILL_SECONDS = 2.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -54,7 +53,7 @@ class Kernel:
             os.set_blocking(stream.fileno(), False)
 
     @classmethod
-    def adopt(cls, settings: dict, proc: subprocess.Popen, channel: socket.socket) -> "Kernel | None":
+    def adopt(cls, settings: dict, proc: subprocess.Popen, channel: socket.socket) -> "Kernel":
         """Record the chain now, before any program code ran: as PID 1 the interpreter is the init's child, the
         init the mirror's; without namespaces (the runner's tests) the mirror is the interpreter."""
         init = child_of(proc.pid)
@@ -142,7 +141,7 @@ class Kernel:
             status = ended if status is None else status  # a run that answered keeps its own exit
         # The interpreter is stopped or gone, the run's processes too: what is left in the pipes is bounded.
         for stream, capture in ((self.proc.stdout, stdout), (self.proc.stderr, stderr)):
-            _drain(stream, capture, FINAL_DRAIN_BYTES)
+            drain_pipe(stream, capture, FINAL_DRAIN_BYTES)
         if runner_kill_reason is None and guards is not None:
             broken = guards.check(time.monotonic(), final=True)
             if broken:
@@ -155,7 +154,7 @@ class Kernel:
     def _drop_stale(self) -> None:
         """What came before the run (a frozen thread's last write, a second `done` it sent) is not the run's."""
         for stream in (self.proc.stdout, self.proc.stderr):
-            _drain(stream, None, FINAL_DRAIN_BYTES)
+            drain_pipe(stream, None, FINAL_DRAIN_BYTES)
         self.channel.setblocking(False)
         try:
             while self.channel.recv(4096):
@@ -241,21 +240,6 @@ def _read_chunk(stream, capture: StreamCapture) -> bool:
     if chunk:
         capture.feed(chunk)
     return bool(chunk)
-
-
-def _drain(stream, capture: StreamCapture | None, most: int) -> None:
-    """What a pipe holds now, up to `most` bytes (into capture, or dropped)."""
-    taken = 0
-    while taken < most:
-        try:
-            chunk = os.read(stream.fileno(), READ_CHUNK)
-        except (BlockingIOError, ValueError, OSError):
-            return
-        if not chunk:
-            return
-        taken += len(chunk)
-        if capture is not None:
-            capture.feed(chunk)
 
 
 def _status(report: bytes) -> int | None:

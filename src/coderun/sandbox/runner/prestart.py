@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 
+from .capture import READ_CHUNK, StreamCapture
 from .inputs import InvalidInput, parse_run_spec
 from .limits import Guards
 from .processes import kill_all_other_processes, kill_process_group
@@ -41,6 +42,7 @@ STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "
 # The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
 # bounded, and the run then starts cold.
 ANSWER_SECONDS = 20.0
+FINAL_DRAIN_BYTES = 4 * 1024 * 1024  # what pipes can hold once every writer is stopped, with room
 MAX_PRESTART_CPU_SECONDS = 60.0
 SETTINGS_KEYS = ("language", "command", "codeFile", "diskBytes", "maxInodes", "maxProcesses", "memoryBytes",
                  "scratchTmpfs")
@@ -136,10 +138,7 @@ class Prestarted:
         for stream in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(stream.fileno(), False)
             try:
-                while os.read(stream.fileno(), 65536):
-                    pass
-            except BlockingIOError:
-                pass
+                drain_pipe(stream, None, FINAL_DRAIN_BYTES)
             finally:
                 os.set_blocking(stream.fileno(), True)
 
@@ -164,6 +163,21 @@ class Prestarted:
         if not self.ended:
             self.ended = True
             end_program(self.proc, self.channel)
+
+
+def drain_pipe(stream, capture: StreamCapture | None, most: int) -> None:
+    """What a pipe holds now, up to `most` bytes (into capture, or dropped)."""
+    taken = 0
+    while taken < most:
+        try:
+            chunk = os.read(stream.fileno(), READ_CHUNK)
+        except (BlockingIOError, ValueError, OSError):
+            return
+        if not chunk:
+            return
+        taken += len(chunk)
+        if capture is not None:
+            capture.feed(chunk)
 
 
 def send_word(channel: socket.socket, env: dict, stdin_path: str | None, code_file: str) -> None:
