@@ -187,7 +187,7 @@ class Store:
         if connection is None:
             return None
         view = RunView(container_id, since_ns)
-        while True:
+        for evaluation in itertools.count():
             evaluated = time.monotonic()
             packets, lost, closed, error = self._since(connection, view.fed)
             view.feed(packets)
@@ -201,9 +201,10 @@ class Store:
             with self.lock:
                 connection.changed.wait_for(lambda: len(connection.ends) > view.fed or connection.closed,
                                             timeout=remaining)
-            # A flood of points wakes this on every packet: evaluate again no more often than pace_s.
+            # A flood of points wakes this on every packet: evaluate again no more often than pace_s. Not after the
+            # first look, though: the point it missed (the program's exit, still in the socket) is usually the next.
             pause = min(evaluated + self.limits.pace_s - time.monotonic(), deadline - time.monotonic())
-            if pause > 0:
+            if pause > 0 and evaluation > 0:
                 time.sleep(pause)
 
     def _since(self, connection: Connection, start: int) -> tuple[list[bytes], int, bool, str | None]:
