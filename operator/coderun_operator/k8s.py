@@ -210,6 +210,14 @@ class Attached:
             raise Transient(f"attach: reading failed: {type(e).__name__}: {str(e)[:200]}") from e
         return received
 
+    def still_open(self) -> bool:
+        """Whether the stream is open, once what already arrived (the other side's close among it) is read."""
+        try:
+            self._socket.update(timeout=0)
+            return bool(self._socket.is_open())
+        except Exception as e:  # noqa: BLE001
+            raise Transient(f"attach: reading failed: {type(e).__name__}: {str(e)[:200]}") from e
+
     def close(self) -> None:
         try:
             self._socket.close()

@@ -270,6 +270,10 @@ class FakeK8s:
 class _FakeAttached:
     def __init__(self, answer, sent, pod):
         self._answer, self._sent, self._pod, self._input = answer, sent, pod, None
+        self.closed = False
+
+    def still_open(self) -> bool:
+        return not self.closed
 
     def send(self, data: bytes) -> None:
         self._input = self._sent[self._pod] = data
@@ -278,4 +282,4 @@ class _FakeAttached:
         return self._answer(self._input)
 
     def close(self) -> None:
-        pass
+        self.closed = True

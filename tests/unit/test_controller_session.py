@@ -21,7 +21,6 @@ from coderun_operator.results.status import parse_time
 from coderun.api.coderunpolicy import Sessions
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec
-from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s
 from test_controller import NS, T0, Clock, make_run
 from datetime import timedelta
@@ -78,7 +77,8 @@ def runner(api):
                  "stderr": "", "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000},
                  "nonce": parsed["nonce"]}
         accepted = hashlib.sha256(parsed["nonce"].encode()).hexdigest()[:16]
-        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
+        line = json.dumps(frame, separators=(",", ":"))  # as the runner prints it (frame.py)
+        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {line}\n".encode()
     return state, answer
 
 
@@ -443,3 +443,82 @@ def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead
         settle()
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 6)] == ["Succeeded"] * 5
     assert queued_writes and max(queued_writes.values()) == 1, queued_writes
+
+
+# ---------------------------------------------------------------- one attach, few writes
+def test_a_run_whose_document_is_on_its_way_keeps_the_session_busy():
+    """The session is marked Busy with the run's name before the run's own status says it started: a refresh
+    in between (the Busy write's own echo) must not read Ready and write it."""
+    session = make_session()
+    session["status"] = {"phase": "Busy", "podName": POD, "idleTimeoutSeconds": 60, "currentRun": "r1",
+                         "startTime": "2026-11-22T10:00:00Z", "expiresAt": "2026-11-22T11:00:00Z"}
+    pod = {"metadata": {"name": POD}, "status": {"containerStatuses": [{"name": "run", "state": {"running": {}}}]}}
+    waiting = session_run("r1", "uid-1")  # its status not written yet
+    now = T0 + timedelta(seconds=30)
+    assert compute_session_status(session, pod, [waiting], now).phase == "Ready"
+    busy = compute_session_status(session, pod, [waiting], now, sending="r1")
+    assert (busy.phase, busy.current_run) == ("Busy", "r1")
+    finished = {**waiting, "status": {"phase": "Succeeded"}}
+    assert compute_session_status(session, pod, [finished], now, sending="r1").phase == "Ready"
+
+
+def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_late_echoes_write_nothing(env):
+    api, _, ctl = env
+    start_session(env)
+    state, answer = runner(api)
+    api.attach_answers[POD] = answer
+    written, patch = [], api.patch_session_status
+
+    def recording(namespace, name, status):
+        result = patch(namespace, name, status)
+        written.append(copy.deepcopy(result))
+        return result
+    api.patch_session_status = recording
+    attaches = api.calls.count("attach")
+    for i in range(1, 4):
+        ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
+        settle()
+        assert api.run(NS, f"r{i}")["status"]["phase"] == "Succeeded"
+    assert state["codes"] == ["print(6*7)"] * 3
+    assert api.calls.count("attach") - attaches == 1  # the first run's attach served all three
+    assert len(written) == 6  # per run: Busy with its sequence number, then Ready with the count
+    assert [w["status"]["phase"] for w in written] == ["Busy", "Ready"] * 3
+    # The watch delivers each write late, in order: none of them is written back over the newer status.
+    for echo in written:
+        ctl.on_session(copy.deepcopy(echo), deleted=False)
+    assert len(written) == 6
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["runsDone"], session["documentsSent"]) == ("Ready", 3, 3)
+
+
+def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still_reads_busy(env):
+    """In a harness's back-to-back runs the next run's event can come before the session's Ready is written:
+    the runs before it are finished, so it goes (the attach is free) rather than wait for that write."""
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    api.attach_answers[POD] = answer
+    patch = api.patch_session_status
+    api.patch_session_status = lambda ns, name, status: (
+        copy.deepcopy(api.objects[("CodeRunSession", ns, name)]) if status.get("phase") == "Ready" else
+        patch(ns, name, status))  # Ready "still on its way": never lands
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Busy"
+    ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    settle()
+    assert api.run(NS, "r2")["status"]["phase"] == "Succeeded"
+
+
+def test_the_attach_goes_with_the_sessions_pod(env):
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    api.attach_answers[POD] = answer
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    (channel,) = ctl.sessions.channels.values()
+    held = channel._attached
+    assert held is not None and not held.closed
+    ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=True)
+    assert held.closed and not ctl.sessions.channels

@@ -56,16 +56,20 @@ def ended_status(session: Mapping[str, Any], reason: str, message: str, now: dat
 
 
 def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | None,
-                           runs: Iterable[Mapping[str, Any]], now: datetime) -> CodeRunSessionStatus | None:
+                           runs: Iterable[Mapping[str, Any]], now: datetime,
+                           sending: str | None = None) -> CodeRunSessionStatus | None:
     """The status of an admitted session (it has a pod name) as its pod and runs say now: Pending until the runner
     runs, Ready between runs, Busy while one is in the sandbox, Ended (why) once its pod is gone, ran out of
     memory or ended, its lifetime passed, or it was idle too long. None: not admitted yet, or already Ended
-    (an ended session never changes)."""
+    (an ended session never changes). `sending`: the run whose document is on its way (its session was marked
+    Busy before its own status says it started, and must not read Ready in between)."""
     status = session.get("status") or {}
     if not status.get("podName") or status.get("phase") == SessionPhase.ENDED:
         return None
+    runs = list(runs)
     mine = [r for r in runs if in_session(r, status)]
-    current = next((r for r in runs_in_order(mine) if not is_done(r)), None)
+    current = next((r for r in runs_in_order(mine) if not is_done(r)), None) or \
+        next((r for r in runs if r["metadata"]["name"] == sending and not is_done(r)), None)
     started = status.get("startTime") or (rfc3339(now) if pod is not None and is_running(pod) else None)
     # what the status held counts too: a finished run may be deleted (the CLI deletes its own), and neither the
     # idle clock nor the count may go back
@@ -89,6 +93,17 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
         "startTime": started, "currentRun": current["metadata"]["name"] if current is not None else None,
         "conditions": _conditions(status.get("conditions"), True, False, SessionReason.STARTED,
                                   "the session takes runs", gen, now)})
+
+
+def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime) -> dict[str, Any]:
+    """The session's status as a run's document goes (written with its sequence number): Busy with that run,
+    its activity the run's start (`now`, the run's startTime too), so the run's own status moving to Running
+    changes nothing a refresh would write again."""
+    last = rfc3339(now)
+    idle = status.get("idleTimeoutSeconds")
+    return {"phase": SessionPhase.BUSY, "currentRun": run_name, "message": f"run {run_name} is in the sandbox",
+            "lastActivity": last,
+            "idleExpiresAt": rfc3339(parse_time(last) + timedelta(seconds=idle)) if idle else None}
 
 
 def _run_times(run: Mapping[str, Any]) -> str | None:

@@ -1,14 +1,15 @@
 """CodeRunSessions (docs/sessions.md), keepState false: admit a session (its policy allows it, caps, maxSessions),
 create its sandbox pod, keep its status (results/session.compute_session_status) and end it (idle, lifetime, pod
 lost, OOM, policy removed) on events and the controller's tick; and take a run naming a session through it, one at
-a time in creation order: its document (MAC'd under the session's key, a fresh nonce) over an attach
-(warm/session.exchange, the warm pool's transport), its frame handed back to the controller's finish.
+a time in creation order: its document (MAC'd under the session's key, a fresh nonce) over the session's
+attach (channel.Channel, kept open from run to run), its frame handed back to the controller's finish.
 
 A session's key is derived from one key the operator keeps in a Secret of its own namespace (HMAC of the
 session's uid): nothing per session to create or delete, and a restarted operator derives it again.
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import logging
@@ -38,13 +39,14 @@ from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
-from ...results.session import admitted_status, compute_session_status, ended_status, runs_in_order
+from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
+                               runs_in_order)
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
                                waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
-from ..warm.session import exchange
 from ..writer import StatusWriter, to_wire
+from .channel import Channel
 
 log = logging.getLogger("coderun")
 
@@ -109,6 +111,11 @@ class Sessions:
         self.killed: dict[str, tuple[RunnerFrame, float]] = {}
         self._master: bytes | None = None  # _master_key
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
+        self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
+        self._sending: dict[str, str] = {}  # session uid -> the run whose document is on its way (marked Busy)
+        # session uid -> the resourceVersions of the operator's own last status writes, newest last: the watch's
+        # echo of an older one is stale (the held status is newer) and must not be written back over it
+        self._written: dict[str, collections.deque[str]] = {}
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ events
@@ -119,6 +126,10 @@ class Sessions:
                 self.sessions.pop((meta["namespace"], meta["name"]), None)
                 self.pods.pop(meta["uid"], None)
                 self._routes.pop(meta["uid"], None)
+                self._written.pop(meta["uid"], None)
+                self._close_channel(meta["uid"])
+            elif self._stale_echo(meta):
+                return
             else:
                 self.sessions[(meta["namespace"], meta["name"])] = held = _newest_count(
                     dict(session), self.sessions.get((meta["namespace"], meta["name"])))
@@ -133,6 +144,7 @@ class Sessions:
         with self._lock:
             if deleted:
                 self.pods.pop(uid, None)
+                self._close_channel(uid)
             else:
                 self.pods[uid] = dict(pod)
             session = next((s for s in self.sessions.values() if s["metadata"]["uid"] == uid), None)
@@ -146,6 +158,8 @@ class Sessions:
         """The clocks (idle, lifetime) and the policy, for every live session; an ended one is deleted once its
         policy's ttlSecondsAfterFinished has passed."""
         with self._lock:
+            for channel in self.channels.values():
+                channel.close_if_idle()
             for session in list(self.sessions.values()):
                 try:
                     if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
@@ -183,7 +197,8 @@ class Sessions:
             self._end(session, SessionReason.POLICY_REMOVED, f"policy {status.get('policy')!r} was deleted or no "
                       "longer allows sessions; create a new session under a policy that does")
             return
-        new = compute_session_status(session, self._pod_of(session), self._runs(session), self.now())
+        new = compute_session_status(session, self._pod_of(session), self._runs(session), self.now(),
+                                     self._sending.get(session["metadata"]["uid"]))
         if new is None:
             return
         wire = to_wire(new)
@@ -289,14 +304,37 @@ class Sessions:
         self._delete_pod(session)
 
     def _delete_pod(self, session: Mapping[str, Any]) -> None:
+        self._close_channel(session["metadata"]["uid"])
         pod = self.pods.get(session["metadata"]["uid"])
         if pod is not None and not pod["metadata"].get("deletionTimestamp"):
             self.api.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"])
+
+    def _channel(self, session: Mapping[str, Any], pod_name: str) -> Channel:
+        uid = session["metadata"]["uid"]
+        channel = self.channels.get(uid)
+        if channel is None or channel.pod_name != pod_name:
+            self._close_channel(uid)
+            channel = self.channels[uid] = Channel(self.api, session["metadata"]["namespace"], pod_name)
+        return channel
+
+    def _close_channel(self, session_uid: str) -> None:
+        channel = self.channels.pop(session_uid, None)
+        if channel is not None:
+            channel.close()
+
+    def _stale_echo(self, meta: Mapping[str, Any]) -> bool:
+        """The event brings the session as one of this operator's own status writes left it, and a later write
+        of its own has been answered since."""
+        written = self._written.get(meta["uid"])
+        return bool(written) and meta.get("resourceVersion") in written and meta["resourceVersion"] != written[-1]
 
     def _write(self, session: dict[str, Any], wire: dict[str, Any]) -> dict[str, Any] | None:
         meta = session["metadata"]
         written = self.api.patch_session_status(meta["namespace"], meta["name"], wire)
         if written is not None:
+            version = written["metadata"].get("resourceVersion")
+            if version:
+                self._written.setdefault(meta["uid"], collections.deque(maxlen=16)).append(version)
             self.sessions[(meta["namespace"], meta["name"])] = written
             session.clear()
             session.update(written)
@@ -380,7 +418,10 @@ class Sessions:
             # each time one ends (a harness's 80 queued runs: 80 writes a run, and the session 5 times slower).
             return self._wait(run, decision, f"waits its turn in CodeRunSession {name}: runs go one at a time, in "
                               "creation order")
-        if sstatus.get("phase") != SessionPhase.READY:
+        # Busy is no reason to wait once the runs before this one are finished (the status says Ready a write
+        # later); a document still on its way, one of a run deleted meanwhile, is: the attach is its run's.
+        if sstatus.get("phase") not in (SessionPhase.READY, SessionPhase.BUSY) or \
+                session["metadata"]["uid"] in self._sending:
             return self._wait(run, decision, f"CodeRunSession {name} is {sstatus.get('phase')}; the run starts once "
                               "it is Ready")
         return self._send(run, spec, decision, session)
@@ -403,6 +444,7 @@ class Sessions:
         nothing is ever taken back."""
         meta, sstatus = run["metadata"], session["status"]
         sequence, pod_name = int(sstatus.get("documentsSent") or 0), sstatus["podName"]
+        now = self.now()  # the run's start and the session's last activity, the same instant
         master = self._master_key()
         try:  # the proxy pod the run is pinned to, and its credential, travel with its document
             egress = access_for(self.proxy, decision.policy.egress, meta["uid"])
@@ -412,20 +454,23 @@ class Sessions:
         taken = self._ensure_routes(session, decision.policy.egress, egress.route if egress else None)
         if taken:
             return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
+        suid = session["metadata"]["uid"]
         with self._lock:
-            reserved = self._write(session, {"documentsSent": sequence + 1, "phase": SessionPhase.BUSY,
-                                             "currentRun": meta["name"],
-                                             "message": f"run {meta['name']} is in the sandbox"})
+            self._sending[suid] = meta["name"]  # until its exchange ends: the session stays Busy
+            reserved = self._write(session, {"documentsSent": sequence + 1, **busy_fields(sstatus, meta["name"], now)})
+            channel = self._channel(session, pod_name)
         if reserved is None:
+            self._done_sending(suid, meta["name"])
             return None
-        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, self.now(),
+        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, now,
                                 proxy_pod=egress.pod if egress else None)
         # The sandbox is up already: the run is Running from here, in the one write that records its start.
-        running = running_status({**run, "status": to_wire(status)}, self.now())
+        running = running_status({**run, "status": to_wire(status)}, now)
         status = status.model_copy(update={
             "phase": running.phase, "reason": running.reason, "conditions": running.conditions,
             "message": f"running in the sandbox of CodeRunSession {session['metadata']['name']}"})
         if self.writer.write(run, status) is None:
+            self._done_sending(suid, meta["name"])
             return None
         nonce = secrets.token_hex(32)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
@@ -436,15 +481,23 @@ class Sessions:
         def serve() -> None:
             sent, received = False, b""
             try:
-                sent, received = exchange(self.api, meta["namespace"], pod_name, document, frame_with(nonce), timeout)
+                sent, received = channel.exchange(document, frame_with(nonce), timeout)
+                self._done_sending(suid, meta["name"])  # from here the run's own status says where it is
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:
                 # only now: a reconcile of the run while its frame is being finished must wait, not call it lost
                 self.streams.pop(meta["uid"], None)
+                self._done_sending(suid, meta["name"])
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
         return None
+
+    def _done_sending(self, session_uid: str, run_name: str) -> None:
+        """The run's document is no longer on its way (the next run's may be by now: that mark stays)."""
+        with self._lock:
+            if self._sending.get(session_uid) == run_name:
+                del self._sending[session_uid]
 
     def _master_key(self) -> bytes:
         """The operator's key for sessions, read once (it never changes: a new one would orphan every session)."""
