@@ -6,7 +6,8 @@ For `print(1)`, one at a time, timed from the client's create call to what the c
   cold CodeRun (no pool): -> its sandbox pod exists; -> terminal status written;
   bare pod (the operator's own pod spec, no operator): -> container reported terminated;
   Job (the same pod as a Job's template): -> the Job controller's pod exists.
-Then runs in one CodeRunSession (its sandbox up already), each created once the one before has ended.
+Then runs in a CodeRunSession (its sandbox up already), each created once the one before has ended: keepState false
+(a fresh process per run), then true (one interpreter).
 Then a pool of 20 (cpuRequest 20m, so 20 fit on this 2-CPU node) takes 20 CodeRuns created at once, and the
 pool's refill: every pod created -> its runner running, and the pool back to 20 ready after the burst.
 Prints medians, p90s and p99s.
@@ -143,22 +144,30 @@ def bench_warm(custom, stopwatch, namespace, n):
     return to_result, modes
 
 
-def bench_session(custom, stopwatch, namespace, n):
-    """Sequential runs in one session whose sandbox is Ready: created -> terminal status."""
+def bench_session(custom, stopwatch, namespace, n, keep_state=False):
+    """Sequential runs in one session whose sandbox is Ready, each created once the one before ended: created ->
+    terminal status. keepState false: a fresh process per run; true: one interpreter for all. The namespace's
+    policy allows sessions (allow_sessions)."""
+    session = f"bench-{'keep' if keep_state else 'fresh'}"
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": session},
+        "spec": {"language": "python", "keepState": keep_state}})
+    stopwatch.wait(("session-ready", session))
+    to_result = []
+    for i in range(n):
+        name = f"{session}-{i}"
+        start = create_run(custom, namespace, name, session=session)
+        to_result.append(stopwatch.wait(("run-finished", name)) - start)
+        assert finished_status(custom, namespace, name)["startMode"] == "Session"
+    # its pod's CPU request goes with it (the next session's pod needs the room on a 2-CPU node)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, session)
+    return to_result
+
+
+def allow_sessions(custom, namespace):
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
         "spec": {"sessions": {"allowed": True}}})
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": "bench"},
-        "spec": {"language": "python"}})
-    stopwatch.wait(("session-ready", "bench"))
-    to_result = []
-    for i in range(n):
-        name = f"session-{i}"
-        start = create_run(custom, namespace, name, session="bench")
-        to_result.append(stopwatch.wait(("run-finished", name)) - start)
-        assert finished_status(custom, namespace, name)["startMode"] == "Session"
-    return to_result
 
 
 def bench_bare_pods(core, stopwatch, namespace, n):
@@ -285,7 +294,10 @@ def main() -> None:
         warm, warm_modes = bench_warm(custom, warm_watch, warm_ns, args.n)
         core.delete_namespace(warm_ns)
         session_ns = new_namespace(core)
-        session = bench_session(custom, Stopwatch(session_ns), session_ns, args.n)
+        session_watch = Stopwatch(session_ns)
+        allow_sessions(custom, session_ns)
+        session = bench_session(custom, session_watch, session_ns, args.n)
+        session_kept = bench_session(custom, session_watch, session_ns, args.n, keep_state=True)
         core.delete_namespace(session_ns)
         demo_ns = new_namespace(core)
         demo, demo_totals, demo_prestarted = bench_demo_warm(custom, Stopwatch(demo_ns), demo_ns, args.demo)
@@ -306,7 +318,8 @@ def main() -> None:
     print("print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
     print(summary("warm CodeRun created -> terminal status", warm) +
           f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
-    print(summary("CodeRun in a session created -> terminal status", session))
+    print(summary("CodeRun in a session created -> terminal status", session) + "  keepState false")
+    print(summary("CodeRun in a session created -> terminal status", session_kept) + "  keepState true")
     print(f"the pandas demo (examples/coderun.yaml) on a warm pod, one at a time: {demo_prestarted}/{len(demo)} "
           "with pandas prestarted")
     print(summary("  created -> terminal status (client's watch)", demo))
