@@ -134,7 +134,7 @@ class Sessions:
                 self.sessions[(meta["namespace"], meta["name"])] = held = _newest_count(
                     dict(session), self.sessions.get((meta["namespace"], meta["name"])))
                 self._refresh(dict(held), ensure_policies)
-        self._reconcile_runs(self._waiting_runs(meta["namespace"], meta["name"]))
+        self._reconcile_runs(self._runs_to_wake(meta["namespace"], meta["name"]))
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> bool:
         """A session pod's event (False: not a session pod)."""
@@ -151,7 +151,7 @@ class Sessions:
             if session is not None:
                 self._refresh(session, ensure_policies)
         if session is not None:
-            self._reconcile_runs(self._waiting_runs(session["metadata"]["namespace"], session["metadata"]["name"]))
+            self._reconcile_runs(self._runs_to_wake(session["metadata"]["namespace"], session["metadata"]["name"]))
         return True
 
     def tick(self, ensure_policies: Callable[[], None]) -> None:
@@ -346,6 +346,18 @@ class Sessions:
         unfinished = [r for r in self.store.unfinished_in(meta["namespace"])
                       if (r.get("spec") or {}).get("session") == meta["name"]]
         return unfinished + self.store.finished_runs_of(meta["namespace"], meta["name"])
+
+    def _runs_to_wake(self, namespace: str, name: str) -> list[str]:
+        """The runs a change of the session may move: the first in its queue while it lives (the others wait
+        their turn, their status written once: looking at all 80 of a harness's queued runs at each of the
+        session's events made each run's end cost the operator ~80 steps); every one once it has ended or is
+        gone (each is refused, saying why)."""
+        waiting = self._waiting_runs(namespace, name)
+        with self._lock:
+            session = self.sessions.get((namespace, name))
+        if session is None or (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
+            return waiting
+        return waiting[:1]
 
     def _waiting_runs(self, namespace: str, name: str) -> list[str]:
         return [r["metadata"]["uid"] for r in runs_in_order(
@@ -599,7 +611,7 @@ class Sessions:
             return
         with self._lock:
             self._refresh(session, ensure_policies)
-        self._reconcile_runs(self._waiting_runs(run["metadata"]["namespace"], run["spec"]["session"]))
+        self._reconcile_runs(self._runs_to_wake(run["metadata"]["namespace"], run["spec"]["session"]))
 
 
 def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
