@@ -269,8 +269,13 @@ def test_the_look_after_the_first_is_not_held_to_the_pace():
     sandboxes = Sandboxes(agent.Sink(store, "unused"))
     runsc, served = sandboxes.open()
     whole = finished_run().packets
-    for packet in pause_start() + whole[:COMPLETING]:
+    sent = pause_start() + whole[:COMPLETING]
+    for packet in sent:
         runsc.send(packet)
+    with store.lock:  # all of them stored before the question: the look they would wake is not the one tested
+        assert store.appeared.wait_for(lambda: CID in store.by_container, WAIT_S)
+        connection = store.by_container[CID]
+        assert connection.changed.wait_for(lambda: len(connection.ends) == len(sent), WAIT_S)
     answers = []
     asking = threading.Thread(target=lambda: answers.append(store.answer(CID, 0, WAIT_S)))
     asking.start()
