@@ -30,3 +30,28 @@ def test_ordinary_output_is_untouched():
 def test_policy_patterns_extend_the_builtin_ones():
     text, count = Redactor([r"ACME-\d{6}"]).redact("id ACME-123456")
     assert text == "id [REDACTED:policy]" and count == 1
+
+
+def test_the_one_pass_check_changes_nothing_a_pattern_would_redact():
+    """Redaction first asks one alternation of every pattern whether any matches: each pattern keeps its own
+    inline flags inside it, and a text the alternation passes over is one no pattern changes."""
+    policy = [r"(?i)acme-\d{6}", r"(?s)BEGIN.*END", r"(ID:)\w{4}"]
+    corpus = [f"before {secret} after" for _, secret in SECRETS] + [
+        "42\nrate=0.25 skills: ok\n", "ACME-123456", "acme-123456", "Acme-12345", "BEGIN\nx\nEND", "BEGINEND",
+        "ID:abcd", "id:abcd", "PASSWORD: 'abcdefghij'", "", "aws_secret_access_key = " + "A" * 40,
+        "/usr/lib/python3.11/encodings/__init__.py"]
+    checked = Redactor(policy)
+    assert checked._any is not None
+    each = Redactor(policy)
+    each._any = None  # every pattern in turn, as without the check
+    for text in corpus:
+        assert checked.redact(text) == each.redact(text), text
+    assert checked.redact("acme-123456 and ID:wxyz")[1] == 2
+
+
+def test_patterns_past_the_one_pass_budget_are_each_still_applied():
+    # each within its own budget (~1,000 RE2 instructions), twenty together past the alternation's
+    heavy = [r"Q%d[%s-z]{999}" % (i, "abcdefghijklmnopqrst"[i]) for i in range(20)]
+    redactor = Redactor(heavy)
+    assert redactor._any is None
+    assert redactor.redact("x Q7" + "z" * 999) == ("x [REDACTED:policy]", 1)

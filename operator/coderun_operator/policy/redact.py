@@ -73,6 +73,26 @@ def compile_pattern(pattern: str) -> re2._Regexp:
 _BUILTIN = tuple((kind, compile_pattern(p)) for kind, p in BUILTIN_PATTERNS)
 
 
+# The one pattern that says whether any of a redactor's patterns matches: its own budget, as a pattern's is.
+ANY_OF_MAX_MEM = 2 * PATTERN_MAX_MEM
+_ANY_OPTIONS = re2.Options()
+_ANY_OPTIONS.max_mem = ANY_OF_MAX_MEM
+_ANY_OPTIONS.log_errors = False
+
+
+def _any_of(patterns: Iterable[re2._Regexp]) -> re2._Regexp | None:
+    """Every pattern as one alternation (each in a group of its own, so its inline flags stay its own): a text it
+    does not match, none of them matches, and redaction leaves it unchanged. None past the budget: each
+    pattern is then tried in turn, as without it."""
+    try:
+        return re2.compile("|".join(f"(?:{p.pattern})" for p in patterns), _ANY_OPTIONS)
+    except re2.error:
+        return None
+
+
+_BUILTIN_ANY = _any_of(pattern for _, pattern in _BUILTIN)
+
+
 class Redactor:
     """The built-in patterns and a policy's own; `redact` returns the cleaned text and how many secrets it removed.
     Built once per loaded policy (policy/load.py), so its patterns go when the policy goes."""
@@ -80,8 +100,12 @@ class Redactor:
     def __init__(self, extra_patterns: Iterable[str | re2._Regexp] = ()):
         self._patterns = list(_BUILTIN) + [
             ("policy", p if isinstance(p, re2._Regexp) else compile_pattern(p)) for p in extra_patterns]
+        self._any = _any_of(pattern for _, pattern in self._patterns) if len(self._patterns) > len(_BUILTIN) \
+            else _BUILTIN_ANY
 
     def redact(self, text: str) -> tuple[str, int]:
+        if self._any is not None and not self._any.search(text):
+            return text, 0  # most strings hold no secret: one pass, not one per pattern
         total = 0
         for kind, pattern in self._patterns:
             keep = r"\1" if pattern.groups else ""
