@@ -117,6 +117,7 @@ class Sessions:
         # echo of an older one is stale (the held status is newer) and must not be written back over it
         self._written: dict[str, collections.deque[str]] = {}
         self._lock = threading.RLock()
+        self._marks = threading.Lock()  # for _sending alone
 
     # ------------------------------------------------------------------ events
     def on_session(self, session: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> None:
@@ -336,8 +337,7 @@ class Sessions:
             if version:
                 self._written.setdefault(meta["uid"], collections.deque(maxlen=16)).append(version)
             self.sessions[(meta["namespace"], meta["name"])] = written
-            session.clear()
-            session.update(written)
+            session.update(written)  # the caller's copy too; never emptied on the way (it is read without a lock)
         return written
 
     def _runs(self, session: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -353,8 +353,7 @@ class Sessions:
         session's events made each run's end cost the operator ~80 steps); every one once it has ended or is
         gone (each is refused, saying why)."""
         waiting = self._waiting_runs(namespace, name)
-        with self._lock:
-            session = self.sessions.get((namespace, name))
+        session = self.sessions.get((namespace, name))
         if session is None or (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
             return waiting
         return waiting[:1]
@@ -365,8 +364,9 @@ class Sessions:
 
     def session_of(self, run: Mapping[str, Any]) -> dict[str, Any] | None:
         ns, name = run["metadata"]["namespace"], run["spec"]["session"]
-        with self._lock:
-            held = self.sessions.get((ns, name))
+        # read without the lock (one dict lookup): it is held across the session's status writes, and every
+        # run's step begins here
+        held = self.sessions.get((ns, name))
         if held is None:
             held = self.api.get_session(ns, name)
             if held is not None:
@@ -468,7 +468,8 @@ class Sessions:
             return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
         suid = session["metadata"]["uid"]
         with self._lock:
-            self._sending[suid] = meta["name"]  # until its exchange ends: the session stays Busy
+            with self._marks:
+                self._sending[suid] = meta["name"]  # until its exchange ends: the session stays Busy
             reserved = self._write(session, {"documentsSent": sequence + 1, **busy_fields(sstatus, meta["name"], now)})
             channel = self._channel(session, pod_name)
         if reserved is None:
@@ -507,7 +508,7 @@ class Sessions:
 
     def _done_sending(self, session_uid: str, run_name: str) -> None:
         """The run's document is no longer on its way (the next run's may be by now: that mark stays)."""
-        with self._lock:
+        with self._marks:  # not the session lock: a write under it would hold the run's end
             if self._sending.get(session_uid) == run_name:
                 del self._sending[session_uid]
 
