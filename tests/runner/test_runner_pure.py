@@ -363,3 +363,32 @@ def test_at_the_deadline_the_program_is_frozen_before_the_last_count(tmp_path):
                         timeout_seconds=0.5, output_bytes=1024, flood_bytes=4096, is_pid1=False, guards=guards)
     assert outcome.runner_kill_reason == protocol.TIMEOUT
     assert Recording.states[0] == "T", Recording.states  # stopped, then killed
+
+
+def test_the_exit_waiters_byte_never_lands_in_a_later_file(tmp_path, monkeypatch):
+    """The waiter thread records the child's exit, then writes a byte to wake the loop; the loop can act on the
+    record first (here woken by the end of stdout, held open by a grandchild a moment past the exit) and return.
+    Its pipe must stay open until that byte is written, or the byte goes to whatever file reused the pipe's fd
+    number next (a session's next input file, say)."""
+    import threading
+    import time
+    from coderun.sandbox.runner import child
+
+    write = os.write
+
+    def late_wake(fd, data):
+        if data == b"x" and threading.current_thread().name != "MainThread":
+            time.sleep(0.3)  # the waiter, after exited_at was recorded
+        return write(fd, data)
+    monkeypatch.setattr(child.os, "write", late_wake)
+    program = "import subprocess; subprocess.Popen(['sleep', '0.1'])"
+    outcome = child.run_child(["python3", "-c", program], str(tmp_path), {"PATH": "/usr/bin:/bin"}, None,
+                              timeout_seconds=10, output_bytes=1024, flood_bytes=4096, is_pid1=False)
+    monkeypatch.setattr(child.os, "write", write)
+    assert outcome.returncode == 0
+    # the lowest free fds (the run's pipes' and the wake pipe's, once closed), each a file open for writing
+    later = [os.open(tmp_path / f"later-{i}", os.O_WRONLY | os.O_CREAT) for i in range(6)]
+    time.sleep(0.5)  # past the waiter's late byte, had it been left to land
+    for fd in later:
+        os.close(fd)
+    assert [os.path.getsize(tmp_path / f"later-{i}") for i in range(6)] == [0] * 6

@@ -60,6 +60,10 @@ ChildOutcome = collections.namedtuple(
     defaults=(None,))
 
 
+# The waiter returns as soon as the child is reaped (proc.wait above): past this it is left, and its pipe with it.
+WAITER_JOIN_SECONDS = 5.0
+
+
 def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
               timeout_seconds: float, output_bytes: int, flood_bytes: int,
               is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
@@ -98,7 +102,8 @@ def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: flo
         exited_at.append(time.monotonic())
         os.write(wake_write, b"x")
 
-    threading.Thread(target=wait_for_exit, daemon=True).start()
+    waiter = threading.Thread(target=wait_for_exit, name="wait_for_exit", daemon=True)
+    waiter.start()
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ, stdout)
     selector.register(proc.stderr, selectors.EVENT_READ, stderr)
@@ -168,8 +173,12 @@ def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: flo
             kill_process_group(proc.pid)
         returncode = proc.wait()
         selector.close()
-        for fd in (wake_read, wake_write):
-            os.close(fd)
+        # The waiter writes its byte after it recorded the exit this loop may already have acted on: its fd is
+        # closed only once it is done, or its number, reused by the next run's file, would take that byte.
+        waiter.join(WAITER_JOIN_SECONDS)
+        if not waiter.is_alive():
+            for fd in (wake_read, wake_write):
+                os.close(fd)
         proc.stdout.close()
         proc.stderr.close()
     if runner_kill_reason is None and guards is not None:
