@@ -33,13 +33,14 @@ def test_policy_patterns_extend_the_builtin_ones():
 
 
 def test_the_one_pass_check_changes_nothing_a_pattern_would_redact():
-    """Redaction first asks one alternation of every pattern whether any matches: each pattern keeps its own
-    inline flags inside it, and a text the alternation passes over is one no pattern changes."""
-    policy = [r"(?i)acme-\d{6}", r"(?s)BEGIN.*END", r"(ID:)\w{4}"]
+    """Redaction first asks one RE2 set of every pattern whether any matches: each pattern keeps its own inline
+    flags and quoting (a policy's unterminated \\Q quotes nothing past its own pattern), and a text the set
+    passes over is one no pattern changes."""
+    policy = [r"(?i)acme-\d{6}", r"(?s)BEGIN.*END", r"(ID:)\w{4}", r"\Qinternal-secret-42", r"\Qcorp\E-[0-9]{6}"]
     corpus = [f"before {secret} after" for _, secret in SECRETS] + [
         "42\nrate=0.25 skills: ok\n", "ACME-123456", "acme-123456", "Acme-12345", "BEGIN\nx\nEND", "BEGINEND",
         "ID:abcd", "id:abcd", "PASSWORD: 'abcdefghij'", "", "aws_secret_access_key = " + "A" * 40,
-        "/usr/lib/python3.11/encodings/__init__.py"]
+        "/usr/lib/python3.11/encodings/__init__.py", "token internal-secret-42 and corp-123456"]
     checked = Redactor(policy)
     assert checked._any is not None
     each = Redactor(policy)
@@ -47,6 +48,8 @@ def test_the_one_pass_check_changes_nothing_a_pattern_would_redact():
     for text in corpus:
         assert checked.redact(text) == each.redact(text), text
     assert checked.redact("acme-123456 and ID:wxyz")[1] == 2
+    assert checked.redact("token internal-secret-42 and corp-123456") == (
+        "token [REDACTED:policy] and [REDACTED:policy]", 2)
 
 
 def test_patterns_past_the_one_pass_budget_are_each_still_applied():
