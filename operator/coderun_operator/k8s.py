@@ -206,6 +206,10 @@ class Attached:
                     break
                 self._socket.update(timeout=min(remaining, 1.0))
                 received += self._socket.read_stdout(timeout=0) or b""
+            # The client also keeps a copy of everything read (capture_all, which `stream` always sets), and
+            # whatever came past the frame: neither is wanted, and on an attach kept for a session's every run
+            # they would grow with each run.
+            self._socket.read_all()
         except Exception as e:  # noqa: BLE001
             raise Transient(f"attach: reading failed: {type(e).__name__}: {str(e)[:200]}") from e
         return received
@@ -220,7 +224,7 @@ class Attached:
 
     def close(self) -> None:
         try:
-            self._socket.close()
+            self._socket.close(timeout=0)  # not waiting for the other side's close frame (up to 3 s)
         except Exception:  # noqa: BLE001, S110 - closing a broken stream is best effort
             pass
 

@@ -85,3 +85,49 @@ def test_closed_during_a_run_it_closes_as_that_run_ends():
     holder.update(channel=channel, attached=attached)
     assert channel.exchange(b"a", until_frame, 5) == (True, frame_for(b"a"))
     assert attached[0].closed
+
+
+def test_a_second_exchange_while_one_is_on_sends_nothing():
+    """One run at a time: a second document (a race the queue should never let through) is refused unsent
+    rather than share the stream, where each read could take the other's bytes."""
+    holder = {}
+
+    def answer(document):
+        holder["second"] = holder["channel"].exchange(b"b", until_frame, 5)
+        return frame_for(document)
+    channel, _, attached = make(answer)
+    holder["channel"] = channel
+    assert channel.exchange(b"a", until_frame, 5) == (True, frame_for(b"a"))
+    assert holder["second"] == (False, b"") and len(attached) == 1
+
+
+def test_an_attach_read_keeps_no_copy_of_what_it_read():
+    """The kubernetes client's WSClient keeps everything it reads in `_all` too (capture_all, always on for
+    `stream`): on an attach a session keeps for all its runs that copy would grow with every run's output."""
+    import io
+    from coderun_operator.k8s import Attached
+
+    class Socket:  # the parts of WSClient read_until uses, keeping a copy as it does
+        def __init__(self, frames):
+            self.frames, self.channel, self._all = list(frames), b"", io.BytesIO()
+
+        def is_open(self):
+            return True
+
+        def update(self, timeout):
+            if self.frames:
+                data = self.frames.pop(0)
+                self.channel += data
+                self._all.write(data)
+
+        def read_stdout(self, timeout=0):
+            data, self.channel = self.channel, b""
+            return data
+
+        def read_all(self):
+            out, self._all, self.channel = self._all.getvalue(), io.BytesIO(), b""
+            return out
+
+    socket = Socket([b"x" * 1000 for _ in range(5)] + [b"}\n"])
+    assert Attached(socket).read_until(until_frame, 1 << 20, 5).endswith(b"}\n")
+    assert socket._all.getvalue() == b""
