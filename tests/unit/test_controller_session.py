@@ -456,10 +456,13 @@ def test_a_run_whose_document_is_on_its_way_keeps_the_session_busy():
     waiting = session_run("r1", "uid-1")  # its status not written yet
     now = T0 + timedelta(seconds=30)
     assert compute_session_status(session, pod, [waiting], now).phase == "Ready"
-    busy = compute_session_status(session, pod, [waiting], now, sending="r1")
+    busy = compute_session_status(session, pod, [waiting], now, sending="uid-1")
     assert (busy.phase, busy.current_run) == ("Busy", "r1")
     finished = {**waiting, "status": {"phase": "Succeeded"}}
-    assert compute_session_status(session, pod, [finished], now, sending="r1").phase == "Ready"
+    assert compute_session_status(session, pod, [finished], now, sending="uid-1").phase == "Ready"
+    # deleted while its document is on its way: the sandbox is still its until the exchange ends
+    gone = compute_session_status(session, pod, [], now, sending="uid-1")
+    assert (gone.phase, gone.current_run) == ("Busy", "r1")
 
 
 def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_late_echoes_write_nothing(env):
@@ -551,3 +554,66 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     settle()
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["reason"] == "PodDeleted"
     assert [api.run(NS, f"r{i}")["status"]["reason"] for i in (12, 13)] == ["SessionEnded"] * 2
+
+
+def test_a_failed_busy_write_leaves_the_run_queued_and_the_session_free(env):
+    """The API server refuses the write that reserves the run's number (a 503): nothing was sent, the session
+    is not left Busy for it, and the run goes at its next step."""
+    from fake_k8s import Transient
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    api.attach_answers[POD] = answer
+    patch, failures = api.patch_session_status, [1]
+
+    def flaky(namespace, name, status):
+        if failures and status.get("phase") == "Busy":
+            failures.pop()
+            raise Transient("the status of CodeRunSession s1: 503")
+        return patch(namespace, name, status)
+    api.patch_session_status = flaky
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    assert not ctl.sessions._sending and (api.run(NS, "r1").get("status") or {}).get("phase") != "Running"
+    ctl.reconcile("uid-1")  # the retry
+    settle()
+    assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
+
+
+def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_ends(env):
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    gate = threading.Event()
+    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    ctl.on_run(api.objects.pop(("CodeRun", NS, "r1")), deleted=True)  # deleted while its program runs
+    ctl.tick()
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["currentRun"]) == ("Busy", "r1")  # the sandbox is still r1's
+    assert api.run(NS, "r2")["status"]["phase"] == "Pending"
+    gate.set()
+    settle()
+    settle()
+    assert api.run(NS, "r2")["status"]["phase"] == "Succeeded"  # woken by r1's exchange ending, not a later tick
+
+
+def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(env):
+    api, _, ctl = env
+    start_session(env)
+    _, answer = runner(api)
+    gate = threading.Event()
+    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    assert api.run(NS, "r2")["status"]["phase"] == "Running"
+    ctl.sessions._sending.clear()  # as once r2's document is in (its frame held for the container's end, say)
+    early = api.add_run(session_run("r1", "uid-1", created="2026-11-22T10:00:01Z"))
+    ctl.on_run(early, deleted=False)  # r1 comes first in creation order, but the sandbox is r2's
+    status = api.run(NS, "r1")["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "Queued") and "to end" in status["message"]
+    gate.set()
+    settle()
+    settle()
+    assert [api.run(NS, name)["status"]["phase"] for name in ("r1", "r2")] == ["Succeeded", "Succeeded"]

@@ -61,15 +61,20 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     """The status of an admitted session (it has a pod name) as its pod and runs say now: Pending until the runner
     runs, Ready between runs, Busy while one is in the sandbox, Ended (why) once its pod is gone, ran out of
     memory or ended, its lifetime passed, or it was idle too long. None: not admitted yet, or already Ended
-    (an ended session never changes). `sending`: the run whose document is on its way (its session was marked
-    Busy before its own status says it started, and must not read Ready in between)."""
+    (an ended session never changes). `sending`: the uid of the run whose document is on its way (its session
+    was marked Busy before its own status says it started, and must not read Ready in between, nor while the
+    document of a run deleted meanwhile is still in the sandbox)."""
     status = session.get("status") or {}
     if not status.get("podName") or status.get("phase") == SessionPhase.ENDED:
         return None
     runs = list(runs)
     mine = [r for r in runs if in_session(r, status)]
-    current = next((r for r in runs_in_order(mine) if not is_done(r)), None) or \
-        next((r for r in runs if r["metadata"]["name"] == sending and not is_done(r)), None)
+    current = next((r for r in runs_in_order(mine) if not is_done(r)), None)
+    sent = next((r for r in runs if r["metadata"]["uid"] == sending), None) if sending else None
+    if current is None and sent is not None and not is_done(sent):
+        current = sent
+    busy_with = current["metadata"]["name"] if current is not None else \
+        (status.get("currentRun") if sending and sent is None else None)
     started = status.get("startTime") or (rfc3339(now) if pod is not None and is_running(pod) else None)
     # what the status held counts too: a finished run may be deleted (the CLI deletes its own), and neither the
     # idle clock nor the count may go back
@@ -77,7 +82,7 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     last = max(activity, key=lambda t: parse_time(t) or now) if activity else None
     idle_expires = (rfc3339(parse_time(last) + timedelta(seconds=status["idleTimeoutSeconds"]))
                     if last and status.get("idleTimeoutSeconds") else None)
-    ending = _ending(status, pod, current is not None, idle_expires, now)
+    ending = _ending(status, pod, busy_with is not None, idle_expires, now)
     fields = {"runsDone": max(sum(1 for r in mine if is_done(r)), status.get("runsDone") or 0), "lastActivity": last,
               "idleExpiresAt": idle_expires}
     if ending:
@@ -85,12 +90,12 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     gen = session["metadata"].get("generation")
     if started is None:
         return CodeRunSessionStatus.model_validate({**status, **fields})
-    phase = SessionPhase.BUSY if current is not None else SessionPhase.READY
-    message = (f"run {current['metadata']['name']} is in the sandbox" if current is not None
+    phase = SessionPhase.BUSY if busy_with is not None else SessionPhase.READY
+    message = (f"run {busy_with} is in the sandbox" if busy_with is not None
                else "the sandbox is ready for the next run")
     return CodeRunSessionStatus.model_validate({
         **status, **fields, "phase": phase, "reason": SessionReason.STARTED, "message": message,
-        "startTime": started, "currentRun": current["metadata"]["name"] if current is not None else None,
+        "startTime": started, "currentRun": busy_with,
         "conditions": _conditions(status.get("conditions"), True, False, SessionReason.STARTED,
                                   "the session takes runs", gen, now)})
 

@@ -40,7 +40,7 @@ from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
-                               runs_in_order)
+                               in_session, runs_in_order)
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
                                waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
@@ -112,7 +112,7 @@ class Sessions:
         self._master: bytes | None = None  # _master_key
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
-        self._sending: dict[str, str] = {}  # session uid -> the run whose document is on its way (marked Busy)
+        self._sending: dict[str, str] = {}  # session uid -> uid of the run whose document is on its way (Busy)
         # session uid -> the resourceVersions of the operator's own last status writes, newest last: the watch's
         # echo of an older one is stale (the held status is newer) and must not be written back over it
         self._written: dict[str, collections.deque[str]] = {}
@@ -158,9 +158,9 @@ class Sessions:
     def tick(self, ensure_policies: Callable[[], None]) -> None:
         """The clocks (idle, lifetime) and the policy, for every live session; an ended one is deleted once its
         policy's ttlSecondsAfterFinished has passed."""
+        for channel in list(self.channels.values()):  # outside the lock: closing is I/O
+            channel.close_if_idle()
         with self._lock:
-            for channel in self.channels.values():
-                channel.close_if_idle()
             for session in list(self.sessions.values()):
                 try:
                     if (session.get("status") or {}).get("phase") != SessionPhase.ENDED:
@@ -430,12 +430,15 @@ class Sessions:
             # each time one ends (a harness's 80 queued runs: 80 writes a run, and the session 5 times slower).
             return self._wait(run, decision, f"waits its turn in CodeRunSession {name}: runs go one at a time, in "
                               "creation order")
-        # Busy is no reason to wait once the runs before this one are finished (the status says Ready a write
-        # later); a document still on its way, one of a run deleted meanwhile, is: the attach is its run's.
-        if sstatus.get("phase") not in (SessionPhase.READY, SessionPhase.BUSY) or \
-                session["metadata"]["uid"] in self._sending:
+        if sstatus.get("phase") not in (SessionPhase.READY, SessionPhase.BUSY):
             return self._wait(run, decision, f"CodeRunSession {name} is {sstatus.get('phase')}; the run starts once "
                               "it is Ready")
+        # Busy is no reason to wait once the runs before this one are finished (the status says Ready a write
+        # later). A run still in the sandbox is (one created earlier whose event came late is head now), and so
+        # is a document on its way (a run deleted meanwhile): the sandbox and its attach are theirs.
+        if session["metadata"]["uid"] in self._sending or any(
+                in_session(r, sstatus) for r in queue if r["metadata"]["uid"] != meta["uid"]):
+            return self._wait(run, decision, f"waits for the run in CodeRunSession {name}'s sandbox to end")
         return self._send(run, spec, decision, session)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision | None, message: str) -> None:
@@ -455,7 +458,7 @@ class Sessions:
         for a document never sent is a gap the runner accepts (it takes any number past the last it read), so
         nothing is ever taken back."""
         meta, sstatus = run["metadata"], session["status"]
-        sequence, pod_name = int(sstatus.get("documentsSent") or 0), sstatus["podName"]
+        pod_name = sstatus["podName"]
         now = self.now()  # the run's start and the session's last activity, the same instant
         master = self._master_key()
         try:  # the proxy pod the run is pinned to, and its credential, travel with its document
@@ -468,13 +471,27 @@ class Sessions:
             return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
         suid = session["metadata"]["uid"]
         with self._lock:
+            if suid in self._sending:  # another run's document is on its way: its end wakes the queue again
+                return None
+            # the number as the operator last wrote it (the caller's copy may be an event's, older)
+            held = self.sessions.get((session["metadata"]["namespace"], session["metadata"]["name"])) or session
+            sequence = int((held.get("status") or {}).get("documentsSent") or 0)
+            if self._write(session, {"documentsSent": sequence + 1, **busy_fields(sstatus, meta["name"], now)}) is None:
+                return None
             with self._marks:
-                self._sending[suid] = meta["name"]  # until its exchange ends: the session stays Busy
-            reserved = self._write(session, {"documentsSent": sequence + 1, **busy_fields(sstatus, meta["name"], now)})
+                self._sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
             channel = self._channel(session, pod_name)
-        if reserved is None:
-            self._done_sending(suid, meta["name"])
-            return None
+        try:
+            return self._start_in(channel, run, spec, decision, session, egress, master, sequence, now)
+        except BaseException:
+            self._done_sending(suid, meta["uid"])  # nothing went: the session must not stay Busy for it
+            self.streams.pop(meta["uid"], None)
+            raise
+
+    def _start_in(self, channel: Channel, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any],
+                  egress, master: bytes, sequence: int, now) -> None:
+        """The run's start in its status, then its document on a thread of its own."""
+        meta, suid, pod_name = run["metadata"], session["metadata"]["uid"], session["status"]["podName"]
         status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, now,
                                 proxy_pod=egress.pod if egress else None)
         # The sandbox is up already: the run is Running from here, in the one write that records its start.
@@ -483,7 +500,8 @@ class Sessions:
             "phase": running.phase, "reason": running.reason, "conditions": running.conditions,
             "message": f"running in the sandbox of CodeRunSession {session['metadata']['name']}"})
         if self.writer.write(run, status) is None:
-            self._done_sending(suid, meta["name"])
+            self._done_sending(suid, meta["uid"])
+            self._reconcile_runs(self._runs_to_wake(meta["namespace"], run["spec"]["session"]))
             return None
         nonce = secrets.token_hex(32)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
@@ -495,21 +513,23 @@ class Sessions:
             sent, received = False, b""
             try:
                 sent, received = channel.exchange(document, frame_with(nonce), timeout)
-                self._done_sending(suid, meta["name"])  # from here the run's own status says where it is
+                self._done_sending(suid, meta["uid"])  # from here the run's own status says where it is
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:
                 # only now: a reconcile of the run while its frame is being finished must wait, not call it lost
                 self.streams.pop(meta["uid"], None)
-                self._done_sending(suid, meta["name"])
+                self._done_sending(suid, meta["uid"])
+                if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue
+                    self._reconcile_runs(self._runs_to_wake(meta["namespace"], run["spec"]["session"]))
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
         return None
 
-    def _done_sending(self, session_uid: str, run_name: str) -> None:
+    def _done_sending(self, session_uid: str, run_uid: str) -> None:
         """The run's document is no longer on its way (the next run's may be by now: that mark stays)."""
         with self._marks:  # not the session lock: a write under it would hold the run's end
-            if self._sending.get(session_uid) == run_name:
+            if self._sending.get(session_uid) == run_uid:
                 del self._sending[session_uid]
 
     def _master_key(self) -> bytes:
