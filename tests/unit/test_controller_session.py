@@ -94,6 +94,16 @@ def start_session(env, **spec):
     return api.objects[("CodeRunSession", NS, "s1")]
 
 
+def serving_session(env, gate: threading.Event | None = None):
+    """A Ready session whose sandbox answers every document with a frame (runner), each once `gate` is set when
+    one is given; the runner's state."""
+    api = env[0]
+    start_session(env)
+    state, answer = runner(api)
+    api.attach_answers[POD] = answer if gate is None else (lambda document: (gate.wait(5), answer(document))[1])
+    return state
+
+
 def settle():
     for thread in threading.enumerate():
         if thread.name.startswith("session-"):
@@ -178,10 +188,8 @@ def test_a_session_gets_its_pod_and_is_ready_once_the_runner_runs(env):
 
 def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
     api, clock, ctl = env
-    start_session(env)
-    state, answer = runner(api)
     gate = threading.Event()
-    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    state = serving_session(env, gate)
     first = api.add_run(session_run("first", "uid-1"))
     ctl.on_run(api.add_run(session_run("second", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     ctl.on_run(first, deleted=False)  # its event comes second: the order is still creation's
@@ -202,9 +210,7 @@ def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
 
 def test_the_finish_writes_the_fields_a_cold_run_gets(env):
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
     settle()
     status = api.run(NS, "first")["status"]
@@ -426,9 +432,7 @@ def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead
     """A harness creates a session's runs all at once: each queued one's status says Queued once, not again each
     time a run ahead of it ends (80 queued runs rewritten at every end made the session five times slower)."""
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     queued_writes, patch = {}, api.patch_run_status
 
     def counting(namespace, name, status):
@@ -467,9 +471,7 @@ def test_a_run_whose_document_is_on_its_way_keeps_the_session_busy():
 
 def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_late_echoes_write_nothing(env):
     api, _, ctl = env
-    start_session(env)
-    state, answer = runner(api)
-    api.attach_answers[POD] = answer
+    state = serving_session(env)
     written, patch = [], api.patch_session_status
 
     def recording(namespace, name, status):
@@ -498,9 +500,7 @@ def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still
     """In a harness's back-to-back runs the next run's event can come before the session's Ready is written:
     the runs before it are finished, so it goes (the attach is free) rather than wait for that write."""
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     patch = api.patch_session_status
     api.patch_session_status = lambda ns, name, status: (
         copy.deepcopy(api.objects[("CodeRunSession", ns, name)]) if status.get("phase") == "Ready" else
@@ -515,9 +515,7 @@ def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still
 
 def test_the_attach_goes_with_the_sessions_pod(env):
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
     (channel,) = ctl.sessions.channels.values()
@@ -531,9 +529,7 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     """A harness queues its runs at once: each run's end looks at the run next in line, not at every queued run
     (80 queued runs looked at on each of the session's events cost the operator ~80 steps a run)."""
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     stepped, step = [], ctl.sessions.step_run
     ctl.sessions.step_run = lambda run: stepped.append(run["metadata"]["name"]) or step(run)
     runs = [api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:{i:02d}Z"))
@@ -545,7 +541,7 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 11)] == ["Succeeded"] * 10
     assert len(stepped) <= 3 * len(runs), stepped
     # Queued runs of a session that ends are each refused, saying why.
-    gate = threading.Event()
+    gate, answer = threading.Event(), api.attach_answers[POD]
     api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
     for i in range(11, 14):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:{i:02d}Z")), deleted=False)
@@ -561,9 +557,7 @@ def test_a_failed_busy_write_leaves_the_run_queued_and_the_session_free(env):
     is not left Busy for it, and the run goes at its next step."""
     from fake_k8s import Transient
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
-    api.attach_answers[POD] = answer
+    serving_session(env)
     patch, failures = api.patch_session_status, [1]
 
     def flaky(namespace, name, status):
@@ -583,10 +577,8 @@ def test_a_failed_busy_write_leaves_the_run_queued_and_the_session_free(env):
 
 def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_ends(env):
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
     gate = threading.Event()
-    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    serving_session(env, gate)
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     ctl.on_run(api.objects.pop(("CodeRun", NS, "r1")), deleted=True)  # deleted while its program runs
@@ -602,10 +594,8 @@ def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_
 
 def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(env):
     api, _, ctl = env
-    start_session(env)
-    _, answer = runner(api)
     gate = threading.Event()
-    api.attach_answers[POD] = lambda document: (gate.wait(5), answer(document))[1]
+    serving_session(env, gate)
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     assert api.run(NS, "r2")["status"]["phase"] == "Running"
     ctl.sessions._sending.clear()  # as once r2's document is in (its frame held for the container's end, say)
