@@ -80,8 +80,7 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     # idle clock nor the count may go back
     activity = [t for t in [started, status.get("lastActivity"), *(_run_times(r) for r in mine)] if t]
     last = max(activity, key=lambda t: parse_time(t) or now) if activity else None
-    idle_expires = (rfc3339(parse_time(last) + timedelta(seconds=status["idleTimeoutSeconds"]))
-                    if last and status.get("idleTimeoutSeconds") else None)
+    idle_expires = _idle_expiry(last, status.get("idleTimeoutSeconds"))
     ending = _ending(status, pod, busy_with is not None, idle_expires, now)
     fields = {"runsDone": max(sum(1 for r in mine if is_done(r)), status.get("runsDone") or 0), "lastActivity": last,
               "idleExpiresAt": idle_expires}
@@ -91,8 +90,7 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     if started is None:
         return CodeRunSessionStatus.model_validate({**status, **fields})
     phase = SessionPhase.BUSY if busy_with is not None else SessionPhase.READY
-    message = (f"run {busy_with} is in the sandbox" if busy_with is not None
-               else "the sandbox is ready for the next run")
+    message = _busy_message(busy_with) if busy_with is not None else "the sandbox is ready for the next run"
     return CodeRunSessionStatus.model_validate({
         **status, **fields, "phase": phase, "reason": SessionReason.STARTED, "message": message,
         "startTime": started, "currentRun": busy_with,
@@ -105,10 +103,20 @@ def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime) -> dict
     its activity the run's start (`now`, the run's startTime too), so the run's own status moving to Running
     changes nothing a refresh would write again."""
     last = rfc3339(now)
-    idle = status.get("idleTimeoutSeconds")
-    return {"phase": SessionPhase.BUSY, "currentRun": run_name, "message": f"run {run_name} is in the sandbox",
-            "lastActivity": last,
-            "idleExpiresAt": rfc3339(parse_time(last) + timedelta(seconds=idle)) if idle else None}
+    return {"phase": SessionPhase.BUSY, "currentRun": run_name, "message": _busy_message(run_name),
+            "lastActivity": last, "idleExpiresAt": _idle_expiry(last, status.get("idleTimeoutSeconds"))}
+
+
+def _busy_message(run_name: str) -> str:
+    return f"run {run_name} is in the sandbox"
+
+
+def _idle_expiry(last_activity: str | None, idle_seconds: int | None) -> str | None:
+    """When the idle clock ends the session: computed from the written time, so a refresh and the write that
+    set it agree to the millisecond."""
+    if not last_activity or not idle_seconds:
+        return None
+    return rfc3339(parse_time(last_activity) + timedelta(seconds=idle_seconds))
 
 
 def _run_times(run: Mapping[str, Any]) -> str | None:

@@ -347,6 +347,10 @@ class Sessions:
                       if (r.get("spec") or {}).get("session") == meta["name"]]
         return unfinished + self.store.finished_runs_of(meta["namespace"], meta["name"])
 
+    def _wake_queue(self, run: Mapping[str, Any]) -> None:
+        """The runs the end of this one (finished, gone, or never started) may move."""
+        self._reconcile_runs(self._runs_to_wake(run["metadata"]["namespace"], run["spec"]["session"]))
+
     def _runs_to_wake(self, namespace: str, name: str) -> list[str]:
         """The runs a change of the session may move: the first in its queue while it lives (the others wait
         their turn, their status written once: looking at all 80 of a harness's queued runs at each of the
@@ -501,7 +505,7 @@ class Sessions:
             "message": f"running in the sandbox of CodeRunSession {session['metadata']['name']}"})
         if self.writer.write(run, status) is None:
             self._done_sending(suid, meta["uid"])
-            self._reconcile_runs(self._runs_to_wake(meta["namespace"], run["spec"]["session"]))
+            self._wake_queue(run)
             return None
         nonce = secrets.token_hex(32)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
@@ -520,7 +524,7 @@ class Sessions:
                 self.streams.pop(meta["uid"], None)
                 self._done_sending(suid, meta["uid"])
                 if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue
-                    self._reconcile_runs(self._runs_to_wake(meta["namespace"], run["spec"]["session"]))
+                    self._wake_queue(run)
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
@@ -632,7 +636,7 @@ class Sessions:
             return
         with self._lock:
             self._refresh(session, ensure_policies)
-        self._reconcile_runs(self._runs_to_wake(run["metadata"]["namespace"], run["spec"]["session"]))
+        self._wake_queue(run)
 
 
 def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:

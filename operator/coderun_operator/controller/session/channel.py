@@ -13,9 +13,8 @@ import threading
 import time
 from typing import Callable
 
-from ...builders.names import CONTAINER_NAME
 from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
-from ..warm.session import STREAM_LIMIT_BYTES
+from ..warm.session import STREAM_LIMIT_BYTES, attach_or_none
 
 log = logging.getLogger("coderun")
 
@@ -55,7 +54,7 @@ class Channel:
             else:
                 if held is not None:
                     held.close()
-                attached = self._attach()
+                attached = attach_or_none(self.api, self.namespace, self.pod_name)
             if attached is None:
                 return False, b""
             attached.send(document)
@@ -105,16 +104,6 @@ class Channel:
             return attached.still_open()
         except self.api.Transient:
             return False
-
-    def _attach(self):
-        try:
-            return self.api.attach(self.namespace, self.pod_name, CONTAINER_NAME)
-        except self.api.Transient as e:
-            log.warning("pod %s/%s: %s", self.namespace, self.pod_name, e)
-        except Exception as e:  # noqa: BLE001
-            log.error("pod %s/%s: attach failed: %s: %s", self.namespace, self.pod_name, type(e).__name__,
-                      str(e)[:300])
-        return None
 
     @staticmethod
     def _let_go(attached) -> None:

@@ -37,18 +37,24 @@ def run(api, ns: str, pod_name: str, document: bytes, timeout_seconds: int, reco
         hand_back(text)
 
 
-def exchange(api, ns: str, pod_name: str, document: bytes, until: Callable[[bytes], bool], timeout_seconds: int,
-             recorded: queue.Queue | None = None, on_sent: Callable[[], None] = lambda: None) -> tuple[bool, bytes]:
-    """Attach, wait until `recorded` says the document may go (None: at once), send it, read the stream until
-    `until` holds (or the run's timeout and the pod margin pass), close: (whether it was sent, what was read).
-    The transport of a warm pod's input and of each run of a session (controller/session)."""
-    received, sent, attached = b"", False, None
+def attach_or_none(api, ns: str, pod_name: str):
+    """The run container's attach, or None (logged) when it cannot be had."""
     try:
-        attached = api.attach(ns, pod_name, CONTAINER_NAME)
+        return api.attach(ns, pod_name, CONTAINER_NAME)
     except api.Transient as e:
         log.warning("pod %s/%s: %s", ns, pod_name, e)
     except Exception as e:  # noqa: BLE001 - a session must never take the operator down
         log.error("pod %s/%s: attach failed: %s: %s", ns, pod_name, type(e).__name__, str(e)[:300])
+    return None
+
+
+def exchange(api, ns: str, pod_name: str, document: bytes, until: Callable[[bytes], bool], timeout_seconds: int,
+             recorded: queue.Queue | None = None, on_sent: Callable[[], None] = lambda: None) -> tuple[bool, bytes]:
+    """Attach, wait until `recorded` says the document may go (None: at once), send it, read the stream until
+    `until` holds (or the run's timeout and the pod margin pass), close: (whether it was sent, what was read).
+    A warm pod's one input; a session keeps its attach instead (controller/session/channel.py)."""
+    received, sent = b"", False
+    attached = attach_or_none(api, ns, pod_name)
     try:
         if recorded is not None and not recorded.get(timeout=ATTACH_SECONDS * 3):
             return False, b""  # the claim is not in the status: nothing may be sent
