@@ -496,6 +496,32 @@ def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_l
     assert (session["phase"], session["runsDone"], session["documentsSent"]) == ("Ready", 3, 3)
 
 
+def test_queued_runs_cost_the_session_one_write_each_and_each_busy_write_counts_the_runs_done(env):
+    """A harness's runs, queued at once: a run's end hands the sandbox to the next run, whose Busy write says the
+    count and the idle clock, so no Ready is written between them; the last run's end writes Ready."""
+    api, _, ctl = env
+    gate = threading.Event()
+    serving_session(env, gate)
+    written, patch = [], api.patch_session_status
+
+    def recording(namespace, name, status):
+        result = patch(namespace, name, status)
+        written.append(copy.deepcopy(result["status"]))
+        return result
+    api.patch_session_status = recording
+    for i in range(1, 5):
+        ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
+    gate.set()
+    for _ in range(4):
+        settle()
+    assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 5)] == ["Succeeded"] * 4
+    assert [(w["phase"], w.get("currentRun"), w["runsDone"]) for w in written] == [
+        ("Busy", "r1", 0), ("Busy", "r2", 1), ("Busy", "r3", 2), ("Busy", "r4", 3), ("Ready", None, 4)]
+    # Nothing is left for a refresh to write: the Busy writes said what it would.
+    ctl.sessions.tick(lambda: None)
+    assert len(written) == 5
+
+
 def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still_reads_busy(env):
     """In a harness's back-to-back runs the next run's event can come before the session's Ready is written:
     the runs before it are finished, so it goes (the attach is free) rather than wait for that write."""

@@ -82,8 +82,7 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
     last = max(activity, key=lambda t: parse_time(t) or now) if activity else None
     idle_expires = _idle_expiry(last, status.get("idleTimeoutSeconds"))
     ending = _ending(status, pod, busy_with is not None, idle_expires, now)
-    fields = {"runsDone": max(sum(1 for r in mine if is_done(r)), status.get("runsDone") or 0), "lastActivity": last,
-              "idleExpiresAt": idle_expires}
+    fields = {"runsDone": runs_done(status, mine), "lastActivity": last, "idleExpiresAt": idle_expires}
     if ending:
         return ended_status(session, *ending, now, fields)
     gen = session["metadata"].get("generation")
@@ -98,13 +97,22 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
                                   "the session takes runs", gen, now)})
 
 
-def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime) -> dict[str, Any]:
+def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime,
+                runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The session's status as a run's document goes (written with its sequence number): Busy with that run,
     its activity the run's start (`now`, the run's startTime too), so the run's own status moving to Running
-    changes nothing a refresh would write again."""
+    changes nothing a refresh would write again; and the runs done so far, counted as the refresh counts them
+    (the run before this one may have ended a moment ago, its Ready never written: this write says it)."""
     last = rfc3339(now)
     return {"phase": SessionPhase.BUSY, "currentRun": run_name, "message": _busy_message(run_name),
-            "lastActivity": last, "idleExpiresAt": _idle_expiry(last, status.get("idleTimeoutSeconds"))}
+            "lastActivity": last, "idleExpiresAt": _idle_expiry(last, status.get("idleTimeoutSeconds")),
+            "runsDone": runs_done(status, [r for r in runs if in_session(r, status)])}
+
+
+def runs_done(status: Mapping[str, Any], mine: Iterable[Mapping[str, Any]]) -> int:
+    """The session's finished runs: those that went through it, or what the status held if more (a finished
+    run may be deleted, and the count never goes back)."""
+    return max(sum(1 for r in mine if is_done(r)), status.get("runsDone") or 0)
 
 
 def _busy_message(run_name: str) -> str:

@@ -480,7 +480,8 @@ class Sessions:
             # the number as the operator last wrote it (the caller's copy may be an event's, older)
             held = self.sessions.get((session["metadata"]["namespace"], session["metadata"]["name"])) or session
             sequence = int((held.get("status") or {}).get("documentsSent") or 0)
-            if self._write(session, {"documentsSent": sequence + 1, **busy_fields(sstatus, meta["name"], now)}) is None:
+            busy = busy_fields(held.get("status") or sstatus, meta["name"], now, self._runs(session))
+            if self._write(session, {"documentsSent": sequence + 1, **busy}) is None:
                 return None
             with self._marks:
                 self._sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
@@ -629,14 +630,18 @@ class Sessions:
         self.killed.pop(run["metadata"]["uid"], None)
 
     def after_run(self, run: Mapping[str, Any], ensure_policies: Callable[[], None]) -> None:
-        """A run of the session finished: the session's status moves (Ready, runsDone, the idle clock) and the next
-        run may go."""
+        """A run of the session finished: the next run may go, and the session's status moves (runsDone, the idle
+        clock). The next run goes first: its Busy write says all of that, so runs back to back cost the session
+        one write each, not a Ready and a Busy. Ready is written when none went (the refresh writes what is true
+        whatever happened meanwhile: nothing, if the next run is already in the sandbox)."""
         session = self.session_of(run)
         if session is None:
             return
+        self._wake_queue(run)
+        if session["metadata"]["uid"] in self._sending:
+            return
         with self._lock:
             self._refresh(session, ensure_policies)
-        self._wake_queue(run)
 
 
 def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
