@@ -205,6 +205,23 @@ def test_the_sdk_session_runs_steps_and_deletes_its_sandbox_on_exit(operator, na
     assert refused.value.result.reason == "SessionNotFound"
 
 
+def test_the_sdk_maps_a_harness_of_programs_through_a_session_in_order_failures_included(operator, namespace):
+    """Session.map: an evaluation harness's programs created at once, run in the order given, waited for over one
+    watch of their batch; a failing program is a result among the others, not an exception."""
+    allow_sessions(operator, namespace)
+    client = CodeRunClient(namespace, kubeconfig=str(KUBECONFIG))
+    programs = [f"open('seen.txt', 'a').write('{i}')\nprint(open('seen.txt').read())" for i in range(6)]
+    programs[3] = "assert 1 + 1 == 3, 'wrong'"
+    with client.session(limits={"memory": "256Mi", "cpu": "250m"}, idle_timeout=60) as session:
+        results = session.map(programs, timeout=20)
+        batch = {r.labels.get("coderun.io/batch") for r in client.list(mine=True) if r.name in
+                 {result.name for result in results}}
+    assert [r.stdout for r in results] == ["0\n", "01\n", "012\n", "", "0124\n", "01245\n"], results
+    assert results[3].exit_code == 1 and "AssertionError: wrong" in results[3].stderr, results[3]
+    assert results[3].error.line == 1, results[3].error
+    assert len(batch) == 1 and None not in batch, batch  # one batch: what its one watch selects
+
+
 # The warm/cold equality programs (test_warm.CASES), in an order a session can keep: the view of the work dir
 # first (later runs leave files), the disk filler last (its file stays in the session's /tmp). Not here: the
 # memory hog (it ends the session: its own test above) and javascript (another language, another session).

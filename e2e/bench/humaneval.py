@@ -60,9 +60,8 @@ def through_sessions(problems: list[dict], namespace: str, sessions: int, cpu: s
     def one_session(share: list[dict]) -> None:
         sdk = CodeRunClient(namespace, kubeconfig=str(KUBECONFIG), client_name="humaneval")
         with sdk.session("python", limits={"cpu": cpu, "memory": memory}) as session:
-            created = [(p["task_id"], session.run(program(p), timeout=TIMEOUT_SECONDS, wait=False)) for p in share]
-            for task_id, run in created:
-                result = sdk.wait(run.name, namespace=namespace, timeout=300)
+            results = session.map([program(p) for p in share], timeout=TIMEOUT_SECONDS, wait_timeout=300)
+            for task_id, result in zip((p["task_id"] for p in share), results):
                 if not (result.succeeded and result.exit_code == 0):
                     with lock:
                         failures.append((task_id, result.reason, (result.stderr or "")[-300:]))

@@ -1,9 +1,12 @@
 """The watch loop against scripted fetch/watch fakes: resume after drops, deadline, deletion."""
 import pytest
 
-from coderun.client import RunNotFound
-from coderun.client.steps import Fetch, drive
-from coderun.client.waiting import WaitStats, WatchDropped, is_transient, refuse, wait_plan
+from coderun.api.models import CodeRunSpec
+from coderun.client import RunNotFound, RunTimeout
+from coderun.client.sessions import BATCH_LABEL, batch_labels, batch_wait_seconds
+from coderun.client.steps import Fetch, FetchAll, drive
+from coderun.client.waiting import (STARTUP_ALLOWANCE_SECONDS, UNKNOWN_RUN_TIMEOUT_SECONDS, WaitStats, WatchDropped,
+                                    is_transient, refuse, wait_all_outcome, wait_all_plan, wait_plan)
 
 
 def wait_until_finished(fetch, watch, deadline, *, max_watch_seconds, clock, sleep=None, on_update=None,
@@ -139,3 +142,83 @@ def test_a_watch_streams_error_event_is_a_drop_when_transient_and_a_refusal_othe
     with pytest.raises(CodeRunError) as refused:
         watch_event("watch CodeRun r", forbidden)
     assert refused.value.status == 403 and not isinstance(refused.value, WatchDropped)
+
+
+# ---------------------------------------------------------------- many runs, one watch
+def run_obj(name, phase=None, rv="1"):
+    return {"metadata": {"name": name, "resourceVersion": rv}, **({"status": {"phase": phase}} if phase else {})}
+
+
+def wait_all(lists, watches, names=("a", "b", "c"), deadline=100, clock=None):
+    """wait_all_plan with scripted steps: each FetchAll answers the next of `lists` (items), each watch plays the
+    next of `watches`; (what it returned, the selectors asked for, the watches opened)."""
+    clock = clock or FakeClock()
+    asked, opened = [], []
+
+    def perform(step):
+        if isinstance(step, FetchAll):
+            asked.append(step.labels)
+            item = lists.pop(0)
+            if isinstance(item, Exception):
+                raise item
+            return item, "10"
+        clock.sleep(step.seconds)
+
+    def watch(step):
+        opened.append(step.selector())
+        for event in watches.pop(0):
+            if isinstance(event, Exception):
+                raise event
+            yield event
+        clock.sleep(step.seconds)  # the server ended the watch at its time
+    last = drive(wait_all_plan(list(names), "coderun.io/client=me", deadline, max_watch_seconds=30, clock=clock),
+                 perform, watch)
+    return last, asked, opened
+
+
+def test_many_runs_are_waited_for_over_one_list_and_one_watch_of_their_selection():
+    last, asked, opened = wait_all(
+        [[run_obj("a", "Succeeded"), run_obj("b", "Running"), run_obj("c"), run_obj("other", "Running")]],
+        [[("MODIFIED", run_obj("other", "Failed")), ("MODIFIED", run_obj("c", "Running")),
+          ("MODIFIED", run_obj("b", "Succeeded")), ("MODIFIED", run_obj("c", "Failed")),
+          ("MODIFIED", run_obj("c", "Succeeded"))]])
+    assert {name: obj["status"]["phase"] for name, obj in last.items()} == {"a": "Succeeded", "b": "Succeeded",
+                                                                           "c": "Failed"}
+    assert asked == ["coderun.io/client=me"]
+    assert opened == [{"label_selector": "coderun.io/client=me"}]
+
+
+def test_a_dropped_watch_of_many_lists_again_and_keeps_what_it_saw():
+    last, asked, opened = wait_all(
+        [[run_obj("a", "Running"), run_obj("b", "Running"), run_obj("c", "Running")],
+         WatchDropped("reset"),
+         [run_obj("a", "Succeeded"), run_obj("b", "Running"), run_obj("c", "Rejected")]],
+        [[("MODIFIED", run_obj("a", "Succeeded")), WatchDropped("connection lost")],
+         [("MODIFIED", run_obj("b", "Succeeded"))]])
+    assert {name: obj["status"]["phase"] for name, obj in last.items()} == {"a": "Succeeded", "b": "Succeeded",
+                                                                           "c": "Rejected"}
+    assert len(asked) == 3 and len(opened) == 2
+
+
+def test_a_run_not_selected_or_deleted_is_named_and_the_deadline_returns_what_was_seen():
+    with pytest.raises(RunNotFound, match="CodeRun c is not among the runs selected by coderun.io/client=me"):
+        wait_all([[run_obj("a"), run_obj("b")]], [])
+    with pytest.raises(RunNotFound, match="CodeRun b was deleted"):
+        wait_all([[run_obj("a"), run_obj("b"), run_obj("c")]], [[("DELETED", run_obj("b", "Running"))]])
+    clock = FakeClock()
+    last, _, _ = wait_all([[run_obj("a", "Succeeded"), run_obj("b", "Running"), run_obj("c", "Running")]],
+                          [[("MODIFIED", run_obj("b", "Succeeded"))]], deadline=30, clock=clock)
+    assert last["c"]["status"]["phase"] == "Running"
+    with pytest.raises(RunTimeout) as timed_out:
+        wait_all_outcome(["a", "b", "c"], "ns", 30, last)
+    assert timed_out.value.last.phase == "Running"
+    assert [r.phase for r in wait_all_outcome(["b", "a"], "ns", 30, last)] == ["Succeeded", "Succeeded"]
+
+
+def test_a_batch_is_labelled_apart_and_waited_for_as_long_as_its_runs_in_turn():
+    first, second = batch_labels({"task": "humaneval"}), batch_labels(None)
+    assert first["task"] == "humaneval" and first[BATCH_LABEL] != second[BATCH_LABEL]
+    specs = [CodeRunSpec(language="python", code="1", limits={"timeoutSeconds": 10}),
+             CodeRunSpec(language="python", code="2")]
+    assert batch_wait_seconds(specs, None) == STARTUP_ALLOWANCE_SECONDS + 10 + UNKNOWN_RUN_TIMEOUT_SECONDS
+    assert batch_wait_seconds(specs, 5) == 5

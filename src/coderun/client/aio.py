@@ -11,7 +11,7 @@ One client per event loop (its aiohttp session belongs to the loop of its first 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 
 import aiohttp
 from kubernetes.aio import client as aio_client
@@ -24,15 +24,17 @@ from .connection import connect_async, default_namespace
 from .creating import create_plan
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected
-from .sessions import (SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
-                       session_info, session_spec)
+from .sessions import (SessionInfo, batch_labels, batch_wait_seconds, build_session_body, refused_as_ended,
+                       run_in_session_spec, why_over, session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
-from .steps import Create, Delete, Fetch, Get, GetPolicy, NextEvent, OpenWatch, Plan, Sleep, Step, T, advance
+from .steps import (Create, Delete, Fetch, FetchAll, Get, GetPolicy, NextEvent, OpenWatch, Plan, Sleep, Step, T,
+                    advance)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      fetched, run_wait_seconds, wait_outcome, wait_plan, watch_event)
+                      fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan, wait_outcome, wait_plan,
+                      watch_event)
 
 # Connections the client may hold open at once: each wait in flight holds one (its watch).
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -124,6 +126,17 @@ class AsyncCodeRunClient:
         last, finished = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
         return wait_outcome(name, namespace, loop.time() - started, last, finished)
 
+    async def wait_all(self, names: Iterable[str], *, namespace: str | None = None,
+                       timeout: float = DEFAULT_WAIT_SECONDS, labels: Mapping[str, str] | None = None,
+                       stats: WaitStats | None = None) -> list[RunResult]:
+        names, namespace = list(names), namespace or self.namespace
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        plan = wait_all_plan(names, label_selector(self.client_name, labels, True), started + timeout,
+                             max_watch_seconds=self.watch_seconds, clock=loop.time, stats=stats)
+        last = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
+        return wait_all_outcome(names, namespace, loop.time() - started, last)
+
     async def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
                    mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
         custom = await self._apis()
@@ -212,6 +225,12 @@ class AsyncCodeRunClient:
             if isinstance(step, GetPolicy):
                 return await self._call(f"get CodeRunPolicy {step.name}", custom.get_namespaced_custom_object,
                                         GROUP, VERSION, namespace, POLICY_PLURAL, step.name)
+            if isinstance(step, FetchAll):
+                with _api_failures(f"list CodeRuns {step.labels}", waiting=True):
+                    listed = await custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, label_selector=step.labels,
+                        _request_timeout=float(API_REQUEST_TIMEOUT))
+                return listed_items(listed)
             assert isinstance(step, Fetch), step
             with _api_failures(f"list CodeRun {step.name}", waiting=True):
                 listed = await custom.list_namespaced_custom_object(
@@ -228,7 +247,7 @@ class AsyncCodeRunClient:
             what = f"watch CodeRun {step.name}"
             with _api_failures(what, waiting=True):
                 response = await custom.list_namespaced_custom_object_without_preload_content(
-                    GROUP, VERSION, namespace, PLURAL, watch=True, field_selector=f"metadata.name={step.name}",
+                    GROUP, VERSION, namespace, PLURAL, watch=True, **step.selector(),
                     resource_version=step.resource_version, allow_watch_bookmarks=True,
                     timeout_seconds=max(1, int(step.seconds)),
                     # A connection that goes silent is noticed instead of hanging past the deadline.
@@ -313,6 +332,25 @@ class AsyncSession:
         if over is not None:
             raise over
         return raise_if_rejected(result)
+
+    async def map(self, programs: Iterable[str | RunRequest], *, timeout: int | None = None,
+                  wait_timeout: float | None = None, labels: Mapping[str, str] | None = None) -> list[RunResult]:
+        """Session.map (the sync client's), awaitable."""
+        specs = [run_in_session_spec(p if isinstance(p, RunRequest) else
+                                     RunRequest(code=p, language=self.language, timeout=timeout), self.name)
+                 for p in programs]
+        tagged = batch_labels(labels)
+        names = []
+        for spec in specs:  # one at a time: their creation order is the order they run in
+            try:
+                names.append((await self.client.create(spec, namespace=self.namespace, labels=tagged)).name)
+            except CodeRunError:
+                over = await self.why_over()
+                if over is not None:
+                    raise over from None
+                raise
+        return await self.client.wait_all(names, namespace=self.namespace, labels=tagged,
+                                          timeout=batch_wait_seconds(specs, wait_timeout))
 
     async def info(self) -> SessionInfo:
         custom = await self.client._apis()

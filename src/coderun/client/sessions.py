@@ -7,6 +7,7 @@ costs no extra round trip.
 """
 from __future__ import annotations
 
+import secrets
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Mapping
@@ -18,6 +19,7 @@ from ..api.models import API_VERSION, CodeRunSpec, Limits
 from ..api.reasons import Reason, SessionPhase
 from .errors import CodeRunError
 from .result import RunResult
+from .waiting import STARTUP_ALLOWANCE_SECONDS, UNKNOWN_RUN_TIMEOUT_SECONDS
 from .request import CLIENT_LABEL, CREATE_TOKEN_ANNOTATION, CREATED_AT_ANNOTATION, RunRequest, new_run_name, \
     rfc3339_millis
 
@@ -100,3 +102,22 @@ def run_in_session_spec(request: RunRequest, session: str) -> CodeRunSpec:
         raise CodeRunError("a run in a session shares the session's sandbox: set memory and cpu when creating the "
                            "session (limits=...), not per run")
     return request.to_spec().model_copy(update={"session": session})
+
+
+BATCH_LABEL = "coderun.io/batch"
+
+
+def batch_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    """The labels of one `map`'s runs: the caller's, and a batch id of its own, so one list and one watch select
+    exactly that batch."""
+    return {**(labels or {}), BATCH_LABEL: secrets.token_hex(8)}
+
+
+def batch_wait_seconds(specs: list[CodeRunSpec], wait_timeout: float | None) -> float:
+    """How long `map` waits: the caller's `wait_timeout`, else every run's limit in turn (they go one at a time)
+    plus start-up once."""
+    if wait_timeout is not None:
+        return wait_timeout
+    return STARTUP_ALLOWANCE_SECONDS + sum(spec.limits.timeout_seconds if spec.limits and spec.limits.timeout_seconds
+                                           else UNKNOWN_RUN_TIMEOUT_SECONDS for spec in specs)
+

@@ -4,7 +4,7 @@ and differ only in how they perform a step (blocking calls, or awaited ones).
 A plan is a generator: it yields a step, receives the step's answer, and returns its outcome. A step that fails is
 thrown into the plan at its yield, and the plan decides (retry, list again, give up). `drive` runs a plan with
 blocking I/O; coderun.client.aio has the awaiting driver. The plans: waiting.wait_plan, creating.create_plan,
-deleting.delete_plan, runtimes.runtimes_plan.
+deleting.delete_plan, runtimes.runtimes_plan, waiting.wait_all_plan.
 """
 from __future__ import annotations
 
@@ -45,12 +45,24 @@ class Fetch:
 
 
 @dataclass(frozen=True)
+class FetchAll:
+    """List the runs `labels` (a label selector) selects: answers (their objects, the list's resourceVersion)."""
+    labels: str
+
+
+@dataclass(frozen=True)
 class OpenWatch:
-    """Watch the run from `resource_version` for at most `seconds`. The driver holds the stream until the next
-    OpenWatch or the plan's end, and closes it then whatever happens (an error, a cancelled task)."""
+    """Watch the run from `resource_version` for at most `seconds`; or, given `labels` (a label selector), every
+    run it selects (`name` then says what for, in messages). The driver holds the stream until the next OpenWatch
+    or the plan's end, and closes it then whatever happens (an error, a cancelled task)."""
     name: str
     resource_version: str
     seconds: float
+    labels: str | None = None
+
+    def selector(self) -> dict[str, str]:
+        """The list call's selector argument."""
+        return {"label_selector": self.labels} if self.labels else {"field_selector": f"metadata.name={self.name}"}
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,7 @@ class Sleep:
     seconds: float
 
 
-Step = Union[Create, Get, Delete, GetPolicy, Fetch, OpenWatch, NextEvent, Sleep]
+Step = Union[Create, Get, Delete, GetPolicy, Fetch, FetchAll, OpenWatch, NextEvent, Sleep]
 Plan = Generator[Step, Any, T]
 # OpenWatch -> (event type, object) until the server ends the watch
 Watch = Callable[[OpenWatch], Iterable[tuple[str, Mapping[str, Any]]]]

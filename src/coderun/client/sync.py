@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import urllib3
 from kubernetes import client, watch
@@ -17,13 +17,14 @@ from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
-from .steps import Create, Delete, Fetch, Get, GetPolicy, OpenWatch, Sleep, Step, drive
+from .steps import Create, Delete, Fetch, FetchAll, Get, GetPolicy, OpenWatch, Sleep, Step, drive
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
-from .sessions import (SessionInfo, build_session_body, refused_as_ended, run_in_session_spec, why_over,
-                       session_info, session_spec)
+from .sessions import (SessionInfo, batch_labels, batch_wait_seconds, build_session_body, refused_as_ended,
+                       run_in_session_spec, why_over, session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      default_wait_seconds, fetched, run_wait_seconds, wait_outcome, wait_plan)
+                      default_wait_seconds, fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan,
+                      wait_outcome, wait_plan)
 
 __all__ = ["CodeRunClient", "default_wait_seconds", "raise_if_rejected"]  # the last two: for the CLI and tests
 
@@ -109,6 +110,18 @@ class CodeRunClient:
                                self._performer(namespace), self._watcher(namespace))
         return wait_outcome(name, namespace, time.monotonic() - started, last, finished)
 
+    def wait_all(self, names: Iterable[str], *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
+                 labels: Mapping[str, str] | None = None, stats: WaitStats | None = None) -> list[RunResult]:
+        """`wait` for many of this client's runs at once, over one watch of them (those `labels` select, when
+        given): the runs in the order named. RunTimeout for the first still unfinished when `timeout` passes;
+        RunNotFound for a run not among them (created by another client: `wait` for it)."""
+        names, namespace = list(names), namespace or self.namespace
+        started = time.monotonic()
+        last = drive(wait_all_plan(names, label_selector(self.client_name, labels, True), started + timeout,
+                                   max_watch_seconds=self.watch_seconds, stats=stats),
+                     self._performer(namespace), self._watcher(namespace))
+        return wait_all_outcome(names, namespace, time.monotonic() - started, last)
+
     def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
              mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
         """Runs, oldest first; `labels` filters by label equality, `mine` by this client's coderun.io/client."""
@@ -191,6 +204,12 @@ class CodeRunClient:
                         GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={step.name}",
                         _request_timeout=API_REQUEST_TIMEOUT)
                 return fetched(listed)
+            if isinstance(step, FetchAll):
+                with _api_failures(f"list CodeRuns {step.labels}", waiting=True):
+                    listed = self._custom.list_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, label_selector=step.labels,
+                        _request_timeout=API_REQUEST_TIMEOUT)
+                return listed_items(listed)
             assert isinstance(step, Sleep), step
             time.sleep(step.seconds)
         return perform
@@ -202,7 +221,7 @@ class CodeRunClient:
                 with _api_failures(f"watch CodeRun {step.name}", waiting=True):
                     for event in watcher.stream(
                             self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                            field_selector=f"metadata.name={step.name}", resource_version=step.resource_version,
+                            **step.selector(), resource_version=step.resource_version,
                             allow_watch_bookmarks=True, timeout_seconds=max(1, int(step.seconds)),
                             # A connection that goes silent is noticed instead of hanging past the deadline.
                             _request_timeout=(API_REQUEST_TIMEOUT, step.seconds + 10)):
@@ -264,6 +283,29 @@ class Session:
         if over is not None:
             raise over
         return raise_if_rejected(result)
+
+    def map(self, programs: Iterable[str | RunRequest], *, timeout: int | None = None,
+            wait_timeout: float | None = None, labels: Mapping[str, str] | None = None) -> list[RunResult]:
+        """Run each program (code in the session's language, or a RunRequest) in the session, in the order given,
+        as an evaluation harness does: all created at once (they go one at a time, in that order), then waited
+        for over one watch. The results in that order, each as it ended: a run refused (the session ended on the
+        way: reason SessionEnded) is a result too, not raised. `timeout`: each code's own limit; `wait_timeout`:
+        the whole batch's wait, else every run's limit in turn plus start-up."""
+        specs = [run_in_session_spec(p if isinstance(p, RunRequest) else
+                                     RunRequest(code=p, language=self.language, timeout=timeout), self.name)
+                 for p in programs]
+        tagged = batch_labels(labels)
+        names = []
+        for spec in specs:
+            try:
+                names.append(self.client.create(spec, namespace=self.namespace, labels=tagged).name)
+            except CodeRunError:
+                over = self.why_over()
+                if over is not None:
+                    raise over from None
+                raise
+        return self.client.wait_all(names, namespace=self.namespace, labels=tagged,
+                                    timeout=batch_wait_seconds(specs, wait_timeout))
 
     def info(self) -> SessionInfo:
         """Where the session stands: phase, reason, pod, runs done, when it expires."""

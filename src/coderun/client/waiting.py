@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 from ..api.models import CodeRunSpec
 from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound, RunTimeout
 from .result import RunResult, is_finished, result_from_object
-from .steps import Fetch, NextEvent, OpenWatch, Plan, Sleep
+from .steps import Fetch, FetchAll, NextEvent, OpenWatch, Plan, Sleep
 
 log = logging.getLogger("coderun.client")
 
@@ -108,6 +108,72 @@ def wait_plan(name: str, deadline: float, *, max_watch_seconds: float, clock: Ca
             yield Sleep(min(backoff, max(0.0, deadline - clock())))
         if deadline - clock() <= 0:
             return last, False
+
+
+def wait_all_plan(names: list[str], labels: str, deadline: float, *, max_watch_seconds: float,
+                  clock: Callable[[], float] = time.monotonic,
+                  stats: WaitStats | None = None) -> Plan[dict[str, dict[str, Any]]]:
+    """Many runs at once, over one list and one watch of the runs `labels` selects (every run named must be
+    among them): {name: its last object seen}, each finished unless the deadline passed first. A harness's
+    hundreds of runs cost the API server one watch, not one per run. RunNotFound names a run absent or deleted."""
+    stats = stats if stats is not None else WaitStats()
+    waiting, last = set(names), {}
+    backoff = 0.0
+
+    def seen(obj: Mapping[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if name in waiting:
+            last[name] = dict(obj)
+            if is_finished(obj):
+                waiting.discard(name)
+
+    while True:
+        try:
+            items, resource_version = yield FetchAll(labels)
+            stats.lists += 1
+            present = {(item.get("metadata") or {}).get("name") for item in items}
+            missing = sorted(waiting - present)
+            if missing:
+                raise RunNotFound(f"CodeRun {missing[0]} is not among the runs selected by {labels} (deleted, "
+                                  "expired after its TTL, or created by another client: wait for it with wait())",
+                                  status=404)
+            for item in items:
+                seen(item)
+            if not waiting or deadline - clock() <= 0:
+                return last
+            stats.watches += 1
+            yield OpenWatch(f"{len(waiting)} runs", resource_version,
+                            min(deadline - clock(), max_watch_seconds), labels=labels)
+            while (event := (yield NextEvent())) is not None:
+                event_type, event_obj = event
+                stats.events += 1
+                name = (event_obj.get("metadata") or {}).get("name")
+                if event_type == "DELETED" and name in waiting:
+                    raise RunNotFound(f"CodeRun {name} was deleted while waiting for it", status=404)
+                if event_type in ("ADDED", "MODIFIED"):
+                    seen(event_obj)
+                    if not waiting:
+                        return last
+            backoff = 0.0
+        except WatchDropped as e:
+            stats.drops += 1
+            backoff = min(max(backoff * 2, 0.25), 5.0)
+            log.debug("watch or list dropped (%s); listing again in %.2fs", e, backoff)
+            yield Sleep(min(backoff, max(0.0, deadline - clock())))
+        if deadline - clock() <= 0:
+            return last
+
+
+def wait_all_outcome(names: list[str], namespace: str, waited_seconds: float,
+                     last: Mapping[str, Mapping[str, Any]]) -> list[RunResult]:
+    """The finished runs in the order named, or RunTimeout for the first one unfinished."""
+    return [wait_outcome(name, namespace, waited_seconds, last.get(name), is_finished(last.get(name)))
+            for name in names]
+
+
+def listed_items(listed: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """FetchAll's answer from a list: (its runs, its resourceVersion to watch from)."""
+    return list(listed.get("items") or []), listed["metadata"]["resourceVersion"]
 
 
 def fetched(listed: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
