@@ -171,6 +171,19 @@ def test_an_idle_session_ends_its_pod_goes_a_later_run_is_refused_saying_why_and
     assert gone_after >= ttl, f"deleted {gone_after:.0f} s after it ended, before its policy's {ttl} s"
 
 
+def test_a_session_no_node_can_take_ends_at_once_saying_which_limit_and_its_run_is_refused(operator, namespace):
+    """Within the policy's maximum (2 CPUs) but, with the sandbox's own overhead, more than this node has: the
+    session ends StartFailed naming the limit, as a cold run would fail, not Pending until its lifetime."""
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, limits={**SMALL, "cpu": "2"})
+    run = operator.create_run(namespace, {"language": "python", "session": session, "code": "print(1)"})
+    status = wait_session(operator, namespace, session, "Ended", timeout=60)
+    assert status["reason"] == "StartFailed" and "lower the session's spec.limits.cpu" in status["message"], status
+    refused = operator.wait_run(namespace, run, timeout=30)["status"]
+    assert (refused["phase"], refused["reason"]) == ("Rejected", "SessionEnded"), refused
+    wait_for(lambda: not operator.core.list_namespaced_pod(namespace).items, 60, "the session's pod to go")
+
+
 def test_a_run_that_exhausts_the_sessions_memory_ends_the_session_with_its_reason(operator, namespace):
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace)

@@ -449,6 +449,60 @@ def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead
     assert queued_writes and max(queued_writes.values()) == 1, queued_writes
 
 
+# ---------------------------------------------------------------- a sandbox that never starts
+def pending_pod(api, created, **status):
+    pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
+    pod["metadata"]["creationTimestamp"] = created
+    pod["status"] = {"phase": "Pending", **status}
+    api.objects[("Pod", NS, POD)] = pod
+    return pod
+
+
+def test_a_session_whose_sandbox_cannot_start_ends_saying_why_and_its_queued_run_is_refused(env):
+    """As a cold run's pod: an image that cannot be had ends it at once, as do limits no node has; anything else
+    that keeps the pod from starting ends it at the policy's start deadline. Never Pending until its lifetime."""
+    api, clock, ctl = env
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    ctl.on_pod(pending_pod(api, "2026-11-22T10:00:00Z", containerStatuses=[{"name": "run", "state": {"waiting": {
+        "reason": "ErrImageNeverPull", "message": "image is not present with pull policy of Never"}}}]),
+               deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed"), status
+    assert "could not start (ErrImageNeverPull): image is not present" in status["message"], status
+    assert ("Pod", NS, POD) not in api.objects  # its pod goes with it
+    run = api.run(NS, "r1")["status"]
+    assert (run["phase"], run["reason"]) == ("Rejected", "SessionEnded"), run
+    assert "StartFailed" in run["message"], run
+
+
+def test_a_session_asking_more_than_any_node_has_ends_at_once_naming_the_limit(env):
+    api, _, ctl = env
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    pod = pending_pod(api, "2026-11-22T10:00:00Z", conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes available"}])
+    pod["spec"]["containers"][0]["resources"]["requests"]["memory"] = "64Gi"
+    ctl.on_pod(pod, deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed"), status
+    assert "but the largest node offers 8192Mi; lower the session's spec.limits.memory" in status["message"], status
+
+
+def test_a_session_whose_sandbox_is_not_started_by_the_start_deadline_ends_then_not_before(env):
+    api, clock, ctl = env
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    created = clock.now
+    ctl.on_pod(pending_pod(api, created.strftime("%Y-%m-%dT%H:%M:%SZ")), deleted=False)
+    clock.now = created + timedelta(seconds=299)
+    ctl.sessions.tick(lambda: None)
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Pending"
+    clock.now = created + timedelta(seconds=301)
+    ctl.sessions.tick(lambda: None)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Ended", "StartFailed"), status
+    assert "did not start within 300s" in status["message"], status
+
+
 # ---------------------------------------------------------------- one attach, few writes
 def test_a_run_whose_document_is_on_its_way_keeps_the_session_busy():
     """The session is marked Busy with the run's name before the run's own status says it started: a refresh

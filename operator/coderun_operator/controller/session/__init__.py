@@ -39,8 +39,9 @@ from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
+from ...results.pod_state import unschedulable
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
-                               in_session, runs_in_order)
+                               in_session, runs_in_order, start_failure)
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
                                waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
@@ -198,7 +199,14 @@ class Sessions:
             self._end(session, SessionReason.POLICY_REMOVED, f"policy {status.get('policy')!r} was deleted or no "
                       "longer allows sessions; create a new session under a policy that does")
             return
-        new = compute_session_status(session, self._pod_of(session), self._runs(session), self.now(),
+        pod = self._pod_of(session)
+        failed = start_failure(session, pod, self.now(), policy.start_deadline_seconds,
+                               [n.get("status", {}).get("allocatable") or {} for n in self.api.nodes()]
+                               if pod is not None and unschedulable(pod) else ())
+        if failed:
+            self._end(session, SessionReason.START_FAILED, f"{failed}; create a new session")
+            return
+        new = compute_session_status(session, pod, self._runs(session), self.now(),
                                      self._sending.get(session["metadata"]["uid"]))
         if new is None:
             return
