@@ -101,13 +101,20 @@ def wait_plan(name: str, deadline: float, *, max_watch_seconds: float, clock: Ca
             backoff = 0.0
             log.debug("watch ended after its server-side timeout; listing again")
         except WatchDropped as e:
-            stats.drops += 1
-            # Back off only after a failure, so an unreachable API server is not hammered.
-            backoff = min(max(backoff * 2, 0.25), 5.0)
-            log.debug("watch or list dropped (%s); listing again in %.2fs", e, backoff)
-            yield Sleep(min(backoff, max(0.0, deadline - clock())))
+            backoff = yield from after_drop(e, backoff, stats, deadline, clock)
         if deadline - clock() <= 0:
             return last, False
+
+
+def after_drop(error: WatchDropped, backoff: float, stats: WaitStats, deadline: float,
+               clock: Callable[[], float]) -> Plan[float]:
+    """A watch or list dropped: wait before listing again (only after a failure, so an unreachable API server is
+    not hammered), doubling from 0.25 s to 5 s; the next backoff."""
+    stats.drops += 1
+    backoff = min(max(backoff * 2, 0.25), 5.0)
+    log.debug("watch or list dropped (%s); listing again in %.2fs", error, backoff)
+    yield Sleep(min(backoff, max(0.0, deadline - clock())))
+    return backoff
 
 
 def wait_all_plan(names: list[str], labels: str, deadline: float, *, max_watch_seconds: float,
@@ -156,10 +163,7 @@ def wait_all_plan(names: list[str], labels: str, deadline: float, *, max_watch_s
                         return last
             backoff = 0.0
         except WatchDropped as e:
-            stats.drops += 1
-            backoff = min(max(backoff * 2, 0.25), 5.0)
-            log.debug("watch or list dropped (%s); listing again in %.2fs", e, backoff)
-            yield Sleep(min(backoff, max(0.0, deadline - clock())))
+            backoff = yield from after_drop(e, backoff, stats, deadline, clock)
         if deadline - clock() <= 0:
             return last
 
