@@ -13,7 +13,8 @@ import pytest
 from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, VERSION
 from coderun.client import CodeRunClient, RunRejected
-from conftest import CREATOR_VERBS, KUBECONFIG, grant, parse_timestamp, wait_for
+from conftest import CREATOR_VERBS, KUBECONFIG, apply_warm_pool, grant, parse_timestamp, pool_ready, wait_for
+from test_warm import pool_pod_names
 from test_policy import apply_policy, status_of
 
 SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
@@ -29,8 +30,9 @@ def allow_sessions(cluster, namespace: str, ttl: int | None = None, **sessions) 
 def create_session(cluster, namespace: str, user: str | None = None, **spec) -> str:
     """`kubectl create -f -` of a CodeRunSession (as `user` with --as), as the README writes it; its name."""
     name = f"s-{uuid.uuid4().hex[:8]}"
+    spec = {k: v for k, v in {"language": "python", "limits": SMALL, **spec}.items() if v is not None}
     manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": name},
-                "spec": {"language": "python", "limits": SMALL, **spec}}
+                "spec": spec}
     cluster.kubectl(*(("--as", user) if user else ()), "create", "-n", namespace, "-f", "-",
                     input=json.dumps(manifest))
     return name
@@ -169,6 +171,32 @@ def test_an_idle_session_ends_its_pod_goes_a_later_run_is_refused_saying_why_and
              ttl + 30, f"the ended session to be deleted {ttl} s after it ended")
     gone_after = (datetime.now(timezone.utc) - parse_timestamp(ended["endTime"])).total_seconds()
     assert gone_after >= ttl, f"deleted {gone_after:.0f} s after it ended, before its policy's {ttl} s"
+
+
+def test_sessions_take_warm_pool_pods_their_limits_fit_and_keep_them_as_cold_ones(operator, namespace):
+    """Under a policy with a warm pool, a session whose limits are the pool's takes a pool pod (Ready without a
+    pod start), with keepState too; its runs keep files (and variables), the pool starts pods in their places, and
+    the pod goes with the session. A session with other limits gets a pod of its own."""
+    apply_warm_pool(operator, namespace, {"size": 2, "cpuRequest": "10m", "languages": ["python"]},
+                    sessions={"allowed": True}, defaults={"cpu": "250m", "memory": "256Mi"})
+    pool = pool_pod_names(operator, namespace)
+    fresh, keep = create_session(operator, namespace, limits=None), create_session(operator, namespace, limits=None,
+                                                                                   keepState=True)
+    for session in (fresh, keep):
+        status = wait_session(operator, namespace, session, timeout=30)
+        assert status["startMode"] == "Warm" and status["podName"] in pool, (status, pool)
+    assert run_in(operator, namespace, fresh, "open('kept.txt', 'w').write('1'); x = 1")["phase"] == "Succeeded"
+    later = run_in(operator, namespace, fresh, "print(open('kept.txt').read(), 'x' in globals())")
+    assert later["stdout"] == "1 False\n" and later["startMode"] == "Session", later
+    run_in(operator, namespace, keep, "import os\ny = 6 * 7")
+    assert run_in(operator, namespace, keep, "print(y)")["stdout"] == "42\n"
+    cold = create_session(operator, namespace, limits={**SMALL, "memory": "128Mi"})
+    assert wait_session(operator, namespace, cold)["startMode"] == "Cold"
+    wait_for(lambda: pool_ready(operator, namespace) == 2, 90, "the pool to start pods in the sessions' places")
+    claimed = session_status(operator, namespace, fresh)["podName"]
+    operator.kubectl("delete", "crsess", fresh, "-n", namespace)
+    wait_for(lambda: claimed not in {p.metadata.name for p in operator.core.list_namespaced_pod(namespace).items},
+             60, "the claimed pod to go with its session")
 
 
 def test_a_session_no_node_can_take_ends_at_once_saying_which_limit_and_its_run_is_refused(operator, namespace):

@@ -207,8 +207,8 @@ def test_a_run_that_does_not_fit_the_pool_starts_cold(cluster, operator, namespa
 
 
 def test_a_warm_pod_someone_else_attached_to_first_costs_speed_not_the_run(cluster, operator, namespace):
-    """stdinOnce: an attach that closes the runner's stdin before the operator's makes the runner end with
-    InputIncomplete; a claim of that pod never runs the program twice and the run still gets its result."""
+    """An attach that connects and closes before the operator's (the pod's stdin stays open past an attach, as a
+    session's later runs need): a claim of that pod never runs the program twice and the run gets its result."""
     apply_warm_pool(cluster, namespace, {"size": 1, "cpuRequest": "50m", "languages": ["python"]})
     pod = cluster.core.list_namespaced_pod(namespace, label_selector="coderun.io/pool").items[0].metadata.name
     cluster.kubectl("attach", "-i", "-n", namespace, pod, input="")  # connects, sends nothing, closes stdin

@@ -223,15 +223,16 @@ class SessionRunnerRun:
 
 
 def run_session_runner(tmp_path: Path, stream: bytes, wrapper: tuple = (), interpreter: str = sys.executable,
-                       subprocess_timeout: float = 60) -> SessionRunnerRun:
-    """The real runner with `--session` on this stdin, everything under tmp_path; every frame it printed."""
+                       subprocess_timeout: float = 60, mode: tuple = ("--session",)) -> SessionRunnerRun:
+    """The real runner with `--session` (or `mode`: a pool pod's `--input-stdin`) on this stdin, everything under
+    tmp_path; every frame it printed."""
     runner_root = tmp_path / "opt-coderun"
     if not runner_root.exists():
         lay_out_runner(runner_root)
     work, termination_log = tmp_path / "scratch" / "work", tmp_path / "termination-log"
     termination_log.write_text("")
     proc = subprocess.run(
-        [*wrapper, interpreter, "-I", str(runner_root), "--session", "--input", str(tmp_path / "input"),
+        [*wrapper, interpreter, "-I", str(runner_root), *mode, "--input", str(tmp_path / "input"),
          "--work", str(work), "--outputs", str(tmp_path / "scratch" / "outputs"),
          "--termination-log", str(termination_log)],
         capture_output=True, timeout=subprocess_timeout, input=stream)

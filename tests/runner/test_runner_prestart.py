@@ -14,7 +14,8 @@ import time
 import pytest
 
 from coderun.sandbox.runner import prestart, protocol
-from runner_harness import SESSION_KEY, lay_out_runner, run_entries, runner_in, session_stream
+from runner_harness import (SESSION_KEY, lay_out_runner, run_entries, run_session_runner, runner_in, session_stream,
+                            signed_document, warm_document)
 
 NONCE = "0123456789abcdef" * 4
 
@@ -75,8 +76,9 @@ def test_the_cpu_of_the_start_is_not_the_programs(run_runner):
     assert run.frame["metrics"]["cpuMillis"] < 15, run.frame["metrics"]
 
 
-def session_runs(tmp_path, documents, wrapper=(), keep_state=False):
-    """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents."""
+def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False):
+    """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents; `pool`:
+    of a warm pool pod's runner (`--input-stdin`, started for one run) that a session claimed."""
     root = tmp_path / "opt-coderun"
     if not root.exists():
         lay_out_runner(root)
@@ -84,13 +86,36 @@ def session_runs(tmp_path, documents, wrapper=(), keep_state=False):
     settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
     scratch = tmp_path / "scratch"
     proc = subprocess.run(
-        [*wrapper, sys.executable, "-I", str(root), "--session", "--input", str(tmp_path / "input"),
-         "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
+        [*wrapper, sys.executable, "-I", str(root), "--input-stdin" if pool else "--session",
+         "--input", str(tmp_path / "input"), "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
          "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings),
-         *(["--keep-state"] if keep_state else [])],
+         *(["--keep-state"] if keep_state and not pool else [])],
         input=session_stream(documents, SESSION_KEY, keep_state), capture_output=True, timeout=60)
     return [json.loads(line.split(b" ", 1)[1]) for line in proc.stdout.splitlines()
             if line.startswith(b"CODERUN-RESULT-V1 ")]
+
+
+@pytest.mark.parametrize("keep_state", [False, True], ids=["fresh-process", "keep-state"])
+def test_a_pool_pods_runner_becomes_the_sandbox_of_the_session_that_claimed_it(tmp_path, keep_state):
+    """Its first document carries the session's settings: it serves every later document of the session (their
+    MACs checked), the work dir kept, and with keepState one interpreter (its prestarted program gives way)."""
+    codes = ["open('kept.txt', 'w').write('from run 1'); x = 41", "print(open('kept.txt').read())",
+             "print(globals().get('x', 'no x') if __name__ == '__main__' else '?')"]
+    documents = [(f"{i:032x}", run_entries(code)) for i, code in enumerate(codes)]
+    frames = session_runs(tmp_path, documents, keep_state=keep_state, pool=True)
+    assert [(f["nonce"], f["reason"]) for f in frames] == [(n, "Completed") for n, _ in documents], frames
+    assert frames[1]["stdout"] == "from run 1\n"
+    assert frames[2]["stdout"] == ("41\n" if keep_state else "no x\n")
+    if not keep_state:  # the pool's prestarted program takes the first run, as it would a warm run
+        assert [f.get("prestarted", False) for f in frames] == [True] * 3
+
+
+def test_a_pool_pods_runner_given_a_runs_document_runs_it_alone_and_reads_no_more(tmp_path):
+    run, second = run_entries("print('the run')"), run_entries(f"open({str(tmp_path / 'second')!r}, 'w')")
+    stream = warm_document(run, "a" * 32) + signed_document(1, "b" * 32, second)
+    run = run_session_runner(tmp_path, stream, mode=("--input-stdin",))
+    assert [(f["nonce"], f["stdout"]) for f in run.frames] == [("a" * 32, "the run\n")]
+    assert not (tmp_path / "second").exists()
 
 
 def test_each_session_run_is_prestarted_and_a_home_an_earlier_run_filled_makes_the_next_cold(tmp_path):

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from coderun.sandbox.runner.protocol import session_document_mac
-from coderun_operator.builders.session import build_session_pod, session_document
+from coderun_operator.builders.session import build_session_pod, session_claim_patch, session_document
+from coderun_operator.controller.audit import keeps_state
 from coderun_operator.controller import Controller
 from coderun_operator.controller.session import session_key
 from coderun_operator.policy import DEFAULT_POLICY, Decision
@@ -23,6 +24,7 @@ from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s
 from test_controller import NS, T0, Clock, make_run
+from test_warm import pool_pods, start_pool
 from datetime import timedelta
 import dataclasses
 
@@ -501,6 +503,84 @@ def test_a_session_whose_sandbox_is_not_started_by_the_start_deadline_ends_then_
     status = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (status["phase"], status["reason"]) == ("Ended", "StartFailed"), status
     assert "did not start within 300s" in status["message"], status
+
+
+# ---------------------------------------------------------------- a warm pool pod for a session
+WARM_SESSIONS = {**POLICY, "spec": {**POLICY["spec"], "warmPool": {"size": 1, "languages": ["python"],
+                                                                   "cpuRequest": "100m"}}}
+
+
+def warm_env(env):
+    api, _, ctl = env
+    api.policies = [copy.deepcopy(WARM_SESSIONS)]
+    ctl.on_policy(copy.deepcopy(WARM_SESSIONS), deleted=False)
+    return start_pool(env)
+
+
+def test_a_session_takes_a_warm_pool_pod_its_limits_fit_and_runs_there(env):
+    """The pod becomes the session's (its labels, its owner, its lifetime as the deadline), leaves the pool, which
+    starts another, and the session's first document makes its runner the session's."""
+    api, clock, ctl = env
+    (pool_pod,) = warm_env(env)
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["podName"], status["startMode"]) == (pool_pod, "Warm"), status
+    assert status["message"] == f"warm sandbox pod {pool_pod} claimed"
+    pod = api.objects[("Pod", NS, pool_pod)]
+    labels = pod["metadata"]["labels"]
+    assert labels["coderun.io/session-uid"] == "sess-uid-1" and "coderun.io/pool" not in labels, labels
+    assert [(o["kind"], o["uid"]) for o in pod["metadata"]["ownerReferences"]] == [("CodeRunSession", "sess-uid-1")]
+    # started 60 s before the claim: the session's lifetime (the policy's cap, 3600) from now, and the margin
+    assert pod["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 60
+    # the pool reserved 100m while it waited: the session gets its whole limit, less a millicore (same QoS class)
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert (resources["limits"]["cpu"], resources["requests"]["cpu"]) == ("1", "999m"), resources
+    ctl.pool.refill()
+    assert len(pool_pods(api)) == 1 and pool_pod not in pool_pods(api)  # the pool starts a pod in its place
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
+    state, answer = runner(api)
+    api.attach_answers[pool_pod] = answer
+    for i in (1, 2):
+        ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
+        settle()
+    assert [api.run(NS, f"r{i}")["status"]["podName"] for i in (1, 2)] == [pool_pod] * 2
+    assert [api.run(NS, f"r{i}")["status"]["phase"] for i in (1, 2)] == ["Succeeded"] * 2
+    assert state["key"] is not None and state["sequence"] == 1  # the first document carried the session's key
+
+
+def test_a_session_whose_limits_the_pool_does_not_hold_gets_a_pod_of_its_own(env):
+    api, _, ctl = env
+    (pool_pod,) = warm_env(env)
+    ctl.on_session(api.add_session(make_session(limits={"memory": "512Mi"})), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["podName"], status["startMode"]) == (POD, "Cold"), status
+    assert pool_pod in pool_pods(api)
+
+
+def test_a_keep_state_sessions_claim_marks_the_pool_pod_so_the_audit_does_not_wait_for_its_interpreter(env):
+    """The pool pod's runner was not started with --keep-state: the claim says so in an annotation, or each run's
+    audit would wait its whole deadline for a record the interpreter's life keeps open."""
+    api, _, ctl = env
+    (pool_pod,) = warm_env(env)
+    pod = copy.deepcopy(api.objects[("Pod", NS, pool_pod)])
+    assert not keeps_state(pod)
+    for keep in (False, True):
+        claimed = api.claim_pod(NS, pool_pod, session_claim_patch(make_session(keepState=keep), pod, 100))
+        assert keeps_state(claimed) is keep
+        pod = claimed
+
+
+def test_an_unclaimed_pool_pod_past_its_idle_time_is_replaced_though_its_deadline_has_room_for_a_session(env):
+    api, clock, ctl = env
+    (pool_pod,) = warm_env(env)
+    assert api.objects[("Pod", NS, pool_pod)]["spec"]["activeDeadlineSeconds"] == 3600 + 3600 + 60
+    clock.now = T0 + timedelta(seconds=3539)  # started at 09:59: 59 s short of its hour
+    ctl.pool.refill()
+    assert pool_pod in pool_pods(api)
+    clock.now = T0 + timedelta(seconds=3541)
+    ctl.pool.refill()
+    assert pool_pod not in pool_pods(api) and ("Pod", NS, pool_pod) not in api.objects
 
 
 # ---------------------------------------------------------------- one attach, few writes

@@ -80,7 +80,8 @@ def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
     spec = CodeRunSpec.model_validate({"language": "python", "code": "x"})
     cold = build_pod(make_run(), evaluate(spec, DEFAULT_POLICY), "demo-input")
     container, cold_container = pool_pod["spec"]["containers"][0], cold["spec"]["containers"][0]
-    assert container["stdin"] is container["stdinOnce"] is True
+    # stdin stays open past the first attach: a session that claims the pod attaches again for each later run
+    assert container["stdin"] is True and container["stdinOnce"] is False
     assert container["command"][-2] == "--input-stdin" and "volumeMounts" in container
     policy = policy_from_object(POLICY)
     _, decision = trust.wanted_pools(NS, policy)[trust.key_of(pool_pod)]

@@ -254,8 +254,11 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
 
 def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], idle_seconds: int) -> dict[str, Any]:
     """A warm pool pod: the sandbox pod above, its runner waiting on stdin, owned by the policy until a run
-    claims it (`claim_patch`). `pool` holds its labels (policy, language) and the pool key it serves; it goes
-    after `idle_seconds` unclaimed, so a pool never keeps a stale pod for ever."""
+    claims it (`claim_patch`) or a session does (`session.session_claim_patch`: its stdin stays open for the
+    session's later attaches). `pool` holds its labels (policy, language) and the pool key it serves; it goes
+    after `idle_seconds` unclaimed, so a pool never keeps a stale pod for ever (the kubelet's deadline, or, where
+    the policy allows sessions, the pool's refill: the deadline leaves room for a session's lifetime after that,
+    and a claim shrinks it to what its run or session needs)."""
     metadata = {"generateName": pool_name_prefix(pool[LABEL_POOL]), "namespace": namespace,
                 "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_POOL: pool[LABEL_POOL],
                            LABEL_POOL_LANGUAGE: pool[LABEL_POOL_LANGUAGE]},
@@ -263,13 +266,21 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
     if decision.policy.uid:
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]
-    pod = _sandbox_pod(metadata, decision, [*POOL_RUNNER_COMMAND, prestart_argument(decision)], idle_seconds,
+    pod = _sandbox_pod(metadata, decision, [*POOL_RUNNER_COMMAND, prestart_argument(decision)],
+                       idle_seconds + pool_session_room(decision.policy),
                        {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
     container = pod["spec"]["containers"][0]
-    container.update({"stdin": True, "stdinOnce": True})
+    container.update({"stdin": True, "stdinOnce": False})
     if decision.policy.warm_pool_cpu_request:  # the policy chose to reserve less than the limit while it waits
         container["resources"]["requests"]["cpu"] = decision.policy.warm_pool_cpu_request
     return pod
+
+
+def pool_session_room(policy: Policy) -> int:
+    """What a pool pod's deadline holds past its idle time for a session that claims it at the last moment: the
+    longest lifetime the policy gives a session (none where it allows none), and the usual margin."""
+    sessions = policy.sessions
+    return sessions.max_lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS if sessions and sessions.allowed else 0
 
 
 def pool_name_prefix(policy_label: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..audit import NOT_INSTALLED, AgentAnswer, AuditAgent, since_ns
+from ..builders.names import ANNOTATION_KEEP_STATE
 from ..builders.session import KEEP_STATE_FLAG
 from ..policy.redact import Redactor
 from ..results.audit import audit_status, record_text, unavailable, with_audit, with_record
@@ -23,8 +24,10 @@ def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str
 
 
 def keeps_state(pod: Mapping[str, Any]) -> bool:
+    """A keepState session's pod: started so (its runner's flag), or a warm pool pod such a session claimed."""
     containers = (pod.get("spec") or {}).get("containers") or [{}]
-    return KEEP_STATE_FLAG in (containers[0].get("command") or ())
+    return KEEP_STATE_FLAG in (containers[0].get("command") or ()) or \
+        (pod["metadata"].get("annotations") or {}).get(ANNOTATION_KEEP_STATE) == "true"
 
 
 def node_saw_oom_kill(answer: AgentAnswer | str) -> bool:

@@ -89,14 +89,15 @@ class Controller:
         self._freed: set[str] = set()
         self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
         self.policy_status = PolicyStatusWriter(api, clock)
-        self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools)
+        self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools, clock=clock)
         self.claims = Claims(api, self.store, self.writer, clock, self.pool.wake, self._streamed)
         self.identity = IdentityGuard(api, clock)
         self._policies_listing = threading.Lock()
         # own_namespace: where the sessions' key Secret lives (the operator's namespace)
         self.sessions = Sessions(api, self.store, self.writer, clock, own_namespace, self._session_streamed,
                                  self._reconcile_runs, self._list_runs_once, self.identity.problem,
-                                 lambda obj: creator_may_use(api, self.identity, obj), proxy)
+                                 lambda obj: creator_may_use(api, self.identity, obj), proxy,
+                                 self.claims.claim_for_session)
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -121,6 +122,7 @@ class Controller:
     def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         self._note_digest(pod)
         if self.sessions.on_pod(pod, deleted, self.ensure_policies_listed):
+            self.store.forget_pod(pod)  # a pool pod a session claimed is no longer the pool's
             return
         uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
         if uid is None:

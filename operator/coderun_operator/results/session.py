@@ -33,13 +33,17 @@ def is_done(run: Mapping[str, Any]) -> bool:
 
 
 def admitted_status(session: Mapping[str, Any], fields: Mapping[str, Any], pod_name: str, idle_seconds: int,
-                    lifetime_seconds: int, now: datetime) -> CodeRunSessionStatus:
-    """Admitted, its pod created: Pending until the runner runs. The lifetime counts from here."""
+                    lifetime_seconds: int, now: datetime, warm: bool = False) -> CodeRunSessionStatus:
+    """Admitted, its pod created (or a warm pool pod claimed): Pending until the runner is seen running. The
+    lifetime counts from here."""
     gen = session["metadata"].get("generation")
     return CodeRunSessionStatus.model_validate({
         **fields, "phase": SessionPhase.PENDING, "reason": SessionReason.POD_CREATED,
-        "message": f"sandbox pod {pod_name} created; waiting for it to start", "podName": pod_name,
-        "startMode": StartMode.COLD, "creator": (session["metadata"].get("annotations") or {}).get(CREATED_BY), "idleTimeoutSeconds": idle_seconds, "documentsSent": 0, "runsDone": 0,
+        "message": (f"warm sandbox pod {pod_name} claimed" if warm else
+                    f"sandbox pod {pod_name} created; waiting for it to start"), "podName": pod_name,
+        "startMode": StartMode.WARM if warm else StartMode.COLD,
+        "creator": (session["metadata"].get("annotations") or {}).get(CREATED_BY),
+        "idleTimeoutSeconds": idle_seconds, "documentsSent": 0, "runsDone": 0,
         "expiresAt": rfc3339(now + timedelta(seconds=lifetime_seconds)), "observedGeneration": gen,
         "conditions": _conditions(None, False, False, SessionReason.POD_CREATED, "waiting for the sandbox", gen, now)})
 

@@ -28,7 +28,7 @@ from coderun.api.models import CodeRunStatus, ResourceLimits
 from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from ...builders import code_hash
-from ...builders.names import LABEL_SESSION_UID
+from ...builders.names import CONTAINER_NAME, LABEL_SESSION_UID
 from ...builders.ownership import controlled_by
 from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
@@ -46,6 +46,7 @@ from ...results.status import (Outcome, decision_fields, refusal_fields, running
                                waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
+from ..warm.trust import claimed_cpu_request
 from ..writer import StatusWriter, to_wire
 from .channel import Channel
 
@@ -90,8 +91,11 @@ class Sessions:
                  hand_back: HandBack, reconcile_runs: Callable[[list[str]], None],
                  list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
                  may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]],
-                 proxy: EgressProxy | None = None):
+                 proxy: EgressProxy | None = None,
+                 claim_warm: Callable[[Mapping[str, Any], Decision, int], dict[str, Any] | None] = lambda *_: None):
         self.api, self.store, self.writer, self.now = api, store, writer, clock
+        # a warm pool pod for a session (warm.Claims.claim_for_session): the pod as claimed, or None
+        self._claim_warm = claim_warm
         self.proxy = proxy  # the egress proxy, for sessions of a policy with host rules
         self.key_namespace = key_namespace
         self._hand_back, self._reconcile_runs, self._list_runs_once = hand_back, reconcile_runs, list_runs_once
@@ -277,7 +281,8 @@ class Sessions:
             if taken:
                 self._end(session, SessionReason.START_FAILED, taken)
                 return
-            existing = self.api.create_or_get(pod)
+            existing = self._kept_or_warm_pod(session, verdict.decision, verdict.max_lifetime_seconds) or \
+                self.api.create_or_get(pod)
         except self.api.Refused as refused:
             self._end(session, SessionReason.START_FAILED, f"{refused}; the namespace's quota or admission policy "
                       "must allow the session's sandbox")
@@ -286,11 +291,33 @@ class Sessions:
             self._end(session, SessionReason.START_FAILED, f"a pod named {pod['metadata']['name']} exists and is not "
                       "this session's; delete it or name the session differently")
             return
-        self.pods.setdefault(meta["uid"], existing or pod)  # until the watch brings it (see _pod_of)
+        sandbox = existing or pod
+        self.pods.setdefault(meta["uid"], sandbox)  # until the watch brings it (see _pod_of)
         fields = {k: v for k, v in decision_fields(verdict.decision).items() if k != "decision"
                   and k != "runtimeClass"}
-        self._write(session, to_wire(admitted_status(session, fields, pod["metadata"]["name"],
-                                                     verdict.idle_timeout_seconds, verdict.max_lifetime_seconds, now)))
+        self._write(session, to_wire(admitted_status(session, fields, sandbox["metadata"]["name"],
+                                                     verdict.idle_timeout_seconds, verdict.max_lifetime_seconds, now,
+                                                     warm=sandbox["metadata"]["name"] != pod["metadata"]["name"])))
+
+    def _kept_or_warm_pod(self, session: Mapping[str, Any], decision: Decision,
+                          lifetime_seconds: int) -> dict[str, Any] | None:
+        """The session's pod when none need be created: one already its own (made or claimed for it before an
+        operator restart lost the status write), else a warm pool pod claimed now. A pool that reserves less CPU
+        than the limit asks for all of it (best effort: the session runs either way)."""
+        uid = session["metadata"]["uid"]
+        held = self.pods.get(uid)
+        if held is not None and not held["metadata"].get("deletionTimestamp"):
+            return held
+        claimed = self._claim_warm(session, decision, lifetime_seconds)
+        if claimed is not None:
+            self.pods[uid] = claimed
+            if decision.policy.warm_pool_cpu_request:
+                try:
+                    self.api.resize_pod_cpu(claimed["metadata"]["namespace"], claimed["metadata"]["name"],
+                                            CONTAINER_NAME, claimed_cpu_request(decision.limits.cpu))
+                except Exception as e:  # noqa: BLE001 - the session runs on the pool's request
+                    log.info("session %s: its CPU request stays the pool's: %s", session["metadata"]["name"], e)
+        return claimed
 
     def _ensure_routes(self, session: Mapping[str, Any], egress, proxy_route) -> str | None:
         """The session pod's NetworkPolicy holding the routes of its policy as it is now (made at the session's

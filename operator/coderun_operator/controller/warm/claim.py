@@ -19,6 +19,7 @@ from ... import metrics
 from ...builders import LABEL_POOL, build_network_policy, claim_patch, code_hash, warm_input
 from ...builders.egress import EgressAccess
 from ...builders.names import CONTAINER_NAME
+from ...builders.session import session_claim_patch
 from ...policy import Decision, Policy
 from ...results.status import cold_again_status, parse_time, started_status
 from ..children import input_configmap
@@ -80,29 +81,58 @@ class Claims:
         if pool not in wanted:
             metrics.POOL_MISSES.labels(language, "limits").inc()
             return False
-        now, (_, pool_decision) = self.now(), wanted[pool]
-        for pod in sorted((p for p in self.store.pool_pods()
-                           if p["metadata"].get("namespace") == ns and key_of(p) == pool and is_ready(p)),
-                          key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-            deadline = deadline_seconds(pod, decision.limits.timeout_seconds, now)
-            if deadline is None or not is_genuine(pod, pool_decision):
-                continue
-            nonce = secrets.token_hex(32)
-            try:
-                patched = self.api.claim_pod(ns, pod["metadata"]["name"],
-                                             claim_patch(run, pod, deadline, nonce_digest(nonce)))
-            except self.api.Refused as e:  # e.g. RBAC without pods patch: the pool cannot serve; never a run's failure
-                log.warning("warm pool of %s/%s: %s; the run starts cold", ns, decision.policy.name, e)
-                break
-            if patched is None:
-                continue  # another replica or run took it first
-            self.store.put_pod(patched)
-            metrics.POOL_CLAIMS.labels(language).inc()
+        nonce = secrets.token_hex(32)
+        patched = self.claim(ns, pool, wanted[pool][1], decision.limits.timeout_seconds,
+                             lambda pod, deadline: claim_patch(run, pod, deadline, nonce_digest(nonce)))
+        if patched is None:
+            metrics.POOL_MISSES.labels(language, "empty").inc()
+            return False
+        metrics.POOL_CLAIMS.labels(language).inc()
+        return self._accept(run, spec, decision, key, patched, nonce, egress)
+
+    def claim_for_session(self, session: Mapping[str, Any], decision: Decision,
+                          lifetime_seconds: int) -> dict[str, Any] | None:
+        """A warm pod for a session, when its policy keeps a pool its limits fit and a pod there has the session's
+        lifetime left: the pod as claimed (the session's from now on), or None to start the session's own."""
+        ns = session["metadata"]["namespace"]
+        policy = self.store.policies(ns).get(decision.policy.name)
+        if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
+            return None
+        pool, wanted = run_pool_key(ns, decision), wanted_pools(ns, policy)
+        if pool not in wanted:
+            return None
+        patched = self.claim(ns, pool, wanted[pool][1], lifetime_seconds,
+                             lambda pod, deadline: session_claim_patch(session, pod, deadline))
+        if patched is not None:
+            metrics.POOL_CLAIMS.labels(metrics.language_label(decision.runtime.language)).inc()
+        return patched
+
+    def claim(self, ns: str, pool: str, pool_decision: Decision, seconds: int,
+              patch_for: Callable[[Mapping[str, Any], int], list[dict[str, Any]]]) -> dict[str, Any] | None:
+        """The oldest ready pod of the pool that is genuinely the pool's and has `seconds` left, made a run's or a
+        session's by `patch_for(pod, its new deadline)`: the pod as patched, or None when none could be. The pool
+        is woken either way, to fill the place or to start a pod."""
+        now = self.now()
+        try:
+            for pod in sorted((p for p in self.store.pool_pods()
+                               if p["metadata"].get("namespace") == ns and key_of(p) == pool and is_ready(p)),
+                              key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+                deadline = deadline_seconds(pod, seconds, now)
+                if deadline is None or not is_genuine(pod, pool_decision):
+                    continue
+                try:
+                    patched = self.api.claim_pod(ns, pod["metadata"]["name"], patch_for(pod, deadline))
+                except self.api.Refused as e:  # e.g. RBAC without pods patch: the pool cannot serve, never a failure
+                    log.warning("warm pool of %s/%s: %s; starting cold", ns, pool_decision.policy.name, e)
+                    return None
+                if patched is None:
+                    continue  # another replica, run or session took it first
+                self.store.forget_pod(pod)  # no longer the pool's
+                self.store.put_pod(patched)
+                return patched
+            return None
+        finally:
             self._wake_pool()
-            return self._accept(run, spec, decision, key, patched, nonce, egress)
-        metrics.POOL_MISSES.labels(language, "empty").inc()
-        self._wake_pool()
-        return False
 
     def _accept(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
                 pod: Mapping[str, Any], nonce: str, egress: EgressAccess | None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from coderun.api.coderunpolicy import WarmPoolStatus
@@ -17,7 +18,7 @@ from ...builders.egress import ProxyRoute
 from ...proxy import EgressProxy, ProxyUnavailable, access_for
 from ..children import ensure_namespace_default_deny, ensure_pool_routes
 from ..store import Store, owner_uid
-from .trust import POOL_IDLE_SECONDS, is_genuine, is_ready, is_spent, key_of, wanted_pools
+from .trust import POOL_IDLE_SECONDS, is_genuine, is_ready, is_spent, key_of, outlived, wanted_pools
 
 log = logging.getLogger("coderun")
 
@@ -33,8 +34,9 @@ class Refill:
     """`on_pools` is told, after each pass, how every policy's pool stands ((namespace, policy) -> size, ready)."""
 
     def __init__(self, api, store: Store, proxy: EgressProxy | None = None,
-                 on_pools: Callable[[Mapping[tuple[str, str], WarmPoolStatus]], None] = lambda stands: None):
-        self.api, self.store, self.proxy = api, store, proxy
+                 on_pools: Callable[[Mapping[tuple[str, str], WarmPoolStatus]], None] = lambda stands: None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
+        self.api, self.store, self.proxy, self.clock = api, store, proxy, clock
         self._on_pools = on_pools
         self.started = time.monotonic()
         self._wakeup = threading.Event()
@@ -74,13 +76,14 @@ class Refill:
                     wanted[(namespace, key)] = (language, decision, policy.warm_pool_size)
         by_pool: dict[tuple[str, str], list[dict[str, Any]]] = {}
         settled = time.monotonic() - self.started > STARTUP_GRACE_SECONDS
+        now = self.clock()
         for pod in self.store.pool_pods():
             meta = pod["metadata"]
             pool = (meta.get("namespace"), key_of(pod))
             # A pod that is not what the pool builds now (an older operator's, e.g. before the input had a
             # volume of its own, or a look-alike) would never be claimed, yet fill the pool's place: replace it.
             outdated = pool in wanted and not is_genuine(pod, wanted[pool][1])
-            if is_spent(pod) or (pool not in wanted and settled) or outdated:
+            if is_spent(pod) or outlived(pod, now) or (pool not in wanted and settled) or outdated:
                 if not meta.get("deletionTimestamp"):
                     self._delete_unclaimed(pod)
                 continue

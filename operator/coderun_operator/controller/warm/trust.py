@@ -62,6 +62,13 @@ def is_spent(pod: Mapping[str, Any]) -> bool:
                 or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
 
 
+def outlived(pod: Mapping[str, Any], now: datetime) -> bool:
+    """An unclaimed pool pod past its idle time: its deadline leaves room for a session claimed at the last
+    moment (objects.pool_session_room), so the refill, not the kubelet, ends its wait."""
+    started = parse_time((pod.get("status") or {}).get("startTime"))
+    return started is not None and (now - started).total_seconds() >= POOL_IDLE_SECONDS
+
+
 def is_genuine(pod: Mapping[str, Any], decision: Decision) -> bool:
     """The pod is exactly the pool pod the operator builds for this pool, in every field that decides what runs
     and what it can reach. Anyone who may create pods in the namespace can copy the labels; a pod of their own

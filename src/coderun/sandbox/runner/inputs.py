@@ -215,11 +215,16 @@ def lay_out_input(entries: dict[str, bytes], input_dir: str) -> None:
 def read_stdin_input(stream, input_dir: str) -> str:
     """Read the warm pool's input document from `stream` into `input_dir`, laid out as the ConfigMap mount is
     (one file per key), and return the nonce. InputIncomplete on a short stream, InvalidInput on a bad one."""
-    length = read_length_line(stream)
-    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
-    nonce, entries = parse_input_document(read_exactly(stream, length))
+    nonce, entries = read_stdin_document(stream)
     lay_out_input(entries, input_dir)
     return nonce
+
+
+def read_stdin_document(stream) -> tuple[str, dict[str, bytes]]:
+    """The warm pool's input document from `stream`, not laid out yet: (its nonce, its keys)."""
+    length = read_length_line(stream)
+    _require(0 < length <= MAX_STDIN_INPUT_BYTES, f"the input is larger than {MAX_STDIN_INPUT_BYTES} bytes")
+    return parse_input_document(read_exactly(stream, length))
 
 
 def _base64(value: str, key: str) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -19,14 +20,14 @@ from .confinement import enter_user_namespace, make_undumpable, mount_capped_scr
 from .errors import V8_HEAP_EXHAUSTED
 from .frame import encode_frame, failure_frame, result_frame, termination_summary
 from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
-                     read_stdin_input)
+                     read_stdin_document)
 from .limits import Guards
 from .kernel import Kernel
 from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings, start_program
 from .processes import kill_all_other_processes
 from .protocol import (ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
                        SESSION_SETTINGS_KEY)
-from .session import SessionInputs
+from .session import SessionInput, SessionInputs
 
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
@@ -305,20 +306,25 @@ def announce_accepted(nonce: str) -> None:
     sys.stdout.buffer.flush()
 
 
-def accept_stdin_input(input_dir: str) -> tuple[str | None, dict | None]:
-    """A warm pod's input: (nonce, None) once all of it is read, announced on stdout (the operator's proof that
-    the program may be running); else (None, the failure frame). The nonce is never written anywhere the
-    program can read: only this process, undumpable and outside the program's PID namespace, holds it."""
+def accept_stdin_input(input_dir: str) -> tuple[str | None, dict | None, SessionInput | None]:
+    """A warm pod's input: (nonce, None, None) once all of it is read, announced on stdout (the operator's proof
+    that the program may be running); else (None, the failure frame, None). A session's first document (it
+    carries the session's settings: a session claimed this pool pod) is returned unread as the third, for
+    serve_session. The nonce is never written anywhere the program can read: only this process, undumpable and
+    outside the program's PID namespace, holds it."""
     try:
-        nonce = read_stdin_input(sys.stdin.buffer, input_dir)
+        nonce, entries = read_stdin_document(sys.stdin.buffer)
+        if SESSION_SETTINGS_KEY in entries:
+            return None, None, SessionInput(nonce, entries, None)
+        lay_out_input(entries, input_dir)
     except InputIncomplete as exc:
-        return None, failure_frame(INPUT_INCOMPLETE, str(exc))
+        return None, failure_frame(INPUT_INCOMPLETE, str(exc)), None
     except InvalidInput as exc:
-        return None, failure_frame(INVALID_INPUT, str(exc))
+        return None, failure_frame(INVALID_INPUT, str(exc)), None
     except OSError as exc:
-        return None, failure_frame(RUNNER_ERROR, f"could not read the input: {exc}")
+        return None, failure_frame(RUNNER_ERROR, f"could not read the input: {exc}"), None
     announce_accepted(nonce)
-    return nonce, None
+    return nonce, None, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     nonce, frame = None, None
     if args.input_stdin:
         sandbox.prestart()  # while the pod waits for its run
-        nonce, frame = accept_stdin_input(args.input)
+        nonce, frame, session_first = accept_stdin_input(args.input)
+        if session_first is not None:  # a session claimed this pool pod: it is that session's sandbox now
+            serve_session(args, termination_fd, sandbox, session_first)
+            return 0
         started_at_millis = int(time.time() * 1000)  # the program's start-up begins now, not at the pod's
     if frame is None:
         try:
@@ -355,10 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def session_key(entries: dict[str, bytes], keep_state: bool = False) -> bytes:
-    """The session's key from its first document's `session.json` ({"key": 64-128 hex digits, "keepState"}),
-    taken out of the run's keys: the program never sees it. InvalidInput if there is none or it is malformed, or
-    if its keepState is not the one the pod's runner was started with (`--keep-state`)."""
+def session_settings(entries: dict[str, bytes], keep_state: bool | None = False) -> tuple[bytes, bool]:
+    """The session's key and keepState from its first document's `session.json` ({"key": 64-128 hex digits,
+    "keepState"}), taken out of the run's keys: the program never sees them. InvalidInput if there is none or it
+    is malformed, or if its keepState is not the one the pod's runner was started with (`--keep-state`; None: a
+    pool pod's runner, which takes the session's)."""
     try:
         settings = json.loads(entries.pop(SESSION_SETTINGS_KEY))
     except KeyError:
@@ -368,10 +378,12 @@ def session_key(entries: dict[str, bytes], keep_state: bool = False) -> bytes:
     key = settings.get("key") if isinstance(settings, dict) else None
     if not (isinstance(key, str) and SESSION_KEY.match(key)):
         raise InvalidInput(f"{SESSION_SETTINGS_KEY}: key must be 64-128 hex digits")
-    if settings.get("keepState", False) is not keep_state:
+    if not isinstance(settings.get("keepState", False), bool):
+        raise InvalidInput(f"{SESSION_SETTINGS_KEY}: keepState must be true or false")
+    if keep_state is not None and settings.get("keepState", False) is not keep_state:
         raise InvalidInput(f"{SESSION_SETTINGS_KEY}: keepState must be {str(keep_state).lower()}, as the session's "
                            "sandbox was started")
-    return bytes.fromhex(key)
+    return bytes.fromhex(key), settings.get("keepState", False)
 
 
 def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) -> dict:
@@ -401,23 +413,28 @@ def killed_unasked(frame: dict) -> bool:
     return frame.get("reason") == SIGNALED and frame.get("signal") == signal.SIGKILL and not frame.get("oomKilled")
 
 
-def serve_session(args, termination_fd: int | None, sandbox: Sandbox) -> None:
+def serve_session(args, termination_fd: int | None, sandbox: Sandbox, first: SessionInput | None = None) -> None:
     """--session: a run per document on stdin (session.SessionInputs), each answered by a frame with its own
     nonce, until the stream ends. The first document carries the session's key; every later one must carry its
     MAC. Every process a run left is killed before its frame, so none is alive when the next run starts, and
     none can print into a later run's output. The termination log gets the last frame's summary at the end
-    (emptied before each run: a program that writes it breaks the sandbox's rule in its own run, as cold)."""
+    (emptied before each run: a program that writes it breaks the sandbox's rule in its own run, as cold).
+    `first`: a pool pod's first document, already read (its program prestarted for a run, not for keepState)."""
     inputs = SessionInputs(sys.stdin.buffer)
     is_pid1 = sandbox.is_pid1
     frame_json, frame = None, None
     try:
-        sandbox.prestart()
-        for document in inputs:
+        if first is None:
+            sandbox.prestart()
+        for document in itertools.chain([first] if first is not None else [], inputs):
             started_at_millis = int(time.time() * 1000)
-            first = inputs.key is None
             try:
-                if first and document.error is None:
-                    inputs.key = session_key(document.entries, sandbox.keep_state)
+                if inputs.key is None and document.error is None:
+                    inputs.key, keep_state = session_settings(document.entries,
+                                                              None if first is not None else sandbox.keep_state)
+                    if keep_state and not sandbox.keep_state:  # a pool pod's: its prestarted program gives way
+                        sandbox.keep_state = True
+                        sandbox.prestart()
                 frame = session_run(document, args, termination_fd, sandbox)
             except InvalidInput as exc:
                 frame = failure_frame(INVALID_INPUT, str(exc))
