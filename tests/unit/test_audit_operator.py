@@ -155,14 +155,14 @@ def test_the_agent_on_the_pod_s_node_is_asked_for_the_run_container(api):
 
 
 def test_a_keep_state_sessions_run_does_not_wait_for_a_record_its_interpreter_never_completes(api):
-    """Its interpreter outlives the run, so its processes are never seen ending: the agent answers at once."""
+    """Its interpreter outlives the run, so its processes are never seen ending: the agent answers at once (the
+    controller says so from the session's spec: Sessions.keeps_state); any other run's answer waits for them."""
     from coderun_operator.controller.audit import ask_agent
     transport = Agent()
-    pod = sandbox_pod()
-    pod["spec"]["containers"] = [{"name": "run", "command": ["python3", "-I", "/opt/coderun", "--session",
-                                                             "--keep-state"]}]
-    assert ask_agent(AuditAgent(api, SETTINGS, transport), {"status": {}}, pod) == AgentAnswer(SUMMARY, RECORD, 3)
-    assert parse_qs(urlsplit(transport.asked[0]).query)["wait"] == ["0"]
+    agent = AuditAgent(api, SETTINGS, transport)
+    assert ask_agent(agent, {"status": {}}, sandbox_pod(), True) == AgentAnswer(SUMMARY, RECORD, 3)
+    assert ask_agent(agent, {"status": {}}, sandbox_pod(), False) == AgentAnswer(SUMMARY, RECORD, 3)
+    assert [parse_qs(urlsplit(url).query)["wait"] for url in transport.asked] == [["0"], ["500"]]  # ms
 
 
 @pytest.mark.parametrize("change, says", [

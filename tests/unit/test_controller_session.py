@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from coderun.sandbox.runner.protocol import session_document_mac
-from coderun_operator.builders.session import build_session_pod, session_claim_patch, session_document
-from coderun_operator.controller.audit import keeps_state
+from coderun_operator.builders.session import build_session_pod, session_document
+from coderun_operator.controller.audit import ask_agent
 from coderun_operator.controller import Controller
-from coderun_operator.controller.session import session_key
+from coderun_operator.controller.session import frame_with, session_key
 from coderun_operator.policy import DEFAULT_POLICY, Decision
 from prestart_check import assert_prestarts_as_the_decision_runs
 from coderun_operator.policy.session import run_in_session, session_verdict
@@ -153,6 +153,21 @@ def test_runs_in_order_is_creation_then_name():
     runs = [{"metadata": {"name": n, "creationTimestamp": t}} for n, t in
             [("b", "2026-01-01T00:00:01Z"), ("a", "2026-01-01T00:00:01Z"), ("c", "2026-01-01T00:00:00Z")]]
     assert [r["metadata"]["name"] for r in runs_in_order(runs)] == ["c", "a", "b"]
+
+
+def test_an_exchange_ends_at_its_runs_frame_or_at_a_frame_for_a_dropped_document_not_at_an_earlier_runs():
+    """A runner holding someone else's key drops the operator's document and answers with a frame without a
+    nonce: the run's frame will never come, so the exchange stops there (the session ends saying the sandbox did
+    not answer) instead of waiting out the run's timeout. A late frame of an earlier run is read past."""
+    done = frame_with("a" * 64)
+    frame = lambda **fields: b"\nCODERUN-RESULT-V1 " + json.dumps(  # noqa: E731
+        {"version": 1, "reason": "InvalidInput", **fields}, separators=(",", ":")).encode()
+    assert not done(b"CODERUN-ACCEPTED 0123\n" + frame(nonce="b" * 64) + b"\n")  # an earlier run's, late
+    assert done(frame(nonce="a" * 64) + b"\n")
+    assert done(frame(message="the document is not the session's (no valid MAC ...): dropped") + b"\n")
+    assert not done(frame(nonce="a" * 64))  # not whole yet
+    # a program's output cannot pass for a frame without a nonce: inside the frame it is an escaped string
+    assert not done(frame(nonce="b" * 64, stdout='"nonce":"x" and no nonce') + b"\n")
 
 
 def test_documents_carry_the_key_first_then_a_mac_per_sequence():
@@ -430,6 +445,30 @@ def test_an_unreachable_sandbox_ends_the_session_after_a_few_attaches_and_never_
     assert status["phase"] == "Rejected" and status["reason"] == "SessionEnded", status
 
 
+def test_when_the_first_attach_fails_the_next_try_carries_the_sessions_key_again(env):
+    """The first document (sequence 0) carries the session's key: if its attach fails, the runner has no key, so
+    the run's next try goes as a first document again, not with a MAC under a key the runner never got."""
+    api, _, ctl = env
+    start_session(env)
+    state, answer = runner(api)
+    attempts, failures = [], [ConnectionError("the attach broke before the document went")]
+
+    def fail_once(*_args):
+        if failures:
+            raise failures.pop()
+    api.fail["attach"] = fail_once
+    api.attach_answers[POD] = lambda document: (attempts.append(document.split(b"\n", 1)[0]), answer(document))[1]
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    for _ in range(3):
+        settle()
+        ctl.tick()
+    ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    settle()
+    assert [api.run(NS, name)["status"]["phase"] for name in ("r1", "r2")] == ["Succeeded"] * 2
+    assert len(attempts) == 2 and b" " not in attempts[0] and b" " in attempts[1], attempts  # r1 again as first
+    assert state["key"] is not None and state["sequence"] >= 1  # r2 went with a MAC under the key r1 carried
+
+
 def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead_of_it(env):
     """A harness creates a session's runs all at once: each queued one's status says Queued once, not again each
     time a run ahead of it ends (80 queued runs rewritten at every end made the session five times slower)."""
@@ -528,7 +567,9 @@ def test_a_session_takes_a_warm_pool_pod_its_limits_fit_and_runs_there(env):
     assert status["message"] == f"warm sandbox pod {pool_pod} claimed"
     pod = api.objects[("Pod", NS, pool_pod)]
     labels = pod["metadata"]["labels"]
-    assert labels["coderun.io/session-uid"] == "sess-uid-1" and "coderun.io/pool" not in labels, labels
+    # the pool's labels stay beside the session's (the pool's NetworkPolicy keeps its routes while the plugin
+    # catches up with the session's), yet the pool no longer counts it
+    assert labels["coderun.io/session-uid"] == "sess-uid-1" and "coderun.io/pool" in labels, labels
     assert [(o["kind"], o["uid"]) for o in pod["metadata"]["ownerReferences"]] == [("CodeRunSession", "sess-uid-1")]
     # started 60 s before the claim: the session's lifetime (the policy's cap, 3600) from now, and the margin
     assert pod["spec"]["activeDeadlineSeconds"] == 60 + 3600 + 60
@@ -549,6 +590,31 @@ def test_a_session_takes_a_warm_pool_pod_its_limits_fit_and_runs_there(env):
     assert state["key"] is not None and state["sequence"] == 1  # the first document carried the session's key
 
 
+def test_an_operator_restarted_between_a_claim_and_the_sessions_status_keeps_the_claimed_pod(env):
+    """The claim landed, the status write did not (the operator stopped). A new operator that sees the session
+    before its pod (the watches keep no order between them) finds the pod by the session's label, and claims no
+    second one; a pod that carries the session's label but is not the pod its status names is not its sandbox."""
+    api, clock, ctl = env
+    (claimed,) = warm_env(env)
+    patch = api.patch_session_status
+    api.patch_session_status = lambda ns, name, status: None
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    api.patch_session_status = patch
+    assert api.objects[("Pod", NS, claimed)]["metadata"]["labels"]["coderun.io/session-uid"] == "sess-uid-1"
+    (spare,) = start_pool(env)  # the pool's next pod, ready
+    restarted = Controller(api=api, clock=clock)
+    restarted.on_policy(copy.deepcopy(WARM_SESSIONS), deleted=False)
+    restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, spare)]), deleted=False)
+    restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert status["podName"] == claimed, status
+    assert "coderun.io/session-uid" not in api.objects[("Pod", NS, spare)]["metadata"]["labels"]
+    stray = copy.deepcopy(api.objects[("Pod", NS, spare)])
+    stray["metadata"]["labels"]["coderun.io/session-uid"] = "sess-uid-1"  # someone copies the label
+    restarted.on_pod(stray, deleted=False)
+    assert restarted.sessions.pods["sess-uid-1"]["metadata"]["name"] == claimed
+
+
 def test_a_session_whose_limits_the_pool_does_not_hold_gets_a_pod_of_its_own(env):
     api, _, ctl = env
     (pool_pod,) = warm_env(env)
@@ -558,17 +624,21 @@ def test_a_session_whose_limits_the_pool_does_not_hold_gets_a_pod_of_its_own(env
     assert pool_pod in pool_pods(api)
 
 
-def test_a_keep_state_sessions_claim_marks_the_pool_pod_so_the_audit_does_not_wait_for_its_interpreter(env):
-    """The pool pod's runner was not started with --keep-state: the claim says so in an annotation, or each run's
-    audit would wait its whole deadline for a record the interpreter's life keeps open."""
+def test_whether_the_audit_waits_for_a_runs_record_is_the_sessions_spec_not_the_pods(env):
+    """A keepState session's interpreter outlives each run: the agent is not made to wait for a record it keeps
+    open. That is read from the session's spec (immutable), whatever the pod says: a warm pool pod's runner was
+    not started with --keep-state, and anyone who may patch pods could write a pod's annotations."""
     api, _, ctl = env
-    (pool_pod,) = warm_env(env)
-    pod = copy.deepcopy(api.objects[("Pod", NS, pool_pod)])
-    assert not keeps_state(pod)
-    for keep in (False, True):
-        claimed = api.claim_pod(NS, pool_pod, session_claim_patch(make_session(keepState=keep), pod, 100))
-        assert keeps_state(claimed) is keep
-        pod = claimed
+    for name, uid, keep in (("s1", "sess-uid-1", True), ("s2", "sess-uid-2", False)):
+        ctl.on_session(api.add_session(make_session(name, uid, keepState=keep)), deleted=False)
+    keep_run, fresh_run = session_run("r1", "uid-1"), session_run("r2", "uid-2")
+    fresh_run["spec"]["session"] = "s2"
+    assert ctl.sessions.keeps_state(keep_run) is True and ctl.sessions.keeps_state(fresh_run) is False
+    assert ctl.sessions.keeps_state(make_run("r3", "uid-3")) is False  # not in a session
+    asked = []
+    agent = type("Agent", (), {"ask": lambda self, pod, since, wait: asked.append(wait) or "answer"})()
+    pod = {"metadata": {"name": "p", "annotations": {"coderun.io/keep-state": "true"}}, "spec": {}}
+    assert ask_agent(agent, fresh_run, pod, ctl.sessions.keeps_state(fresh_run)) == "answer" and asked == [True]
 
 
 def test_an_unclaimed_pool_pod_past_its_idle_time_is_replaced_though_its_deadline_has_room_for_a_session(env):

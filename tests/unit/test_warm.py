@@ -31,9 +31,10 @@ def env():
 
 
 def pool_pods(api):
+    """Unclaimed pool pods: claimed ones keep the pool's labels (a run's or a session's owns them)."""
     return {name: pod for (kind, ns, name), pod in api.objects.items()
             if kind == "Pod" and "coderun.io/pool" in pod["metadata"].get("labels", {})
-            and not pod["metadata"].get("ownerReferences", [{}])[0].get("kind") == "CodeRun"}
+            and pod["metadata"].get("ownerReferences", [{}])[0].get("kind") not in ("CodeRun", "CodeRunSession")}
 
 
 def start_pool(env, ready=True):

@@ -22,9 +22,6 @@ LABEL_POOL_LANGUAGE = "coderun.io/pool-language"
 ANNOTATION_POOL_KEY = "coderun.io/pool-key"
 # On a claimed pool pod: sha256 of the nonce sent with the run's input (the runner puts the nonce in its frame).
 ANNOTATION_NONCE_SHA256 = "coderun.io/input-nonce-sha256"
-# On a session's pod whose runs share one interpreter (keepState): a warm pool pod's runner was not started with
-# --keep-state, so its command does not say so.
-ANNOTATION_KEEP_STATE = "coderun.io/keep-state"
 
 _MAX_NAME = 63  # pod hostnames and label values are limited to 63 characters
 

@@ -11,7 +11,7 @@ from coderun.api.models import EgressRule
 from coderun.sandbox.runner.protocol import SESSION_SETTINGS_KEY, session_document_mac
 from ..policy import Decision
 from .egress import ProxyRoute
-from .names import ANNOTATION_KEEP_STATE, ANNOTATION_POLICY, LABEL_MANAGED_BY, LABEL_SANDBOX, LABEL_SESSION, LABEL_SESSION_UID, MANAGER, \
+from .names import ANNOTATION_POLICY, LABEL_MANAGED_BY, LABEL_SANDBOX, LABEL_SESSION, LABEL_SESSION_UID, MANAGER, \
     child_name, fit_name
 from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _egress_routes, _sandbox_pod, \
     input_document, owner_reference, prestart_argument
@@ -55,14 +55,16 @@ def session_claim_patch(session: Mapping[str, Any], pool_pod: Mapping[str, Any],
                         deadline_seconds: int) -> list[dict[str, Any]]:
     """A JSON patch that makes a warm pool pod the session's sandbox, applied only if nobody changed the pod since
     we saw it (the `test` on resourceVersion: a run or another session never claims it too): the session's
-    labels in place of the pool's (the session's NetworkPolicy selects it, the pool's no longer does, nor does the
-    pool count it), owned by the session (it goes when the session goes), and the kubelet's deadline the
+    labels beside the pool's (the session's NetworkPolicy selects it; the pool's still does, as a run's claim
+    keeps it, so its routes never lapse while the network plugin catches up; the session's label takes it out of
+    the pool's count, store.put_pod), owned by the session (it goes when the session goes), and the kubelet's
+    deadline the
     session's lifetime from now (`deadline_seconds`, counted from the pod's start). Its first document, which
     carries the session's settings, makes its runner the session's (runner main.accept_stdin_input)."""
-    annotations = {ANNOTATION_POLICY: (pool_pod["metadata"].get("annotations") or {}).get(ANNOTATION_POLICY),
-                   **({ANNOTATION_KEEP_STATE: "true"} if (session.get("spec") or {}).get("keepState") else {})}
+    annotations = {ANNOTATION_POLICY: (pool_pod["metadata"].get("annotations") or {}).get(ANNOTATION_POLICY)}
+    labels = {**(pool_pod["metadata"].get("labels") or {}), **session_labels(session)}
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": pool_pod["metadata"]["resourceVersion"]},
-            {"op": "replace", "path": "/metadata/labels", "value": session_labels(session)},
+            {"op": "replace", "path": "/metadata/labels", "value": labels},
             {"op": "replace", "path": "/metadata/annotations", "value": annotations},
             {"op": "replace", "path": "/metadata/ownerReferences",
              "value": [owner_reference(session, SESSION_KIND)]},

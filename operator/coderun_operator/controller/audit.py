@@ -6,28 +6,21 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..audit import NOT_INSTALLED, AgentAnswer, AuditAgent, since_ns
-from ..builders.names import ANNOTATION_KEEP_STATE
-from ..builders.session import KEEP_STATE_FLAG
 from ..policy.redact import Redactor
 from ..results.audit import audit_status, record_text, unavailable, with_audit, with_record
 from ..results.status import Outcome
 from .children import store_audit_record
 
 
-def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any]) -> AgentAnswer | str:
+def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any],
+              keeps_state: bool) -> AgentAnswer | str:
     """What the node's agent says of the run's container, or why it says nothing. A keepState session's
     interpreter outlives each run, so the record of a run there is never seen complete: the agent is not made
-    to wait for it (the record says complete: false)."""
+    to wait for it (the record says complete: false). `keeps_state` comes from the session's spec (immutable),
+    never from the pod, whose labels and annotations more hands than the operator's may write."""
     if agent is None:
         return NOT_INSTALLED
-    return agent.ask(pod, since_ns(run.get("status") or {}), wait=not keeps_state(pod))
-
-
-def keeps_state(pod: Mapping[str, Any]) -> bool:
-    """A keepState session's pod: started so (its runner's flag), or a warm pool pod such a session claimed."""
-    containers = (pod.get("spec") or {}).get("containers") or [{}]
-    return KEEP_STATE_FLAG in (containers[0].get("command") or ()) or \
-        (pod["metadata"].get("annotations") or {}).get(ANNOTATION_KEEP_STATE) == "true"
+    return agent.ask(pod, since_ns(run.get("status") or {}), wait=not keeps_state)
 
 
 def node_saw_oom_kill(answer: AgentAnswer | str) -> bool:

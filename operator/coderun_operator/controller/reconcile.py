@@ -502,7 +502,7 @@ class Controller:
         policy = decision.policy if isinstance(decision, Decision) else None
         effective = decision.limits if isinstance(decision, Decision) else None
         redact = redactor(policy, self.store.policies(ns))
-        answer = ask_agent(self.audit, run, pod)
+        answer = ask_agent(self.audit, run, pod, self.sessions.keeps_state(run))
         node_oom = node_saw_oom_kill(answer)  # where containerd's OOM event trailed the exit it explains
         if isinstance(frame, FrameError):
             outcome = eviction(pod, effective) or outcome_without_frame(

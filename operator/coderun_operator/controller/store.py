@@ -19,6 +19,7 @@ from typing import Any, Iterator, Mapping
 
 from coderun.api.reasons import TERMINAL_PHASES
 from ..builders import LABEL_POOL
+from ..builders.names import LABEL_SESSION_UID
 
 
 def resource_version(obj: Mapping[str, Any]) -> int | None:
@@ -180,10 +181,12 @@ class Store:
 
     # ---- pods
     def put_pod(self, pod: Mapping[str, Any]) -> str | None:
-        """A run's pod (returns the run's uid), or an unclaimed warm pool pod (kept apart; returns None)."""
+        """A run's pod (returns the run's uid), or an unclaimed warm pool pod (kept apart; returns None). A pool pod
+        a session claimed keeps the pool's labels (for its routes) but is the session's, not the pool's."""
         uid = owner_uid(pod)
         pod_uid = pod["metadata"].get("uid")
-        if uid is None and LABEL_POOL in (pod["metadata"].get("labels") or {}):
+        labels = pod["metadata"].get("labels") or {}
+        if uid is None and LABEL_POOL in labels and LABEL_SESSION_UID not in labels:
             with self._lock:
                 held = self._pool.get(pod_uid)
                 if held is None or (resource_version(held) or 0) <= (resource_version(pod) or 0):

@@ -76,13 +76,15 @@ def session_key(master: bytes, session_uid: str) -> bytes:
 
 
 def frame_with(nonce: str) -> Callable[[bytes], bool]:
-    """Read the stream until a whole frame line carrying this run's nonce (a dropped document's frame, or another
-    client's, carries none)."""
+    """Read the stream until a whole frame line carrying this run's nonce, or carrying none: the runner's answer to
+    a document it dropped (a MAC not under the key it holds: someone else's session settings reached its stdin
+    first), so this run's will never come. A frame with another nonce (an earlier run's, late) is read past."""
     marker = f'"nonce":"{nonce}"'.encode()
 
     def done(received: bytes) -> bool:
         at = received.rfind(b"\n" + FRAME_PREFIX.encode())
-        return at >= 0 and received.find(b"\n", at + 1) >= 0 and marker in received[at:]
+        end = received.find(b"\n", at + 1) if at >= 0 else -1
+        return end >= 0 and (marker in received[at:end] or b'"nonce":' not in received[at:end])
     return done
 
 
@@ -118,6 +120,9 @@ class Sessions:
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
         self._sending: dict[str, str] = {}  # session uid -> uid of the run whose document is on its way (Busy)
+        # sessions whose first document (sequence 0, the session's key) was never sent: the attach failed first.
+        # The runner has no key, so the next run's document is sent as the first again, not with a MAC.
+        self._unkeyed: set[str] = set()
         # session uid -> the resourceVersions of the operator's own last status writes, newest last: the watch's
         # echo of an older one is stale (the held status is newer) and must not be written back over it
         self._written: dict[str, collections.deque[str]] = {}
@@ -148,12 +153,17 @@ class Sessions:
         if uid is None:
             return False
         with self._lock:
+            session = next((s for s in self.sessions.values() if s["metadata"]["uid"] == uid), None)
+            named = ((session or {}).get("status") or {}).get("podName")
+            if named and named != pod["metadata"]["name"]:
+                log.info("pod %s/%s carries session %s's label but is not its sandbox (%s); ignored",
+                         pod["metadata"]["namespace"], pod["metadata"]["name"], uid, named)
+                return True
             if deleted:
                 self.pods.pop(uid, None)
                 self._close_channel(uid)
             else:
                 self.pods[uid] = dict(pod)
-            session = next((s for s in self.sessions.values() if s["metadata"]["uid"] == uid), None)
             if session is not None:
                 self._refresh(session, ensure_policies)
         if session is not None:
@@ -305,8 +315,11 @@ class Sessions:
         operator restart lost the status write), else a warm pool pod claimed now. A pool that reserves less CPU
         than the limit asks for all of it (best effort: the session runs either way)."""
         uid = session["metadata"]["uid"]
-        held = self.pods.get(uid)
-        if held is not None and not held["metadata"].get("deletionTimestamp"):
+        # asked of the API server, not only the watch: after a restart the session's event may come first
+        mine = [self.pods.get(uid)] + self.api.list_pods(session["metadata"]["namespace"], {LABEL_SESSION_UID: uid})
+        held = next((p for p in mine if p is not None and not p["metadata"].get("deletionTimestamp")), None)
+        if held is not None:
+            self.pods[uid] = held
             return held
         claimed = self._claim_warm(session, decision, lifetime_seconds)
         if claimed is not None:
@@ -515,6 +528,8 @@ class Sessions:
             # the number as the operator last wrote it (the caller's copy may be an event's, older)
             held = self.sessions.get((session["metadata"]["namespace"], session["metadata"]["name"])) or session
             sequence = int((held.get("status") or {}).get("documentsSent") or 0)
+            # the number the document goes with: 0, which carries the session's key, until one such was sent
+            wire_sequence = 0 if suid in self._unkeyed else sequence
             busy = busy_fields(held.get("status") or sstatus, meta["name"], now, self._runs(session))
             if self._write(session, {"documentsSent": sequence + 1, **busy}) is None:
                 return None
@@ -522,7 +537,7 @@ class Sessions:
                 self._sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
             channel = self._channel(session, pod_name)
         try:
-            return self._start_in(channel, run, spec, decision, session, egress, master, sequence, now)
+            return self._start_in(channel, run, spec, decision, session, egress, master, wire_sequence, now)
         except BaseException:
             self._done_sending(suid, meta["uid"])  # nothing went: the session must not stay Busy for it
             self.streams.pop(meta["uid"], None)
@@ -553,6 +568,8 @@ class Sessions:
             sent, received = False, b""
             try:
                 sent, received = channel.exchange(document, frame_with(nonce), timeout)
+                if sequence == 0:  # the key's document: until it went, every next run's carries it again
+                    (self._unkeyed.discard if sent else self._unkeyed.add)(suid)
                 self._done_sending(suid, meta["uid"])  # from here the run's own status says where it is
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:
@@ -652,6 +669,11 @@ class Sessions:
                               f"{run['metadata']['name']} ({e}); create a new session")
             return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the session's sandbox did not answer ({e}); the "
                            "session ended")
+
+    def keeps_state(self, run: Mapping[str, Any]) -> bool:
+        """The run went to a keepState session's interpreter (its session's spec says so, and cannot change)."""
+        session = self.session_of(run) if (run.get("spec") or {}).get("session") else None
+        return bool(session is not None and (session.get("spec") or {}).get("keepState"))
 
     def sandbox_of(self, run: Mapping[str, Any]) -> dict[str, Any]:
         """The pod a session run went to, as last seen; else its name, as the run's status records it."""
