@@ -336,10 +336,11 @@ def wait_for_pool(cluster, namespace: str, warm_pool: dict | None = None, ready:
 
 
 def pool_ready(cluster, namespace: str, language: str | None = None) -> int:
-    """Unclaimed warm pool pods whose runner runs (of one language, or all)."""
+    """Unclaimed warm pool pods whose runner runs (of one language, or all): a claimed pod keeps the pool's labels,
+    owned by its run or session."""
     selector = f"coderun.io/pool-language={language}" if language else "coderun.io/pool"
     return sum(1 for p in cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
-               if not any(o.kind == "CodeRun" for o in p.metadata.owner_references or ())
+               if not any(o.kind in ("CodeRun", "CodeRunSession") for o in p.metadata.owner_references or ())
                and not p.metadata.deletion_timestamp and p.status.container_statuses
                and p.status.container_statuses[0].state.running)
 

@@ -5,6 +5,7 @@ saying why."""
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from datetime import datetime, timezone
 
@@ -197,6 +198,41 @@ def test_sessions_take_warm_pool_pods_their_limits_fit_and_keep_them_as_cold_one
     operator.kubectl("delete", "crsess", fresh, "-n", namespace)
     wait_for(lambda: claimed not in {p.metadata.name for p in operator.core.list_namespaced_pod(namespace).items},
              60, "the claimed pod to go with its session")
+
+
+def test_a_pool_pod_someone_attached_to_first_costs_the_session_that_claims_it_a_prompt_end_not_its_runs(
+        operator, namespace):
+    """Someone allowed pods/attach writes a session's first document of their own (their key) to a pool pod before
+    any claim. The session that claims that pod has its document dropped by a runner holding another key: its run
+    fails at once, saying the sandbox did not answer it, and the session ends (not after the run's timeout); the
+    caller's program never ran there, and the next session gets a pod of its own or a fresh pool pod."""
+    apply_warm_pool(operator, namespace, {"size": 1, "cpuRequest": "10m", "languages": ["python"]},
+                    sessions={"allowed": True}, defaults={"cpu": "250m", "memory": "256Mi"})
+    (hijacked,) = pool_pod_names(operator, namespace)
+    body = json.dumps({"nonce": "e" * 64, "binaryData": {}, "data": {
+        "session.json": json.dumps({"key": "ab" * 32, "keepState": False}), "code": "print('theirs')"}})
+    attach = subprocess.Popen([operator.kubectl_bin, "--kubeconfig", str(KUBECONFIG), "attach", "-i", "-n",
+                               namespace, hijacked], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:  # the attach stays open as long as the pod's stdin does: it is ended once the runner answered
+        attach.stdin.write(f"{len(body)}\n{body}".encode())
+        attach.stdin.flush()
+        wait_for(lambda: '"nonce":"' + "e" * 64 in operator.kubectl("logs", "-n", namespace, hijacked).stdout, 30,
+                 "the pool pod's runner to answer the attacher's document")
+    finally:
+        attach.kill()
+        attach.wait()
+    session = create_session(operator, namespace, limits=None)
+    assert wait_session(operator, namespace, session, timeout=30)["podName"] == hijacked
+    started = datetime.now(timezone.utc)
+    run = run_in(operator, namespace, session, "open('/tmp/ran', 'w'); print('mine')", timeout=30,
+                 limits={"timeoutSeconds": 20})
+    assert (run["phase"], run["reason"]) == ("Failed", "InternalError") and "did not answer" in run["message"], run
+    assert (datetime.now(timezone.utc) - started).total_seconds() < 15, "waited out the run's timeout"
+    ended = wait_session(operator, namespace, session, "Ended", timeout=30)
+    assert ended["reason"] == "InternalError", ended
+    wait_for(lambda: pool_ready(operator, namespace) == 1 and hijacked not in pool_pod_names(operator, namespace),
+             90, "the hijacked pod gone and the pool refilled")
 
 
 def test_a_session_no_node_can_take_ends_at_once_saying_which_limit_and_its_run_is_refused(operator, namespace):

@@ -7,7 +7,8 @@ For `print(1)`, one at a time, timed from the client's create call to what the c
   bare pod (the operator's own pod spec, no operator): -> container reported terminated;
   Job (the same pod as a Job's template): -> the Job controller's pod exists.
 Then runs in a CodeRunSession (its sandbox up already), each created once the one before has ended: keepState false
-(a fresh process per run), then true (one interpreter).
+(a fresh process per run), then true (one interpreter); and sessions created -> Ready, on a warm pool pod and on a
+pod of their own.
 Then a pool of 20 (cpuRequest 20m, so 20 fit on this 2-CPU node) takes 20 CodeRuns created at once, and the
 pool's refill: every pod created -> its runner running, and the pool back to 20 ready after the burst.
 Prints medians, p90s and p99s.
@@ -70,7 +71,8 @@ class Stopwatch:
     def _pool_pod(self, pod, statuses, event_type) -> None:
         if "coderun.io/pool" not in (pod.metadata.labels or {}):
             return
-        claimed = any(o.kind == "CodeRun" for o in pod.metadata.owner_references or ())
+        # a claimed pod keeps the pool's labels, owned by its run or session
+        claimed = any(o.kind in ("CodeRun", "CodeRunSession") for o in pod.metadata.owner_references or ())
         ready = bool(statuses and statuses[0].state.running) and not claimed and event_type != "DELETED" \
             and pod.metadata.deletion_timestamp is None
         with self.cond:
@@ -153,6 +155,7 @@ def bench_session(custom, stopwatch, namespace, n, keep_state=False):
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": session},
         "spec": {"language": "python", "keepState": keep_state}})
     stopwatch.wait(("session-ready", session))
+    stopwatch.wait_pool(1)  # the session took the pool's pod: its replacement's start is not the runs' cost
     to_result = []
     for i in range(n):
         name = f"{session}-{i}"
@@ -164,10 +167,28 @@ def bench_session(custom, stopwatch, namespace, n, keep_state=False):
     return to_result
 
 
+def bench_session_start(custom, stopwatch, namespace, n, warm: bool):
+    """Sessions one at a time, created -> Ready: on a warm pool pod (each created once the pool has one ready), or
+    cold (limits the pool does not hold: a pod of its own). Each is deleted once Ready."""
+    to_ready, modes = [], []
+    for i in range(n):
+        if warm:
+            stopwatch.wait_pool(1)
+        name = f"start-{'warm' if warm else 'cold'}-{i}"
+        start = time.monotonic()
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": name},
+            "spec": {"language": "python", **({} if warm else {"limits": {"memory": "384Mi"}})}})
+        to_ready.append(stopwatch.wait(("session-ready", name)) - start)
+        modes.append(custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL,
+                                                         name)["status"]["startMode"])
+        custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, name)
+    return to_ready, modes
+
+
 def allow_sessions(custom, namespace):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": "default"},
-        "spec": {"sessions": {"allowed": True}}})
+    """Sessions, and a warm pool of one their runs' and start's benches take pods from."""
+    apply_policy(custom, namespace, {"size": 1, "cpuRequest": "100m"}, sessions={"allowed": True})
 
 
 def bench_bare_pods(core, stopwatch, namespace, n):
@@ -298,6 +319,9 @@ def main() -> None:
         allow_sessions(custom, session_ns)
         session = bench_session(custom, session_watch, session_ns, args.n)
         session_kept = bench_session(custom, session_watch, session_ns, args.n, keep_state=True)
+        starts = args.demo // 2 or 1
+        warm_start, warm_start_modes = bench_session_start(custom, session_watch, session_ns, starts, warm=True)
+        cold_start, cold_start_modes = bench_session_start(custom, session_watch, session_ns, starts, warm=False)
         core.delete_namespace(session_ns)
         demo_ns = new_namespace(core)
         demo, demo_totals, demo_prestarted = bench_demo_warm(custom, Stopwatch(demo_ns), demo_ns, args.demo)
@@ -320,6 +344,10 @@ def main() -> None:
           f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
     print(summary("CodeRun in a session created -> terminal status", session) + "  keepState false")
     print(summary("CodeRun in a session created -> terminal status", session_kept) + "  keepState true")
+    print(summary("CodeRunSession created -> Ready, a pool pod", warm_start) +
+          f"  {warm_start_modes.count('Warm')}/{len(warm_start_modes)} Warm")
+    print(summary("CodeRunSession created -> Ready, its own pod", cold_start) +
+          f"  {cold_start_modes.count('Cold')}/{len(cold_start_modes)} Cold")
     print(f"the pandas demo (examples/coderun.yaml) on a warm pod, one at a time: {demo_prestarted}/{len(demo)} "
           "with pandas prestarted")
     print(summary("  created -> terminal status (client's watch)", demo))
