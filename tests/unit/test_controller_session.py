@@ -469,6 +469,25 @@ def test_when_the_first_attach_fails_the_next_try_carries_the_sessions_key_again
     assert state["key"] is not None and state["sequence"] >= 1  # r2 went with a MAC under the key r1 carried
 
 
+def test_a_deleted_session_leaves_nothing_of_itself_in_the_operators_memory(env):
+    """Whatever a session's life left (a first document never sent, attaches that failed, its routes, its own
+    writes' versions), its deletion takes it all: a long-lived operator does not grow with every session."""
+    api, _, ctl = env
+    start_session(env)
+    api.fail["attach"] = lambda *_args: (_ for _ in ()).throw(ConnectionError("unreachable"))
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    for _ in range(5):  # until the attaches that failed in a row end it: nothing is in flight after that
+        settle()
+        ctl.tick()
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["reason"] == "PodDeleted"
+    held = ctl.sessions
+    assert "sess-uid-1" in held._unkeyed and held._written
+    ctl.on_session(api.objects.pop(("CodeRunSession", NS, "s1")), deleted=True)
+    assert (NS, "s1") not in held.sessions
+    by_uid = (held.pods, held._routes, held._written, held._unkeyed, held._attach_failures, held.channels)
+    assert not any("sess-uid-1" in found for found in by_uid), by_uid
+
+
 def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead_of_it(env):
     """A harness creates a session's runs all at once: each queued one's status says Queued once, not again each
     time a run ahead of it ends (80 queued runs rewritten at every end made the session five times slower)."""

@@ -125,6 +125,21 @@ def test_a_run_that_fits_claims_a_warm_pod_and_its_streamed_frame_ends_it(env):
     assert document["nonce"] not in json.dumps(status)
 
 
+def test_the_refill_forgets_the_pods_it_timed_once_they_leave_the_pool(env):
+    """Each pool pod's start is timed once, so the refill remembers which it has timed: only while they wait in a
+    pool, or an operator serving warm runs for months would hold every claimed pod's uid."""
+    api, _, ctl = env
+    names = start_pool(env)
+    uids = {api.objects[("Pod", NS, name)]["metadata"]["uid"] for name in names}
+    assert ctl.pool._ready_seen == uids
+    for name in names:
+        api.attach_answers[name] = runner_answer()
+    for i in range(2):
+        submit_and_wait(env, make_run(f"r{i}", f"uid-{i}"))
+    ctl.pool.refill()
+    assert ctl.pool._ready_seen == set(), ctl.pool._ready_seen
+
+
 def test_the_claim_patch_is_conditional_and_hands_the_pod_to_the_run(env):
     api, _, ctl = env
     names = start_pool(env)

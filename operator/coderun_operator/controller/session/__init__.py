@@ -138,6 +138,8 @@ class Sessions:
                 self.pods.pop(meta["uid"], None)
                 self._routes.pop(meta["uid"], None)
                 self._written.pop(meta["uid"], None)
+                self._unkeyed.discard(meta["uid"])
+                self._attach_failures.pop(meta["uid"], None)
                 self._close_channel(meta["uid"])
             elif self._stale_echo(meta):
                 return
@@ -568,8 +570,10 @@ class Sessions:
             sent, received = False, b""
             try:
                 sent, received = channel.exchange(document, frame_with(nonce), timeout)
-                if sequence == 0:  # the key's document: until it went, every next run's carries it again
-                    (self._unkeyed.discard if sent else self._unkeyed.add)(suid)
+                if sequence == 0 and sent:  # the key's document: until it went, every next run's carries it again
+                    self._unkeyed.discard(suid)
+                elif sequence == 0 and (session["metadata"]["namespace"], session["metadata"]["name"]) in self.sessions:
+                    self._unkeyed.add(suid)  # (not for a session deleted meanwhile: nothing would take it out)
                 self._done_sending(suid, meta["uid"])  # from here the run's own status says where it is
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:

@@ -103,6 +103,8 @@ class Refill:
             if missing > 0:
                 self._create(namespace, key, language, decision, missing)
         self._on_pools(stands)
+        # only pods still in a pool can be seen ready for the first time: a claimed pod's uid would stay for good
+        self._ready_seen.intersection_update(p["metadata"].get("uid") for p in self.store.pool_pods())
 
     def _delete_unclaimed(self, pod: Mapping[str, Any]) -> None:
         """Delete a pool pod only as we saw it: if a run claimed it meanwhile, its resourceVersion moved and the
