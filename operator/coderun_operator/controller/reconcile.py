@@ -43,8 +43,8 @@ from ..audit import AuditAgent
 from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.network import log_text, merged, summarise, with_network
-from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running, never_fits,
-                                 pending_verdict, pod_level_failure, terminated, unschedulable)
+from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running,
+                                 pod_level_failure, start_verdict, terminated)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
 from .audit import ask_agent, audited, node_saw_oom_kill
@@ -448,9 +448,7 @@ class Controller:
         started = parse_time(status.get("startTime")) or self.now()
         _, decision = self._decide(run)
         deadline = (decision.policy if isinstance(decision, Decision) else DEFAULT_POLICY).start_deadline_seconds
-        verdict = never_fits(pod, [n.get("status", {}).get("allocatable") or {} for n in self.api.nodes()]) \
-            if unschedulable(pod) else None
-        verdict = verdict or pending_verdict(pod, (self.now() - started).total_seconds(), deadline)
+        verdict = start_verdict(pod, (self.now() - started).total_seconds(), deadline, self.api.nodes)
         if verdict:
             self._finish(run, verdict)
             self.api.delete_pod(ns, pod["metadata"]["name"])

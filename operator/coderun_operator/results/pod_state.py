@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kubernetes.utils import parse_quantity
 
@@ -113,6 +113,15 @@ def _human(resource: str, value: Decimal) -> str:
     if resource == "memory":
         return f"{value / (1 << 20):.0f}Mi"
     return f"{value.normalize():f}"
+
+
+def start_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadline_seconds: int,
+                  nodes: Callable[[], Iterable[Mapping[str, Any]]]) -> Outcome | None:
+    """Why a pod that has not started never will (a run's, or a session's): limits no node has, at once (`nodes`
+    asked only for an unschedulable pod); else what pending_verdict says."""
+    verdict = never_fits(pod, [(n.get("status") or {}).get("allocatable") or {} for n in nodes()]) \
+        if unschedulable(pod) else None
+    return verdict or pending_verdict(pod, waited_seconds, start_deadline_seconds)
 
 
 def pending_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadline_seconds: int) -> Outcome | None:

@@ -3,13 +3,13 @@ why it ends; and the order its runs go through its sandbox."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from coderun.api.coderunsession import CodeRunSessionStatus
 from coderun.api.identity import CREATED_BY
 from coderun.api.models import CREATED_AT_ANNOTATION as CREATED_AT
 from coderun.api.reasons import SessionConditionType, SessionPhase, SessionReason, StartMode, TERMINAL_PHASES
-from .pod_state import is_running, never_fits, pending_verdict, terminated, unschedulable
+from .pod_state import is_running, start_verdict, terminated
 from .status import parse_time, rfc3339, set_condition
 
 
@@ -102,7 +102,7 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
 
 
 def start_failure(session: Mapping[str, Any], pod: Mapping[str, Any] | None, now: datetime,
-                  start_deadline_seconds: int, allocatable_by_node: Iterable[Mapping[str, str]]) -> str | None:
+                  start_deadline_seconds: int, nodes: Callable[[], Iterable[Mapping[str, Any]]]) -> str | None:
     """Why an admitted session's sandbox will not start, as a cold run's would be told (an image that cannot be
     pulled, limits no node has, not scheduled or started within the policy's start deadline, counted from the
     pod's creation), or None while it may still start. A session must not sit Pending, its runs queued, until its
@@ -111,8 +111,7 @@ def start_failure(session: Mapping[str, Any], pod: Mapping[str, Any] | None, now
     if pod is None or status.get("startTime") or is_running(pod) or terminated(pod):
         return None
     created = parse_time(pod["metadata"].get("creationTimestamp")) or now
-    verdict = never_fits(pod, allocatable_by_node) if unschedulable(pod) else None
-    verdict = verdict or pending_verdict(pod, (now - created).total_seconds(), start_deadline_seconds)
+    verdict = start_verdict(pod, (now - created).total_seconds(), start_deadline_seconds, nodes)
     return verdict.message.replace("spec.limits", "the session's spec.limits") if verdict else None
 
 

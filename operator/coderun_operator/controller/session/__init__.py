@@ -39,7 +39,6 @@ from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
-from ...results.pod_state import unschedulable
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
                                in_session, runs_in_order, start_failure)
 from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
@@ -216,9 +215,7 @@ class Sessions:
                       "longer allows sessions; create a new session under a policy that does")
             return
         pod = self._pod_of(session)
-        failed = start_failure(session, pod, self.now(), policy.start_deadline_seconds,
-                               [n.get("status", {}).get("allocatable") or {} for n in self.api.nodes()]
-                               if pod is not None and unschedulable(pod) else ())
+        failed = start_failure(session, pod, self.now(), policy.start_deadline_seconds, self.api.nodes)
         if failed:
             self._end(session, SessionReason.START_FAILED, f"{failed}; create a new session")
             return
