@@ -28,7 +28,7 @@ from coderun.api.models import CodeRunStatus, ResourceLimits
 from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
 from ...builders import code_hash
-from ...builders.names import CONTAINER_NAME, LABEL_SESSION_UID
+from ...builders.names import LABEL_SESSION_UID
 from ...builders.ownership import controlled_by
 from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
@@ -45,7 +45,6 @@ from ...results.status import (Outcome, decision_fields, refusal_fields, running
                                waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
-from ..warm.trust import claimed_cpu_request
 from ..writer import StatusWriter, to_wire
 from .channel import Channel
 
@@ -311,25 +310,17 @@ class Sessions:
     def _kept_or_warm_pod(self, session: Mapping[str, Any], decision: Decision,
                           lifetime_seconds: int) -> dict[str, Any] | None:
         """The session's pod when none need be created: one already its own (made or claimed for it before an
-        operator restart lost the status write), else a warm pool pod claimed now. A pool that reserves less CPU
-        than the limit asks for all of it (best effort: the session runs either way)."""
+        operator restart lost the status write), else a warm pool pod claimed now."""
         uid = session["metadata"]["uid"]
-        # asked of the API server, not only the watch: after a restart the session's event may come first
-        mine = [self.pods.get(uid)] + self.api.list_pods(session["metadata"]["namespace"], {LABEL_SESSION_UID: uid})
-        held = next((p for p in mine if p is not None and not p["metadata"].get("deletionTimestamp")), None)
+        held = self.pods.get(uid)
+        if held is None or held["metadata"].get("deletionTimestamp"):
+            # asked of the API server, not only the watch: after a restart the session's event may come first
+            held = next((p for p in self.api.list_pods(session["metadata"]["namespace"], {LABEL_SESSION_UID: uid})
+                         if not p["metadata"].get("deletionTimestamp")), None)
+        held = held or self._claim_warm(session, decision, lifetime_seconds)
         if held is not None:
             self.pods[uid] = held
-            return held
-        claimed = self._claim_warm(session, decision, lifetime_seconds)
-        if claimed is not None:
-            self.pods[uid] = claimed
-            if decision.policy.warm_pool_cpu_request:
-                try:
-                    self.api.resize_pod_cpu(claimed["metadata"]["namespace"], claimed["metadata"]["name"],
-                                            CONTAINER_NAME, claimed_cpu_request(decision.limits.cpu))
-                except Exception as e:  # noqa: BLE001 - the session runs on the pool's request
-                    log.info("session %s: its CPU request stays the pool's: %s", session["metadata"]["name"], e)
-        return claimed
+        return held
 
     def _ensure_routes(self, session: Mapping[str, Any], egress, proxy_route) -> str | None:
         """The session pod's NetworkPolicy holding the routes of its policy as it is now (made at the session's

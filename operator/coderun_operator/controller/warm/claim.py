@@ -70,11 +70,8 @@ class Claims:
             self.store.forget_pod(claimed)
         if uid in self.cold_only or len(self.sessions) >= MAX_SESSIONS:
             return False
-        policy = self.store.policies(ns).get(decision.policy.name)
         language = metrics.language_label(decision.runtime.language)
-        if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
-            return False
-        wanted = wanted_pools(ns, policy)
+        wanted = self._current_pools(ns, decision)
         if not any(lang == decision.runtime.language for lang, _ in wanted.values()):
             return False
         pool = run_pool_key(ns, decision)
@@ -95,17 +92,32 @@ class Claims:
         """A warm pod for a session, when its policy keeps a pool its limits fit and a pod there has the session's
         lifetime left: the pod as claimed (the session's from now on), or None to start the session's own."""
         ns = session["metadata"]["namespace"]
-        policy = self.store.policies(ns).get(decision.policy.name)
-        if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
-            return None
-        pool, wanted = run_pool_key(ns, decision), wanted_pools(ns, policy)
+        pool, wanted = run_pool_key(ns, decision), self._current_pools(ns, decision)
         if pool not in wanted:
             return None
         patched = self.claim(ns, pool, wanted[pool][1], lifetime_seconds,
                              lambda pod, deadline: session_claim_patch(session, pod, deadline))
         if patched is not None:
             metrics.POOL_CLAIMS.labels(metrics.language_label(decision.runtime.language)).inc()
+            self.ask_whole_cpu(ns, patched["metadata"]["name"], decision)
         return patched
+
+    def _current_pools(self, ns: str, decision: Decision) -> dict[str, tuple[str, Decision]]:
+        """The pools the decision's policy keeps as it is now; none if the policy changed since the decision."""
+        policy = self.store.policies(ns).get(decision.policy.name)
+        if not isinstance(policy, Policy) or policy.digest != decision.policy.digest:
+            return {}
+        return wanted_pools(ns, policy)
+
+    def ask_whole_cpu(self, ns: str, pod_name: str, decision: Decision) -> None:
+        """A claimed pod of a pool that reserves less CPU than its pods' limit asks for all of it (pods/resize).
+        Best effort: its run or session goes on with the pool's request either way."""
+        if not decision.policy.warm_pool_cpu_request:
+            return
+        try:
+            self.api.resize_pod_cpu(ns, pod_name, CONTAINER_NAME, claimed_cpu_request(decision.limits.cpu))
+        except Exception as e:  # noqa: BLE001 - a claimed pod's request must never take the operator down
+            log.info("warm pod %s/%s: its CPU request stays the pool's: %s", ns, pod_name, str(e)[:300])
 
     def claim(self, ns: str, pool: str, pool_decision: Decision, seconds: int,
               patch_for: Callable[[Mapping[str, Any], int], list[dict[str, Any]]]) -> dict[str, Any] | None:
@@ -176,22 +188,16 @@ class Claims:
         a policy with egress gives the run its own NetworkPolicy, as a cold run has, so its routes are the ones
         its decision recorded for as long as it runs, whatever becomes of the pool's."""
         ns = run["metadata"]["namespace"]
-        cpu = claimed_cpu_request(decision.limits.cpu) if decision.policy.warm_pool_cpu_request else None
         routes = (build_network_policy(run, decision.policy.egress, egress.route if egress else None)
                   if decision.policy.egress else None)
 
-        def best_effort(what: str, call: Callable[[], Any]) -> None:
-            try:
-                call()
-            except Exception as e:  # noqa: BLE001 - a session must never take the operator down
-                log.info("warm pod %s/%s: %s: %s", ns, pod_name, what, str(e)[:300])
-
         def after_sent() -> None:
-            if cpu:
-                best_effort("its CPU request stays the pool's",
-                            lambda: self.api.resize_pod_cpu(ns, pod_name, CONTAINER_NAME, cpu))
+            self.ask_whole_cpu(ns, pod_name, decision)
             if routes:
-                best_effort("its own NetworkPolicy was not made", lambda: self.api.create_or_get(routes))
+                try:
+                    self.api.create_or_get(routes)
+                except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+                    log.info("warm pod %s/%s: its own NetworkPolicy was not made: %s", ns, pod_name, str(e)[:300])
         return after_sent
 
     def go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> bool:
