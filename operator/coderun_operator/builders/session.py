@@ -58,9 +58,9 @@ def session_claim_patch(session: Mapping[str, Any], pool_pod: Mapping[str, Any],
     labels beside the pool's (the session's NetworkPolicy selects it; the pool's still does, as a run's claim
     keeps it, so its routes never lapse while the network plugin catches up; the session's label takes it out of
     the pool's count, store.put_pod), owned by the session (it goes when the session goes), and the kubelet's
-    deadline the
-    session's lifetime from now (`deadline_seconds`, counted from the pod's start). Its first document, which
-    carries the session's settings, makes its runner the session's (runner main.accept_stdin_input)."""
+    deadline the session's lifetime from now (`deadline_seconds`, counted from the pod's start). Its first
+    document, which carries the session's settings, makes its runner the session's (runner
+    main.accept_stdin_input)."""
     annotations = {ANNOTATION_POLICY: (pool_pod["metadata"].get("annotations") or {}).get(ANNOTATION_POLICY)}
     labels = {**(pool_pod["metadata"].get("labels") or {}), **session_labels(session)}
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": pool_pod["metadata"]["resourceVersion"]},
