@@ -1,9 +1,9 @@
 """The watch loop against scripted fetch/watch fakes: resume after drops, deadline, deletion."""
 import pytest
 
-from coderun.api.models import CodeRunSpec
 from coderun.client import RunNotFound, RunTimeout
-from coderun.client.sessions import BATCH_LABEL, batch_labels, batch_wait_seconds
+from coderun.client.request import RunRequest
+from coderun.client.sessions import BATCH_LABEL, batch_labels, batch_requests, batch_wait_seconds
 from coderun.client.steps import Fetch, FetchAll, drive
 from coderun.client.waiting import (STARTUP_ALLOWANCE_SECONDS, UNKNOWN_RUN_TIMEOUT_SECONDS, WaitStats, WatchDropped,
                                     is_transient, refuse, wait_all_outcome, wait_all_plan, wait_plan)
@@ -218,7 +218,7 @@ def test_a_run_not_selected_or_deleted_is_named_and_the_deadline_returns_what_wa
 def test_a_batch_is_labelled_apart_and_waited_for_as_long_as_its_runs_in_turn():
     first, second = batch_labels({"task": "humaneval"}), batch_labels(None)
     assert first["task"] == "humaneval" and first[BATCH_LABEL] != second[BATCH_LABEL]
-    specs = [CodeRunSpec(language="python", code="1", limits={"timeoutSeconds": 10}),
-             CodeRunSpec(language="python", code="2")]
-    assert batch_wait_seconds(specs, None) == STARTUP_ALLOWANCE_SECONDS + 10 + UNKNOWN_RUN_TIMEOUT_SECONDS
-    assert batch_wait_seconds(specs, 5) == 5
+    requests = batch_requests(["1", RunRequest(code="2", language="python")], "python", 10)
+    assert [(r.code, r.timeout) for r in requests] == [("1", 10), ("2", None)]
+    assert batch_wait_seconds(requests, None) == STARTUP_ALLOWANCE_SECONDS + 10 + UNKNOWN_RUN_TIMEOUT_SECONDS
+    assert batch_wait_seconds(requests, 5) == 5

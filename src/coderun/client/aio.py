@@ -24,7 +24,7 @@ from .connection import connect_async, default_namespace
 from .creating import create_plan
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected
-from .sessions import (SessionInfo, batch_labels, batch_wait_seconds, build_session_body, refused_as_ended,
+from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
@@ -317,13 +317,7 @@ class AsyncSession:
                   on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         spec = run_in_session_spec(RunRequest(code=code, language=self.language, files=files, stdin=stdin,
                                               timeout=timeout), self.name)
-        try:
-            created = await self.client.create(spec, namespace=self.namespace, labels=labels)
-        except CodeRunError:
-            over = await self.why_over()  # the API server refuses a run naming an ended session: say how it ended
-            if over is not None:
-                raise over from None
-            raise
+        created = await self._create(spec, labels)
         if not wait:
             return created
         result = await self.client.wait(created.name, namespace=self.namespace,
@@ -336,21 +330,22 @@ class AsyncSession:
     async def map(self, programs: Iterable[str | RunRequest], *, timeout: int | None = None,
                   wait_timeout: float | None = None, labels: Mapping[str, str] | None = None) -> list[RunResult]:
         """Session.map (the sync client's), awaitable."""
-        specs = [run_in_session_spec(p if isinstance(p, RunRequest) else
-                                     RunRequest(code=p, language=self.language, timeout=timeout), self.name)
-                 for p in programs]
-        tagged = batch_labels(labels)
+        requests, tagged = batch_requests(programs, self.language, timeout), batch_labels(labels)
+        specs = [run_in_session_spec(request, self.name) for request in requests]  # all refused before any is made
         names = []
         for spec in specs:  # one at a time: their creation order is the order they run in
-            try:
-                names.append((await self.client.create(spec, namespace=self.namespace, labels=tagged)).name)
-            except CodeRunError:
-                over = await self.why_over()
-                if over is not None:
-                    raise over from None
-                raise
+            names.append((await self._create(spec, tagged)).name)
         return await self.client.wait_all(names, namespace=self.namespace, labels=tagged,
-                                          timeout=batch_wait_seconds(specs, wait_timeout))
+                                          timeout=batch_wait_seconds(requests, wait_timeout))
+
+    async def _create(self, spec: CodeRunSpec, labels: Mapping[str, str] | None) -> RunResult:
+        try:
+            return await self.client.create(spec, namespace=self.namespace, labels=labels)
+        except CodeRunError:
+            over = await self.why_over()  # the API server refuses a run naming an ended session: say how it ended
+            if over is not None:
+                raise over from None
+            raise
 
     async def info(self) -> SessionInfo:
         custom = await self.client._apis()

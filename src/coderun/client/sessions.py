@@ -113,11 +113,16 @@ def batch_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     return {**(labels or {}), BATCH_LABEL: secrets.token_hex(8)}
 
 
-def batch_wait_seconds(specs: list[CodeRunSpec], wait_timeout: float | None) -> float:
+def batch_requests(programs, language: str, timeout: int | None) -> list[RunRequest]:
+    """`map`'s programs as requests: code in the session's language with `timeout`, or RunRequests as given."""
+    return [p if isinstance(p, RunRequest) else RunRequest(code=p, language=language, timeout=timeout)
+            for p in programs]
+
+
+def batch_wait_seconds(requests: list[RunRequest], wait_timeout: float | None) -> float:
     """How long `map` waits: the caller's `wait_timeout`, else every run's limit in turn (they go one at a time)
     plus start-up once."""
     if wait_timeout is not None:
         return wait_timeout
-    return STARTUP_ALLOWANCE_SECONDS + sum(spec.limits.timeout_seconds if spec.limits and spec.limits.timeout_seconds
-                                           else UNKNOWN_RUN_TIMEOUT_SECONDS for spec in specs)
+    return STARTUP_ALLOWANCE_SECONDS + sum(r.timeout or UNKNOWN_RUN_TIMEOUT_SECONDS for r in requests)
 

@@ -20,7 +20,7 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import Create, Delete, Fetch, FetchAll, Get, GetPolicy, OpenWatch, Sleep, Step, drive
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
-from .sessions import (SessionInfo, batch_labels, batch_wait_seconds, build_session_body, refused_as_ended,
+from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
                       default_wait_seconds, fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan,
@@ -268,13 +268,7 @@ class Session:
                on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         """`run` for a ready RunRequest (what the agent loop holds); its memory and cpu must be unset."""
         spec = run_in_session_spec(request, self.name)
-        try:
-            created = self.client.create(spec, namespace=self.namespace, labels=labels)
-        except CodeRunError:
-            over = self.why_over()  # the API server refuses a run naming an ended session: say how it ended
-            if over is not None:
-                raise over from None
-            raise
+        created = self._create(spec, labels)
         if not wait:
             return created
         result = self.client.wait(created.name, namespace=self.namespace,
@@ -291,21 +285,20 @@ class Session:
         for over one watch. The results in that order, each as it ended: a run refused (the session ended on the
         way: reason SessionEnded) is a result too, not raised. `timeout`: each code's own limit; `wait_timeout`:
         the whole batch's wait, else every run's limit in turn plus start-up."""
-        specs = [run_in_session_spec(p if isinstance(p, RunRequest) else
-                                     RunRequest(code=p, language=self.language, timeout=timeout), self.name)
-                 for p in programs]
-        tagged = batch_labels(labels)
-        names = []
-        for spec in specs:
-            try:
-                names.append(self.client.create(spec, namespace=self.namespace, labels=tagged).name)
-            except CodeRunError:
-                over = self.why_over()
-                if over is not None:
-                    raise over from None
-                raise
+        requests, tagged = batch_requests(programs, self.language, timeout), batch_labels(labels)
+        specs = [run_in_session_spec(request, self.name) for request in requests]  # all refused before any is made
+        names = [self._create(spec, tagged).name for spec in specs]
         return self.client.wait_all(names, namespace=self.namespace, labels=tagged,
-                                    timeout=batch_wait_seconds(specs, wait_timeout))
+                                    timeout=batch_wait_seconds(requests, wait_timeout))
+
+    def _create(self, spec: CodeRunSpec, labels: Mapping[str, str] | None) -> RunResult:
+        try:
+            return self.client.create(spec, namespace=self.namespace, labels=labels)
+        except CodeRunError:
+            over = self.why_over()  # the API server refuses a run naming an ended session: say how it ended
+            if over is not None:
+                raise over from None
+            raise
 
     def info(self) -> SessionInfo:
         """Where the session stands: phase, reason, pod, runs done, when it expires."""
