@@ -352,6 +352,46 @@ def test_a_run_killed_by_an_unsent_sigkill_ends_by_the_containers_word_and_ends_
         "OOMKilled" if container_reason == "OOMKilled" else "PodDeleted"), session
 
 
+def test_a_run_whose_stream_ends_with_no_frame_waits_for_the_sandboxs_end_to_say_it_was_memory(env):
+    """The OOM killer may take the whole sandbox, runner and all: the stream ends with no frame, and the pod's
+    watch brings the container's OOMKilled a moment later (seconds, on a loaded node). The run and the session
+    say OOMKilled, not that the sandbox did not answer."""
+    api, _, ctl = env
+    start_session(env)
+    api.attach_answers[POD] = lambda document: b""
+    ctl.on_run(api.add_run(session_run("hog", "uid-1")), deleted=False)
+    settle()
+    assert api.run(NS, "hog")["status"]["phase"] == "Running"
+    assert (api.objects[("CodeRunSession", NS, "s1")]["status"] or {}).get("phase") != "Ended"
+    pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
+    pod["status"]["phase"] = "Failed"
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    api.objects[("Pod", NS, POD)] = pod
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    status = api.run(NS, "hog")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "OOMKilled"), status
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["reason"]) == ("Ended", "OOMKilled"), session
+
+
+def test_a_run_whose_stream_ends_with_no_frame_from_a_sandbox_that_lives_on_ends_the_session_at_the_wait(
+        env, monkeypatch):
+    api, _, ctl = env
+    start_session(env)
+    api.attach_answers[POD] = lambda document: b""
+    ctl.on_run(api.add_run(session_run("lost", "uid-1")), deleted=False)
+    settle()
+    ctl.reconcile("uid-1")
+    assert api.run(NS, "lost")["status"]["phase"] == "Running"  # within the wait: the pod may yet say why
+    monkeypatch.setattr("coderun_operator.controller.session.KILL_EVIDENCE_SECONDS", 0.0)
+    ctl.reconcile("uid-1")
+    status = api.run(NS, "lost")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InternalError") and "did not answer" in \
+        status["message"], status
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["reason"]) == ("Ended", "InternalError"), session
+
+
 def test_a_restarted_operator_that_sees_the_session_before_its_pod_keeps_the_session(env):
     """After a restart (or right after the pod's creation) the session's event can come before its pod's: the
     pod is asked of the API server, and the session goes on."""

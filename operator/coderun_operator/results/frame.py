@@ -152,7 +152,7 @@ def parse_streamed_frame(stream: str, nonce: str) -> RunnerFrame:
     termination message, the cold path's proof, only arrives with the kubelet's relist: too late to wait for."""
     frame_line = _last_frame_line(stream)
     if frame_line is None:
-        raise FrameError("the attach stream carried no result frame")
+        raise FrameError("the attach stream carried no result frame", truncated=True)
     raw = json_frame(frame_line)
     if not isinstance(raw, dict) or not hmac.compare_digest(str(raw.get("nonce", "")), nonce):
         raise FrameError("the streamed frame does not carry this claim's nonce")

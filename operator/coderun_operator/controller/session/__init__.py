@@ -55,7 +55,8 @@ KEY_ENTRY = "key"
 
 # What the controller does with a session run's stream: (run uid, pod name, sent, stream text, nonce).
 HandBack = Callable[[str, str, bool, str, str], None]
-# How long a frame killed by an unsent SIGKILL waits for the container's end to say whether memory ran out.
+# How long a run killed by an unsent SIGKILL, or whose stream ended with no frame (the OOM killer took the whole
+# sandbox), waits for the container's end to say whether memory ran out.
 KILL_EVIDENCE_SECONDS = 30.0
 # Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
 MAX_ATTACH_FAILURES = 3
@@ -112,8 +113,9 @@ class Sessions:
         self.pods: dict[str, dict[str, Any]] = {}  # session uid -> its sandbox pod
         self.streams: dict[str, threading.Thread] = {}  # run uid -> the thread sending it and reading its frame
         # run uid -> (its frame, when it came): killed by a SIGKILL the runner did not send, so the runner ended
-        # the session after it, and the container's end (OOMKilled or not) decides the run's reason
-        self.killed: dict[str, tuple[RunnerFrame, float]] = {}
+        # the session after it, and the container's end (OOMKilled or not) decides the run's reason. Or (why
+        # there is no frame, when the stream ended): the sandbox may have died whole, which only its end can say.
+        self.killed: dict[str, tuple[RunnerFrame | FrameError, float]] = {}
         self._master: bytes | None = None  # _master_key
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
@@ -605,7 +607,10 @@ class Sessions:
             if sstatus.get("phase") != SessionPhase.ENDED and time.monotonic() - since < KILL_EVIDENCE_SECONDS:
                 return None
             del self.killed[uid]
-            return HeldFrame(frame, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
+            if isinstance(frame, FrameError) and sstatus.get("phase") != SessionPhase.ENDED:
+                return self._unanswered(run, session, frame)  # the sandbox lives on and never answered
+            if isinstance(frame, RunnerFrame):
+                return HeldFrame(frame, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
         if sstatus.get("phase") == SessionPhase.ENDED:
             reason = Reason.OOM_KILLED if sstatus.get("reason") == SessionReason.OOM_KILLED else Reason.POD_DELETED
             return Outcome(Phase.FAILED, reason, f"the session ended while the run was in it ({sstatus.get('reason')}: "
@@ -653,14 +658,20 @@ class Sessions:
             if session is None:
                 return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {run['spec']['session']} was "
                                "deleted while the run was in it")
-            if session is not None and (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
+            if (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
                 return self._in_sandbox(run, session)  # it ended under the run: the run says how
-            if session is not None:
-                with self._lock:
-                    self._end(session, SessionReason.INTERNAL_ERROR, f"the sandbox did not answer run "
-                              f"{run['metadata']['name']} ({e}); create a new session")
-            return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the session's sandbox did not answer ({e}); the "
-                           "session ended")
+            if e.truncated:  # the stream ended with no frame: the pod's watch may not have its end yet
+                self.killed[run["metadata"]["uid"]] = (e, time.monotonic())  # _in_sandbox finishes it
+                return None
+            return self._unanswered(run, session, e)
+
+    def _unanswered(self, run: Mapping[str, Any], session: dict[str, Any], error: FrameError) -> Outcome:
+        """The sandbox, still there, gave no frame of this run's: the session cannot be trusted with another."""
+        with self._lock:
+            self._end(session, SessionReason.INTERNAL_ERROR, f"the sandbox did not answer run "
+                      f"{run['metadata']['name']} ({error}); create a new session")
+        return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, f"the session's sandbox did not answer ({error}); the "
+                       "session ended")
 
     def keeps_state(self, run: Mapping[str, Any]) -> bool:
         """The run went to a keepState session's interpreter (its session's spec says so, and cannot change)."""
