@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from kubernetes.utils import parse_quantity
 
-from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE
+from coderun.sandbox.runner.protocol import FRAME_PREFIX, INPUT_INCOMPLETE, accepted_line as line_for_nonce_digest
 from ...builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE,
                          build_pool_pod)
 from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
@@ -132,7 +132,7 @@ def claimed_digest(pod: Mapping[str, Any]) -> str:
 
 def accepted_line(pod: Mapping[str, Any]) -> str:
     """What the pod's runner prints once it holds this claim's input (runner.accept_stdin_input)."""
-    return f"{ACCEPTED_PREFIX}{claimed_digest(pod)[:16]}\n"
+    return line_for_nonce_digest(claimed_digest(pod))
 
 
 def ran_this_claim(frame, pod: Mapping[str, Any]) -> bool:

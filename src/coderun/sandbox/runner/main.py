@@ -25,8 +25,8 @@ from .limits import Guards
 from .kernel import Kernel
 from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings, start_program
 from .processes import kill_all_other_processes
-from .protocol import (ACCEPTED_PREFIX, FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
-                       SESSION_SETTINGS_KEY)
+from .protocol import (FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
+                       SESSION_SETTINGS_KEY, accepted_line)
 from .session import SessionInput, SessionInputs
 
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
@@ -302,7 +302,7 @@ def print_frame(frame: dict, is_pid1: bool, spared: frozenset[int] = frozenset()
 
 def announce_accepted(nonce: str) -> None:
     """The operator's proof that the program may be running: a digest of the nonce, never the nonce."""
-    sys.stdout.buffer.write(f"{ACCEPTED_PREFIX}{hashlib.sha256(nonce.encode()).hexdigest()[:16]}\n".encode())
+    sys.stdout.buffer.write(accepted_line(hashlib.sha256(nonce.encode()).hexdigest()).encode())
     sys.stdout.buffer.flush()
 
 

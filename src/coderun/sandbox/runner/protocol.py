@@ -40,6 +40,11 @@ MAX_LINE_NUMBER = 2**31 - 1
 ACCEPTED_PREFIX = "CODERUN-ACCEPTED "
 
 
+def accepted_line(nonce_sha256: str) -> str:
+    """The line a runner prints once it holds the input whose nonce has this SHA-256 (hex)."""
+    return f"{ACCEPTED_PREFIX}{nonce_sha256[:16]}\n"
+
+
 def cap(text: str, limit: int) -> str:
     """The head of text, marked with an ellipsis when cut: the program decides how long its strings are."""
     return text if len(text) <= limit else text[:limit - 1] + "\u2026"
