@@ -59,3 +59,29 @@ def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
         wait_for(lambda: name not in operator.run_names(namespace), 10, "the run to be gone without the operator")
     finally:
         operator.operator.control("start")
+
+
+def test_a_session_run_in_the_sandbox_when_the_operator_dies_ends_with_its_own_result_and_the_session_goes_on(
+        operator, namespace):
+    """The run's stream goes with the operator; its frame, under a nonce only the operator can work out again,
+    is in the sandbox's log: the next leader finishes the run from it, and the session's interpreter (keepState)
+    serves the next run under the same key."""
+    from test_session import allow_sessions, create_session, run_in, wait_session
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, keepState=True)
+    pod = wait_session(operator, namespace, session)["podName"]
+    assert run_in(operator, namespace, session, "x = 20\nprint(x)")["stdout"] == "20\n"
+    name = operator.create_run(namespace, {"language": "python", "session": session,
+                                           "code": "import time\ntime.sleep(3)\nx += 1\nprint(x * 2)"})
+    wait_for(lambda: (operator.get_run(namespace, name).get("status") or {}).get("startMode") == "Session", 30,
+             "the run in the session's sandbox")
+    try:
+        operator.operator.control("kill")
+        wait_for(lambda: operator.kubectl("logs", "-n", namespace, pod).stdout.count("CODERUN-RESULT-V1") >= 2, 60,
+                 "the run's frame in the sandbox's log after the operator died")
+        operator.operator.control("start")
+        status = operator.wait_run(namespace, name, timeout=120)["status"]
+    finally:
+        operator.operator.control("start")
+    assert (status["phase"], status["stdout"], status["startMode"]) == ("Succeeded", "42\n", "Session"), status
+    assert run_in(operator, namespace, session, "print(x)")["stdout"] == "21\n"

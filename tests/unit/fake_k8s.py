@@ -123,9 +123,12 @@ class FakeK8s:
             raise answer or Transient(f"attach to pod {pod}: no such stream")
         return _FakeAttached(answer, self.sent, pod)
 
-    def read_log(self, namespace, pod, container, limit_bytes):
+    def read_log(self, namespace, pod, container, limit_bytes, tail_lines=None):
         self._hook("read_log", namespace, pod)
-        return self.logs.get(pod, ("", True))
+        text, complete = self.logs.get(pod, ("", True))
+        if tail_lines is not None:
+            text = "".join(text.splitlines(keepends=True)[-tail_lines:])
+        return text[:limit_bytes], complete and len(text) <= limit_bytes
 
     def read_configmap(self, namespace, name):
         self._hook("read_configmap", namespace, name)

@@ -5,6 +5,7 @@ import copy
 import hashlib
 import json
 import threading
+from typing import Callable
 
 import pytest
 
@@ -390,6 +391,70 @@ def test_a_run_whose_stream_ends_with_no_frame_from_a_sandbox_that_lives_on_ends
         status["message"], status
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["reason"]) == ("Ended", "InternalError"), session
+
+
+def restarted_mid_run(env, sandbox_log: Callable[[bytes, bytes], bytes]):
+    """A run sent to the session's sandbox, then the operator gone with the run's stream, and started again: the
+    restarted controller, and the runner's state. `sandbox_log(document, answer)` is what the sandbox's log
+    holds of the run by then."""
+    api, clock, ctl = env
+    start_session(env)
+    state, answer = runner(api)
+    api.attach_answers[POD] = lambda document: (api.logs.__setitem__(
+        POD, (sandbox_log(document, answer(document)).decode(), True)), b"")[1]
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    restarted = Controller(api=api, clock=clock)
+    restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
+    restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
+    restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
+    restarted.on_run(copy.deepcopy(api.run(NS, "r1")), deleted=False)
+    return restarted, state, answer
+
+
+def test_an_operator_restarted_while_a_run_is_in_the_sandbox_finishes_it_from_the_sandboxs_log(env):
+    """The frame carries the run's nonce, which the operator derives from its key and the run's uid: a restarted
+    operator finds it in the log's last lines; the session goes on under the same key and numbering."""
+    api, clock, _ = env
+    restarted, state, answer = restarted_mid_run(env, lambda document, answered: b"earlier lines\n" + answered)
+    status = api.run(NS, "r1")["status"]
+    assert (status["phase"], status["stdout"]) == ("Succeeded", "run 1\n"), status
+    api.attach_answers[POD] = answer
+    restarted.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    settle()
+    status = api.run(NS, "r2")["status"]
+    assert (status["phase"], status["stdout"]) == ("Succeeded", "run 2\n"), status
+    assert state["sequence"] >= 1  # the second document went MAC'd, past the first's number
+
+
+def test_a_frame_in_the_log_without_the_runs_nonce_is_not_the_runs(env):
+    """The program can write to the runner's stdout, and so into the log: a frame without the nonce is its."""
+    api, clock, _ = env
+    forged = b'\nCODERUN-RESULT-V1 {"version":1,"reason":"Completed","exitCode":0,"stdout":"forged","stderr":"",' \
+             b'"metrics":{"wallMillis":1,"cpuMillis":1,"maxRSSBytes":1},"nonce":"' + b"a" * 64 + b'"}\n'
+    restarted_mid_run(env, lambda document, answered: answered.split(b"\n")[0] + b"\n" + forged)
+    assert api.run(NS, "r1")["status"]["phase"] == "Running"  # accepted, not answered: it waits
+
+
+@pytest.mark.parametrize("log, run_message, session_phase", [
+    # the runner took the document and never answered by the run's deadline: the sandbox is not to be trusted
+    (lambda document, answered: answered.split(b"\n")[0] + b"\n", "did not answer", "Ended"),
+    # the operator went before the document reached the runner: nothing ran, and the session is fine
+    (lambda document, answered: b"", "never reached", "Ready")])
+def test_a_run_whose_frame_is_not_in_the_log_by_its_deadline_ends_saying_whether_it_ever_ran(
+        env, log, run_message, session_phase):
+    api, clock, _ = env
+    restarted, _, _ = restarted_mid_run(env, log)
+    assert api.run(NS, "r1")["status"]["phase"] == "Running"
+    clock.now += timedelta(seconds=29)
+    restarted.tick()
+    assert api.run(NS, "r1")["status"]["phase"] == "Running"  # the default timeout (30 s) and the pod's margin
+    clock.now += timedelta(seconds=62)
+    restarted.tick()
+    status = api.run(NS, "r1")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "InternalError") and run_message in \
+        status["message"], status
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == session_phase
 
 
 def test_a_restarted_operator_that_sees_the_session_before_its_pod_keeps_the_session(env):

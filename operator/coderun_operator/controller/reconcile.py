@@ -584,12 +584,14 @@ class Controller:
 
     def _due(self, uid: str, run: Mapping[str, Any]) -> bool:
         """Work the clock brings: a retry, an admission not done yet, a pod that must start within its deadline,
-        a warm pod's input or Running status (warm/claim.py times both), an approval given but not yet believed
-        (its admission policy is checked again once the check's cache expires; no event says it was repaired)."""
+        a warm pod's input or Running status (warm/claim.py times both), a session run with no stream to bring its
+        frame (the sandbox's log or end will), an approval given but not yet believed (its admission policy is
+        checked again once the check's cache expires; no event says it was repaired)."""
         status = run.get("status") or {}
         return (uid in self._failures or uid in self._retrying or not status.get("phase")
                 or (status.get("phase") == Phase.PENDING and bool(status.get("podName")))
                 or status.get("startMode") == StartMode.WARM
+                or (status.get("startMode") == StartMode.SESSION and uid not in self.sessions.streams)
                 or (status.get("reason") == Reason.AWAITING_APPROVAL
                     and APPROVED_BY in (run["metadata"].get("annotations") or {})))
 

@@ -13,11 +13,10 @@ import collections
 import hashlib
 import hmac
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from pydantic import ValidationError
@@ -26,9 +25,10 @@ from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.identity import CREATED_BY
 from coderun.api.models import CodeRunStatus, ResourceLimits
 from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
-from coderun.sandbox.runner.protocol import FRAME_PREFIX
+from coderun.sandbox.runner.protocol import FRAME_PREFIX, accepted_line
 from ...builders import code_hash
-from ...builders.names import LABEL_SESSION_UID
+from ...builders.names import CONTAINER_NAME, LABEL_SESSION_UID
+from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ...builders.ownership import controlled_by
 from ...builders.session import build_session_network_policy, build_session_pod, session_document
 from ...key_secret import ensure_key, read_key
@@ -41,11 +41,12 @@ from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
                                in_session, runs_in_order, start_failure)
-from ...results.status import (Outcome, decision_fields, refusal_fields, running_status, started_status,
-                               waiting_status)
+from ...results.status import (Outcome, decision_fields, parse_time, refusal_fields, running_status,
+                               started_status, waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
 from ..writer import StatusWriter, to_wire
+from ..warm.session import STREAM_LIMIT_BYTES
 from .channel import Channel
 
 log = logging.getLogger("coderun")
@@ -58,6 +59,8 @@ HandBack = Callable[[str, str, bool, str, str], None]
 # How long a run killed by an unsent SIGKILL, or whose stream ended with no frame (the OOM killer took the whole
 # sandbox), waits for the container's end to say whether memory ran out.
 KILL_EVIDENCE_SECONDS = 30.0
+# The last lines of a sandbox's log that hold a run's frame (an acceptance line, a blank, the frame), with room.
+LOG_TAIL_LINES = 8
 # Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
 MAX_ATTACH_FAILURES = 3
 
@@ -72,6 +75,12 @@ class HeldFrame:
 def session_key(master: bytes, session_uid: str) -> bytes:
     """The session's own key: only the operator (who holds the master key) and the session's runner know it."""
     return hmac.new(master, b"coderun-session\0" + session_uid.encode(), hashlib.sha256).digest()
+
+
+def run_nonce(master: bytes, run_uid: str) -> str:
+    """The nonce a run's frame must carry: only the operator and the runner it is sent to know it, and an operator
+    that restarted while the run was in the sandbox can work it out again to find the frame in the pod's log."""
+    return hmac.new(master, b"coderun-run-nonce\0" + run_uid.encode(), hashlib.sha256).hexdigest()
 
 
 def frame_with(nonce: str) -> Callable[[bytes], bool]:
@@ -550,7 +559,7 @@ class Sessions:
             self._done_sending(suid, meta["uid"])
             self._wake_queue(run)
             return None
-        nonce = secrets.token_hex(32)
+        nonce = run_nonce(master, meta["uid"])
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
                                     session_key(master, session["metadata"]["uid"]), sequence,
                                     bool((session.get("spec") or {}).get("keepState")))
@@ -602,22 +611,73 @@ class Sessions:
             return HeldFrame(frame, oom_killed=False)
         sstatus = session.get("status") or {}
         held = self.killed.get(uid)
+        if held is None and sstatus.get("phase") != SessionPhase.ENDED:
+            # the stream is gone (an operator restart): the frame is in the sandbox's log once the run ends
+            logged, accepted = self._read_log(run)
+            if logged is not None:
+                return self._frame_held(run, session, logged)
+            if self.now() < self._stream_deadline(run):
+                return None  # still running, or its frame not yet in the log: the tick looks again
+            if not accepted:  # the operator went before the document reached the runner, which is fine
+                return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, "the run's document never reached the "
+                               "session's sandbox (the operator restarted as it was sent), so nothing of it ran; "
+                               "create the run again")
         if held is not None:
             frame, since = held
             if sstatus.get("phase") != SessionPhase.ENDED and time.monotonic() - since < KILL_EVIDENCE_SECONDS:
                 return None
             del self.killed[uid]
             if isinstance(frame, FrameError) and sstatus.get("phase") != SessionPhase.ENDED:
-                return self._unanswered(run, session, frame)  # the sandbox lives on and never answered
+                logged, _ = self._read_log(run)  # the stream broke, not the sandbox: the log has the frame
+                return self._frame_held(run, session, logged) if logged else self._unanswered(run, session, frame)
             if isinstance(frame, RunnerFrame):
                 return HeldFrame(frame, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
         if sstatus.get("phase") == SessionPhase.ENDED:
             reason = Reason.OOM_KILLED if sstatus.get("reason") == SessionReason.OOM_KILLED else Reason.POD_DELETED
             return Outcome(Phase.FAILED, reason, f"the session ended while the run was in it ({sstatus.get('reason')}: "
                            f"{sstatus.get('message')})")
-        return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, "the operator lost this run's stream (it restarted while "
-                       "the run was in the session's sandbox), so its result cannot be vouched for; create the run "
-                       "again")
+        return self._unanswered(run, session, FrameError(
+            "no frame of the run's in the sandbox's log by its deadline, after the operator lost its stream"))
+
+    def _read_log(self, run: Mapping[str, Any]) -> tuple[RunnerFrame | None, bool]:
+        """From the last lines of the run's sandbox's log: its frame, vouched by the run's nonce (None when it is
+        not there yet, or the log cannot be read now), and whether the runner said it took the run's document.
+        A read that fails says taken: nothing is concluded from a log not read."""
+        pod_name = (run.get("status") or {}).get("podName")
+        if not pod_name:
+            return None, True
+        nonce = run_nonce(self._master_key(), run["metadata"]["uid"])
+        try:
+            text, _ = self.api.read_log(run["metadata"]["namespace"], pod_name, CONTAINER_NAME, STREAM_LIMIT_BYTES,
+                                        tail_lines=LOG_TAIL_LINES)
+        except self.api.Transient:
+            return None, True
+        accepted = accepted_line(hashlib.sha256(nonce.encode()).hexdigest()) in text
+        try:
+            return parse_streamed_frame(text, nonce), accepted
+        except FrameError:
+            return None, accepted
+
+    def _frame_held(self, run: Mapping[str, Any], session: dict[str, Any] | None,
+                    frame: RunnerFrame) -> HeldFrame | None:
+        """The run's frame, from its stream or its sandbox's log: to finish now, or (killed by a SIGKILL the runner
+        did not send) once the container's end says whether memory ran out (`_in_sandbox`)."""
+        if frame.killed_unexplained:
+            self.killed[run["metadata"]["uid"]] = (frame, time.monotonic())
+            return None
+        self.received[run["metadata"]["uid"]] = frame  # until finished(): see _in_sandbox
+        if frame.interpreterLost and session is not None:
+            with self._lock:
+                self._end(session, SessionReason.INTERPRETER_LOST, f"run {run['metadata']['name']}: "
+                          f"{frame.interpreterLost}; its variables are gone: create a new session")
+        return HeldFrame(frame, oom_killed=False)
+
+    def _stream_deadline(self, run: Mapping[str, Any]) -> datetime:
+        """When a run's stream would have been given up: its start, its timeout and the pod's margin."""
+        status = run.get("status") or {}
+        timeout = int((status.get("limits") or {}).get("timeoutSeconds") or 0)
+        started = parse_time(status.get("startTime")) or self.now()
+        return started + timedelta(seconds=timeout + POD_DEADLINE_MARGIN_SECONDS)
 
     def streamed(self, run: Mapping[str, Any], sent: bool, text: str, nonce: str) -> HeldFrame | Outcome | None:
         """What came back from the session's sandbox: the run's frame (a HeldFrame to finish), or why there is
@@ -644,16 +704,7 @@ class Sessions:
         if session is not None:
             self._attach_failures.pop(session["metadata"]["uid"], None)
         try:
-            frame = parse_streamed_frame(text, nonce)
-            if frame.killed_unexplained:
-                self.killed[run["metadata"]["uid"]] = (frame, time.monotonic())  # _in_sandbox finishes it
-                return None
-            self.received[run["metadata"]["uid"]] = frame  # until finished(): see _in_sandbox
-            if frame.interpreterLost and session is not None:
-                with self._lock:
-                    self._end(session, SessionReason.INTERPRETER_LOST, f"run {run['metadata']['name']}: "
-                              f"{frame.interpreterLost}; its variables are gone: create a new session")
-            return HeldFrame(frame, oom_killed=False)
+            return self._frame_held(run, session, parse_streamed_frame(text, nonce))
         except FrameError as e:
             if session is None:
                 return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {run['spec']['session']} was "
