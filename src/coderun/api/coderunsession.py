@@ -53,8 +53,8 @@ class CodeRunSessionSpec(ApiModel):
         "sessions.maxIdleTimeoutSeconds)."))
     max_lifetime_seconds: int = Field(DEFAULT_MAX_LIFETIME_SECONDS, ge=MIN_LIFETIME_SECONDS,
                                       le=MAX_LIFETIME_SECONDS, description=(
-        "End the session this long after its sandbox started, busy or not (capped by the policy's "
-        "sessions.maxLifetimeSeconds); a run in progress then ends with it."))
+        "End the session this long after it was admitted (its sandbox created or claimed), busy or not "
+        "(capped by the policy's sessions.maxLifetimeSeconds); a run in progress then ends with it."))
 
     @model_validator(mode="after")
     def _idle_within_lifetime(self) -> "CodeRunSessionSpec":
@@ -83,7 +83,7 @@ class CodeRunSessionStatus(ApiModel):
         "When a run of the session last started or ended (or the sandbox started): the idle timeout counts from "
         "here."), json_schema_extra={"format": "date-time"})
     expires_at: str | None = Field(None, description=(
-        "When the session will end by its lifetime, whatever it is doing: start + the effective "
+        "When the session will end by its lifetime, whatever it is doing: its admission + the effective "
         "maxLifetimeSeconds."), json_schema_extra={"format": "date-time"})
     idle_expires_at: str | None = Field(None, description=(
         "When the session will end if no run comes: lastActivity + the effective idleTimeoutSeconds (moves with "
