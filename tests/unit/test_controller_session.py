@@ -714,6 +714,21 @@ def test_a_session_takes_a_warm_pool_pod_its_limits_fit_and_runs_there(env):
     assert state["key"] is not None and state["sequence"] == 1  # the first document carried the session's key
 
 
+def test_a_pool_pod_someone_fed_first_is_not_a_sessions_it_goes_and_the_session_starts_its_own(env):
+    """Its runner announced an input no claim sent (someone with pods/attach wrote to its stdin): the session
+    would end at its first run there. The pod is deleted (the pool starts another) and the session gets a pod of
+    its own."""
+    api, clock, ctl = env
+    (pool_pod,) = warm_env(env)
+    api.logs[pool_pod] = ("CODERUN-ACCEPTED 0123456789abcdef\n", True)
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert status["podName"] == POD and status.get("startMode") != "Warm", status
+    assert ("Pod", NS, pool_pod) not in api.objects
+    ctl.pool.refill()
+    assert len(pool_pods(api)) == 1 and pool_pod not in pool_pods(api)
+
+
 def test_an_operator_restarted_between_a_claim_and_the_sessions_status_keeps_the_claimed_pod(env):
     """The claim landed, the status write did not (the operator stopped). A new operator that sees the session
     before its pod (the watches keep no order between them) finds the pod by the session's label, and claims no

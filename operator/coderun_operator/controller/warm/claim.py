@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import StartMode
+from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX
 from ... import metrics
 from ...builders import LABEL_POOL, build_network_policy, claim_patch, code_hash, warm_input
 from ...builders.egress import EgressAccess
@@ -36,6 +37,7 @@ log = logging.getLogger("coderun")
 UNSENT_INPUT_SECONDS = 15
 MAX_SESSIONS = 256
 RUNNING_STATUS_AFTER_SECONDS = 1
+FED_LOG_BYTES = 4096  # a pool pod's log before any claim: empty, or an attacher's input announced first
 
 # What a session hands back for a run: (run uid, pod name, the stream's text or None if no input was sent, nonce).
 HandBack = Callable[[str, str, "str | None", str], None]
@@ -96,11 +98,31 @@ class Claims:
         if pool not in wanted:
             return None
         patched = self.claim(ns, pool, wanted[pool][1], lifetime_seconds,
-                             lambda pod, deadline: session_claim_patch(session, pod, deadline))
+                             lambda pod, deadline: session_claim_patch(session, pod, deadline), self._never_fed)
         if patched is not None:
             metrics.POOL_CLAIMS.labels(metrics.language_label(decision.runtime.language)).inc()
             self.ask_whole_cpu(ns, patched["metadata"]["name"], decision)
         return patched
+
+    def _never_fed(self, pod: Mapping[str, Any]) -> bool:
+        """Whether no one attached to the pool pod first: its runner announces any input it takes (its log's first
+        line). A session keeps its pod for many runs, so the look (one log read) is worth it there; a pod fed
+        first is deleted, and the pool starts another. A run's claim does not look: its input would be dropped,
+        and it goes cold (`go_cold`). One fed between the look and the claim ends its session at once."""
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        try:
+            text, _ = self.api.read_log(ns, name, CONTAINER_NAME, FED_LOG_BYTES)
+        except self.api.Transient:
+            return False  # not known: another pod, or the session's own
+        if ACCEPTED_PREFIX not in text:
+            return True
+        log.warning("warm pod %s/%s took an input before any claim (someone attached to it): deleting it", ns, name)
+        try:
+            self.api.delete_pod(ns, name)
+            self.store.forget_pod(pod)
+        except self.api.Transient as e:  # the refill's outlived check ends it later
+            log.info("warm pod %s/%s: not deleted now: %s", ns, name, str(e)[:300])
+        return False
 
     def _current_pools(self, ns: str, decision: Decision) -> dict[str, tuple[str, Decision]]:
         """The pools the decision's policy keeps as it is now; none if the policy changed since the decision."""
@@ -120,17 +142,18 @@ class Claims:
             log.info("warm pod %s/%s: its CPU request stays the pool's: %s", ns, pod_name, str(e)[:300])
 
     def claim(self, ns: str, pool: str, pool_decision: Decision, seconds: int,
-              patch_for: Callable[[Mapping[str, Any], int], list[dict[str, Any]]]) -> dict[str, Any] | None:
-        """The oldest ready pod of the pool that is genuinely the pool's and has `seconds` left, made a run's or a
-        session's by `patch_for(pod, its new deadline)`: the pod as patched, or None when none could be. The pool
-        is woken either way, to fill the place or to start a pod."""
+              patch_for: Callable[[Mapping[str, Any], int], list[dict[str, Any]]],
+              usable: Callable[[Mapping[str, Any]], bool] = lambda pod: True) -> dict[str, Any] | None:
+        """The oldest ready pod of the pool that is genuinely the pool's, has `seconds` left and is `usable`, made
+        a run's or a session's by `patch_for(pod, its new deadline)`: the pod as patched, or None when none could
+        be. The pool is woken either way, to fill the place or to start a pod."""
         now = self.now()
         try:
             for pod in sorted((p for p in self.store.pool_pods()
                                if p["metadata"].get("namespace") == ns and key_of(p) == pool and is_ready(p)),
                               key=lambda p: p["metadata"].get("creationTimestamp") or ""):
                 deadline = deadline_seconds(pod, seconds, now)
-                if deadline is None or not is_genuine(pod, pool_decision):
+                if deadline is None or not is_genuine(pod, pool_decision) or not usable(pod):
                     continue
                 try:
                     patched = self.api.claim_pod(ns, pod["metadata"]["name"], patch_for(pod, deadline))
