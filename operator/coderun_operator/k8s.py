@@ -245,12 +245,13 @@ def attach(namespace: str, pod: str, container: str) -> Attached:
     return Attached(socket)
 
 
-def read_log(namespace: str, pod: str, container: str, limit_bytes: int,
-             tail_lines: int | None = None) -> tuple[str, bool]:
-    """The container log from the start (or its last `tail_lines` lines), at most limit_bytes; says whether the
+def read_log(namespace: str, pod: str, container: str, limit_bytes: int, since_seconds: int | None = None,
+             timeout: float = REQUEST_TIMEOUT_SECONDS) -> tuple[str, bool]:
+    """The container log from the start (or of its last `since_seconds`), at most limit_bytes; says whether the
     whole of that was read."""
     raw = _call(f"log of pod {pod}", _core().read_namespaced_pod_log, pod, namespace, container=container,
-                limit_bytes=limit_bytes + 1, tail_lines=tail_lines, _preload_content=False).data
+                limit_bytes=limit_bytes + 1, since_seconds=since_seconds, _preload_content=False,
+                timeout=timeout).data
     return raw[:limit_bytes].decode("utf-8", "replace"), len(raw) <= limit_bytes
 
 

@@ -123,11 +123,12 @@ class FakeK8s:
             raise answer or Transient(f"attach to pod {pod}: no such stream")
         return _FakeAttached(answer, self.sent, pod)
 
-    def read_log(self, namespace, pod, container, limit_bytes, tail_lines=None):
+    def read_log(self, namespace, pod, container, limit_bytes, since_seconds=None, timeout=None):
+        """`logs[pod]`: (text, complete); a log of a pod that is gone is not found (Transient, as k8s.py says)."""
         self._hook("read_log", namespace, pod)
+        if pod not in self.logs and ("Pod", namespace, pod) not in self.objects:
+            raise Transient(f"log of pod {pod}: API server answered 404 Not Found")
         text, complete = self.logs.get(pod, ("", True))
-        if tail_lines is not None:
-            text = "".join(text.splitlines(keepends=True)[-tail_lines:])
         return text[:limit_bytes], complete and len(text) <= limit_bytes
 
     def read_configmap(self, namespace, name):

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from coderun_operator.results.frame import FrameError, parse_frame
+from coderun_operator.results.frame import FrameError, logged_frame, parse_frame
 
 REAL = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
         "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000}}
@@ -68,3 +68,17 @@ def test_what_the_program_controls_is_bounded_not_refused():
     # The status's caps plus the runner's 1024-character redaction margin (the status cuts after redacting).
     assert len(frame.error.type) == 1280 and frame.error.type.endswith("…") and len(frame.error.message) == 5120
     assert len(frame.artifactsSkipped[0].name) == 2048
+
+
+def test_a_runs_frame_is_found_in_a_sandboxs_log_by_its_nonce_whatever_follows_it():
+    """After an operator restart: the run's frame among an earlier run's, a forged one (the program writes to the
+    runner's stdout), and the runner's nonce-less answers to documents someone else wrote to its stdin."""
+    nonce, other = "a" * 64, "b" * 64
+    ours, _ = frame_line({**REAL, "nonce": nonce, "stdout": "x" * 100_000})  # far past a log record's 16 KiB
+    earlier, _ = frame_line({**REAL, "nonce": other, "stdout": "earlier\n"})
+    forged, _ = frame_line({**REAL, "stdout": "forged\n", "note": f'"nonce":"{nonce}"'})
+    dropped, _ = frame_line({**REAL, "reason": "InvalidInput"})
+    log = "\n".join([earlier, "CODERUN-ACCEPTED 0123", ours, *[dropped] * 12, forged, ""])
+    assert logged_frame(log, nonce).stdout == "x" * 100_000
+    assert logged_frame(log.replace(ours, ""), nonce) is None  # the forged line names the nonce, not as its own
+    assert logged_frame(log, "c" * 64) is None

@@ -109,6 +109,7 @@ class Controller:
             self._failures.pop(uid, None)
             self._retrying.discard(uid)
             self.claims.forget(uid)
+            self.sessions.finished(run)  # a session run's frame, held for its finish
             if not is_terminal(run):  # a run deleted with its sandbox frees a slot
                 self._freed.add(run["metadata"]["namespace"])
                 self._start_queued()

@@ -152,11 +152,27 @@ def parse_streamed_frame(stream: str, nonce: str) -> RunnerFrame:
     termination message, the cold path's proof, only arrives with the kubelet's relist: too late to wait for."""
     frame_line = _last_frame_line(stream)
     if frame_line is None:
-        raise FrameError("the attach stream carried no result frame", truncated=True)
+        raise FrameError("the attach stream carried no result frame")
     raw = json_frame(frame_line)
     if not isinstance(raw, dict) or not hmac.compare_digest(str(raw.get("nonce", "")), nonce):
         raise FrameError("the streamed frame does not carry this claim's nonce")
     return _typed(raw)
+
+
+def logged_frame(log: str, nonce: str) -> RunnerFrame | None:
+    """The frame line carrying this nonce in a sandbox's log, wherever it is among others (an earlier run's, the
+    runner's answers to documents it dropped, lines the program wrote through the runner's stdout); None if none
+    does, or it is not a valid frame."""
+    marker = f'"nonce":"{nonce}"'
+    for line in reversed(log.split("\n")):
+        if line.startswith(PREFIX) and marker in line:
+            try:
+                raw = json_frame(line[len(PREFIX):].rstrip("\r"))
+                if isinstance(raw, dict) and hmac.compare_digest(str(raw.get("nonce", "")), nonce):
+                    return _typed(raw)
+            except FrameError:
+                return None
+    return None
 
 
 def json_frame(frame_line: str) -> Any:

@@ -13,6 +13,7 @@ import collections
 import hashlib
 import hmac
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from ...policy.decide import parse_spec
 from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
-from ...results.frame import FrameError, RunnerFrame, parse_streamed_frame
+from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
                                in_session, runs_in_order, start_failure)
@@ -56,11 +57,13 @@ KEY_ENTRY = "key"
 
 # What the controller does with a session run's stream: (run uid, pod name, sent, stream text, nonce).
 HandBack = Callable[[str, str, bool, str, str], None]
-# How long a run killed by an unsent SIGKILL, or whose stream ended with no frame (the OOM killer took the whole
-# sandbox), waits for the container's end to say whether memory ran out.
+# How long a frame killed by an unsent SIGKILL waits for the container's end to say whether memory ran out.
 KILL_EVIDENCE_SECONDS = 30.0
-# The last lines of a sandbox's log that hold a run's frame (an acceptance line, a blank, the frame), with room.
-LOG_TAIL_LINES = 8
+# A sandbox's log since a run started: its acceptance line and frame, and an earlier run's frame ended within the
+# same second or two (the log's clock is the kubelet's, in whole seconds); each frame within the stream's cap.
+LOG_LIMIT_BYTES = 2 * STREAM_LIMIT_BYTES
+LOG_CLOCK_SLACK_SECONDS = 2
+LOG_READ_SECONDS = 5  # per read: a slow kubelet must not hold the tick
 # Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
 MAX_ATTACH_FAILURES = 3
 
@@ -77,10 +80,12 @@ def session_key(master: bytes, session_uid: str) -> bytes:
     return hmac.new(master, b"coderun-session\0" + session_uid.encode(), hashlib.sha256).digest()
 
 
-def run_nonce(master: bytes, run_uid: str) -> str:
-    """The nonce a run's frame must carry: only the operator and the runner it is sent to know it, and an operator
-    that restarted while the run was in the sandbox can work it out again to find the frame in the pod's log."""
-    return hmac.new(master, b"coderun-run-nonce\0" + run_uid.encode(), hashlib.sha256).hexdigest()
+def run_nonce(master: bytes, run_uid: str, started: str) -> str:
+    """The nonce a run's frame must carry: only the operator and the runner it is sent to know it, an operator
+    that restarted while the run was in the sandbox can work it out again to find the frame in the pod's log, and
+    each send of the run has its own (the start its status records is written anew before each)."""
+    return hmac.new(master, b"coderun-run-nonce\0" + run_uid.encode() + b"\0" + started.encode(),
+                    hashlib.sha256).hexdigest()
 
 
 def frame_with(nonce: str) -> Callable[[bytes], bool]:
@@ -122,9 +127,8 @@ class Sessions:
         self.pods: dict[str, dict[str, Any]] = {}  # session uid -> its sandbox pod
         self.streams: dict[str, threading.Thread] = {}  # run uid -> the thread sending it and reading its frame
         # run uid -> (its frame, when it came): killed by a SIGKILL the runner did not send, so the runner ended
-        # the session after it, and the container's end (OOMKilled or not) decides the run's reason. Or (why
-        # there is no frame, when the stream ended): the sandbox may have died whole, which only its end can say.
-        self.killed: dict[str, tuple[RunnerFrame | FrameError, float]] = {}
+        # the session after it, and the container's end (OOMKilled or not) decides the run's reason
+        self.killed: dict[str, tuple[RunnerFrame, float]] = {}
         self._master: bytes | None = None  # _master_key
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
@@ -559,7 +563,7 @@ class Sessions:
             self._done_sending(suid, meta["uid"])
             self._wake_queue(run)
             return None
-        nonce = run_nonce(master, meta["uid"])
+        nonce = run_nonce(master, meta["uid"], status.start_time)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
                                     session_key(master, session["metadata"]["uid"]), sequence,
                                     bool((session.get("spec") or {}).get("keepState")))
@@ -601,8 +605,10 @@ class Sessions:
         return self._master
 
     def _in_sandbox(self, run: Mapping[str, Any], session: Mapping[str, Any]) -> Outcome | HeldFrame | None:
-        """A run whose document went to the sandbox: its stream's thread brings its frame; without one (the
-        operator restarted, or the session ended under it) it ends here, saying why."""
+        """A run whose document went to the sandbox: its stream's thread brings its frame. Without one (the stream
+        broke, or the operator restarted) the sandbox's log has it once the run ended, or the sandbox's end says
+        why there is none (memory: the OOM killer took the whole sandbox, runner and all). The tick looks again
+        until the run's deadline, then it ends here, saying why."""
         uid = run["metadata"]["uid"]
         if uid in self.streams:
             return None
@@ -610,53 +616,52 @@ class Sessions:
         if frame is not None:  # a finish of it failed (and is retried): from the frame, not as lost
             return HeldFrame(frame, oom_killed=False)
         sstatus = session.get("status") or {}
+        ended = sstatus.get("phase") == SessionPhase.ENDED
         held = self.killed.get(uid)
-        if held is None and sstatus.get("phase") != SessionPhase.ENDED:
-            # the stream is gone (an operator restart): the frame is in the sandbox's log once the run ends
-            logged, accepted = self._read_log(run)
-            if logged is not None:
-                return self._frame_held(run, session, logged)
-            if self.now() < self._stream_deadline(run):
-                return None  # still running, or its frame not yet in the log: the tick looks again
-            if not accepted:  # the operator went before the document reached the runner, which is fine
-                return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, "the run's document never reached the "
-                               "session's sandbox (the operator restarted as it was sent), so nothing of it ran; "
-                               "create the run again")
         if held is not None:
-            frame, since = held
-            if sstatus.get("phase") != SessionPhase.ENDED and time.monotonic() - since < KILL_EVIDENCE_SECONDS:
+            killed, since = held
+            if not ended and time.monotonic() - since < KILL_EVIDENCE_SECONDS:
                 return None
             del self.killed[uid]
-            if isinstance(frame, FrameError) and sstatus.get("phase") != SessionPhase.ENDED:
-                logged, _ = self._read_log(run)  # the stream broke, not the sandbox: the log has the frame
-                return self._frame_held(run, session, logged) if logged else self._unanswered(run, session, frame)
-            if isinstance(frame, RunnerFrame):
-                return HeldFrame(frame, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
-        if sstatus.get("phase") == SessionPhase.ENDED:
+            return HeldFrame(killed, oom_killed=sstatus.get("reason") == SessionReason.OOM_KILLED)
+        try:  # an ended session's pod may still hold the log (its lifetime passed while the operator was away)
+            logged, accepted = self._read_log(run)
+        except self.api.Transient:  # not read: nothing is concluded from it
+            logged, accepted = None, None
+        if logged is not None:
+            return self._frame_held(run, session, logged)
+        if ended:
             reason = Reason.OOM_KILLED if sstatus.get("reason") == SessionReason.OOM_KILLED else Reason.POD_DELETED
             return Outcome(Phase.FAILED, reason, f"the session ended while the run was in it ({sstatus.get('reason')}: "
                            f"{sstatus.get('message')})")
-        return self._unanswered(run, session, FrameError(
-            "no frame of the run's in the sandbox's log by its deadline, after the operator lost its stream"))
+        if accepted is None or self.now() < self._stream_deadline(run):
+            return None  # still running, or its log not read: the tick looks again
+        if not accepted:  # e.g. the operator went as the document was on its way
+            return Outcome(Phase.FAILED, Reason.INTERNAL_ERROR, "the run's document left no sign in the session's "
+                           "sandbox that its runner took it, and no result came by its deadline; create the run "
+                           "again")
+        return self._unanswered(run, session, FrameError("the runner took the run's document and printed no frame "
+                                                         "of it by its deadline"))
 
     def _read_log(self, run: Mapping[str, Any]) -> tuple[RunnerFrame | None, bool]:
-        """From the last lines of the run's sandbox's log: its frame, vouched by the run's nonce (None when it is
-        not there yet, or the log cannot be read now), and whether the runner said it took the run's document.
-        A read that fails says taken: nothing is concluded from a log not read."""
-        pod_name = (run.get("status") or {}).get("podName")
-        if not pod_name:
-            return None, True
-        nonce = run_nonce(self._master_key(), run["metadata"]["uid"])
-        try:
-            text, _ = self.api.read_log(run["metadata"]["namespace"], pod_name, CONTAINER_NAME, STREAM_LIMIT_BYTES,
-                                        tail_lines=LOG_TAIL_LINES)
-        except self.api.Transient:
-            return None, True
+        """From the run's sandbox's log since the run started: its frame (None when it is not there yet), and
+        whether the runner said it took the run's document. Transient when the log cannot be read now. The
+        kubelet joins a long line's partial records back into one, so a frame of megabytes is read whole."""
+        status = run.get("status") or {}
+        nonce = self._nonce_of(run)
+        if not status.get("podName") or nonce is None:
+            return None, False
+        started = parse_time(status.get("startTime")) or self.now()
+        since = max(1, math.ceil((self.now() - started).total_seconds()) + LOG_CLOCK_SLACK_SECONDS)
+        text, _ = self.api.read_log(run["metadata"]["namespace"], status["podName"], CONTAINER_NAME,
+                                    LOG_LIMIT_BYTES, since_seconds=since, timeout=LOG_READ_SECONDS)
         accepted = accepted_line(hashlib.sha256(nonce.encode()).hexdigest()) in text
-        try:
-            return parse_streamed_frame(text, nonce), accepted
-        except FrameError:
-            return None, accepted
+        return logged_frame(text, nonce), accepted
+
+    def _nonce_of(self, run: Mapping[str, Any]) -> str | None:
+        """The nonce of the run's document as last sent: under its uid and the start its status records."""
+        started = (run.get("status") or {}).get("startTime")
+        return run_nonce(self._master_key(), run["metadata"]["uid"], started) if started else None
 
     def _frame_held(self, run: Mapping[str, Any], session: dict[str, Any] | None,
                     frame: RunnerFrame) -> HeldFrame | None:
@@ -675,7 +680,7 @@ class Sessions:
     def _stream_deadline(self, run: Mapping[str, Any]) -> datetime:
         """When a run's stream would have been given up: its start, its timeout and the pod's margin."""
         status = run.get("status") or {}
-        timeout = int((status.get("limits") or {}).get("timeoutSeconds") or 0)
+        timeout = int((status.get("effectiveLimits") or {}).get("timeoutSeconds") or 0)
         started = parse_time(status.get("startTime")) or self.now()
         return started + timedelta(seconds=timeout + POD_DEADLINE_MARGIN_SECONDS)
 
@@ -709,12 +714,12 @@ class Sessions:
             if session is None:
                 return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {run['spec']['session']} was "
                                "deleted while the run was in it")
-            if (session.get("status") or {}).get("phase") == SessionPhase.ENDED:
-                return self._in_sandbox(run, session)  # it ended under the run: the run says how
-            if e.truncated:  # the stream ended with no frame: the pod's watch may not have its end yet
-                self.killed[run["metadata"]["uid"]] = (e, time.monotonic())  # _in_sandbox finishes it
-                return None
-            return self._unanswered(run, session, e)
+            if frame_with(nonce)(text.encode("ascii", "replace")):
+                # it stopped at a frame without a nonce: the runner dropped the document (not under its key)
+                return self._unanswered(run, session, e)
+            # The stream ended without the run's frame: it broke under a run that goes on, or the whole sandbox
+            # died. The log or the sandbox's end says which (_in_sandbox, on the next tick).
+            return None
 
     def _unanswered(self, run: Mapping[str, Any], session: dict[str, Any], error: FrameError) -> Outcome:
         """The sandbox, still there, gave no frame of this run's: the session cannot be trusted with another."""

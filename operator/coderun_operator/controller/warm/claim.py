@@ -38,6 +38,7 @@ UNSENT_INPUT_SECONDS = 15
 MAX_SESSIONS = 256
 RUNNING_STATUS_AFTER_SECONDS = 1
 FED_LOG_BYTES = 4096  # a pool pod's log before any claim: empty, or an attacher's input announced first
+FED_LOG_READ_SECONDS = 2  # read under the sessions' lock: a slow kubelet costs the session the pool, not the tick
 
 # What a session hands back for a run: (run uid, pod name, the stream's text or None if no input was sent, nonce).
 HandBack = Callable[[str, str, "str | None", str], None]
@@ -111,7 +112,7 @@ class Claims:
         and it goes cold (`go_cold`). One fed between the look and the claim ends its session at once."""
         ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         try:
-            text, _ = self.api.read_log(ns, name, CONTAINER_NAME, FED_LOG_BYTES)
+            text, _ = self.api.read_log(ns, name, CONTAINER_NAME, FED_LOG_BYTES, timeout=FED_LOG_READ_SECONDS)
         except self.api.Transient:
             return False  # not known: another pod, or the session's own
         if ACCEPTED_PREFIX not in text:
