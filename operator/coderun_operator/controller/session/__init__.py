@@ -686,9 +686,9 @@ class Sessions:
 
     def streamed(self, run: Mapping[str, Any], sent: bool, text: str, nonce: str) -> HeldFrame | Outcome | None:
         """What came back from the session's sandbox: the run's frame (a HeldFrame to finish), or why there is
-        none (an Outcome), or
-        None when the document was never sent (the run waits and is sent again) or when the program died of a
-        SIGKILL the runner did not send (the run waits for the sandbox's end: `_in_sandbox`)."""
+        none (an Outcome), or None when the document was never sent (the run waits and is sent again), when the
+        program died of a SIGKILL the runner did not send, or when the stream ended without the run's frame (the
+        run waits for its frame in the log or for the sandbox's end: `_in_sandbox`)."""
         session = self.session_of(run)
         if not sent:
             if session is not None:
