@@ -54,14 +54,11 @@ install() {
   # The namespace the operator runs in is held to Pod Security `restricted`, which its pods meet.
   "$KUBECTL" create namespace "$NAMESPACE" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
   "$KUBECTL" label namespace "$NAMESPACE" --overwrite pod-security.kubernetes.io/enforce=restricted >/dev/null
-  # What `make up-host` left: CRDs applied with kubectl become the release's (Helm's adoption labels), and the
-  # host-process operator's webhook registration (kopf's, pointing at this host) goes.
-  # The same for the identity admission policies (crds/coderun.io_admissionpolicies.yaml).
+  # What `make up-host` left: everything it applied from crds/ with kubectl (the CRDs, the identity, approval and
+  # session admission policies) becomes the release's (Helm's adoption labels), and the host-process operator's
+  # webhook registration (kopf's, pointing at this host) goes.
   local object
-  for object in crd/coderuns.coderun.io crd/coderunpolicies.coderun.io \
-      mutatingadmissionpolicy/identity.coderun.io mutatingadmissionpolicybinding/identity.coderun.io \
-      validatingadmissionpolicy/approval.coderun.io validatingadmissionpolicybinding/approval.coderun.io; do
-    "$KUBECTL" get "$object" >/dev/null 2>&1 || continue
+  for object in $("$KUBECTL" get -f "$repo/crds/" -o name --ignore-not-found); do
     "$KUBECTL" label "$object" --overwrite app.kubernetes.io/managed-by=Helm >/dev/null
     "$KUBECTL" annotate "$object" --overwrite meta.helm.sh/release-name="$RELEASE" \
       meta.helm.sh/release-namespace="$NAMESPACE" >/dev/null
