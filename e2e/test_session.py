@@ -304,7 +304,7 @@ def test_the_sdk_maps_a_harness_of_programs_through_a_session_in_order_failures_
 
 # The warm/cold equality programs (test_warm.CASES), in an order a session can keep: the view of the work dir
 # first (later runs leave files), the disk filler last (its file stays in the session's /tmp). Not here: the
-# memory hog (it ends the session: its own test above) and javascript (another language, another session).
+# memory hog (it ends the session: its own test above) and javascript (another language: the next test).
 SESSION_ORDER = ["program-view", "success", "exception", "exit-code", "stdin-and-files", "timeout", "output-flood",
                  "artifacts", "secret-redacted", "disk"]
 
@@ -323,6 +323,29 @@ def test_a_session_run_has_the_status_a_cold_run_of_the_same_program_has(operato
         assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
         session_view, cold_view = comparable(in_session, name), comparable(cold, name)
         for view in (session_view, cold_view):  # named after each run: where, not what
+            (view.get("audit") or {}).pop("recordConfigMap", None)
+        assert session_view == cold_view, (name, differences(session_view, cold_view))
+        if name in SEEN:
+            assert SEEN[name](json.loads(in_session["stdout"])), (name, in_session["stdout"])
+
+
+def test_a_node_session_run_is_prestarted_and_has_the_status_a_cold_run_has(operator, namespace):
+    """A Node session (a fresh process per run) runs each program in a node started before it came, as its status
+    says, and ends it as cold: the uncaught error's stack and line, argv and execArgv, the exit code."""
+    from test_warm import CASES, SEEN, comparable, differences
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace, language="javascript", limits={})
+    wait_session(operator, namespace, session)
+    cases = dict(CASES)
+    for name in ("javascript", "javascript-view"):
+        spec = cases[name]
+        in_session = status_of(operator.wait_run(namespace, operator.create_run(
+            namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
+        cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
+        assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
+        assert in_session["metrics"].get("interpreterPrestarted") is True, in_session["metrics"]
+        session_view, cold_view = comparable(in_session, name), comparable(cold, name)
+        for view in (session_view, cold_view):
             (view.get("audit") or {}).pop("recordConfigMap", None)
         assert session_view == cold_view, (name, differences(session_view, cold_view))
         if name in SEEN:

@@ -94,15 +94,16 @@ RUNNER_ENTRYPOINT='["python3","-I","/opt/coderun"]'
 # The runner's files, relative to the repository, one a line: a sandbox recipe's RECIPE_INPUTS.
 runner_files() {
     (cd "$REPO" && printf '%s\n' src/coderun/__init__.py src/coderun/sandbox/__init__.py &&
-        find src/coderun/sandbox/runner -type f -name '*.py' | LC_ALL=C sort)
+        find src/coderun/sandbox/runner -type f \( -name '*.py' -o -name '*.js' \) | LC_ALL=C sort)
 }
 
 # install_runner ROOTFS: the runner at /opt/coderun, compiled like the rest of the image, and every module of it
-# checked, as the sandbox user, to import from that byte-code.
+# checked, as the sandbox user, to import from that byte-code (and Node's preload beside them).
 install_runner() {
     local rootfs=$1 file modules=()
     while read -r file; do
         install -D -m 0644 "$REPO/$file" "$rootfs/opt/coderun/${file#src/}"
+        [[ $file == *.py ]] || continue  # Node's preload (prestarted.js): a file, not a module
         file=${file#src/}
         file=${file%.py}
         file=${file%/__init__}

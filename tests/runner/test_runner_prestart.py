@@ -160,9 +160,10 @@ def test_a_prestarted_process_that_never_answers_is_given_up(monkeypatch):
     ({"language": "python", "command": ["python3", "-u", "main.py"], "codeFile": "main.py"}, True),
     ({"language": "python", "command": ["python3", "main.py"], "codeFile": "main.py"}, False),
     ({"language": "python", "command": ["python3", "-u", "app.py"], "codeFile": "main.py"}, False),
-    ({"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}, False),
+    ({"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}, True),
+    ({"language": "javascript", "command": ["node", "--inspect", "main.js"], "codeFile": "main.js"}, False),
 ])
-def test_only_the_python_command_it_stands_in_for_is_prestarted(settings, expected):
+def test_only_the_commands_it_stands_in_for_are_prestarted(settings, expected):
     assert protocol.can_prestart(settings) is expected
 
 
@@ -189,3 +190,65 @@ def test_files_an_earlier_run_left_never_run_before_the_next_run_and_shadow_as_c
     frames = session_runs(tmp_path, documents)
     assert [f["stdout"] for f in frames] == ["", "the run's own json\n", "after\n"], frames
     assert "prestarted" not in frames[1]  # json.py shadows the json the prestart imported: it started cold
+
+
+NODE = {"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}
+NODE_PROGRAMS = {
+    "view": "const fs = require('fs');\n"
+            "console.log(JSON.stringify({argv: process.argv.slice(1), execArgv: process.execArgv,\n"
+            "  env: Object.keys(process.env), cwd: process.cwd(), file: __filename, main: require.main === module,\n"
+            "  cache: Object.keys(require.cache), fds: fs.readdirSync('/proc/self/fd').length,\n"
+            "  paths: Object.keys(require('module')._pathCache).filter((k) => !k.includes('main.js')),\n"
+            "  stdin: fs.readFileSync(0, 'utf8')}));\n",
+    "uncaught": "function inner() {\n  null.x;\n}\nfunction outer() { inner(); }\nouter();\n",
+    "throw-later": "setTimeout(() => { throw new RangeError('later'); }, 10);\n",
+    "rejection": "Promise.reject(new TypeError('rejected'));\n",
+    "exit-code": "console.log('before');\nprocess.exitCode = 3;\n",
+    "signal": "console.log('kept');\nprocess.kill(process.pid, 'SIGTERM');\nsetTimeout(() => {}, 1000);\n",
+    "syntax-error": "const x = (;\n",
+    "worker": "const { Worker } = require('worker_threads');\n"
+              "new Worker(\"const { parentPort } = require('worker_threads');\\n"
+              "console.log(JSON.stringify([process.execArgv, Object.keys(require.cache).length]));\", {eval: true});\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NODE_PROGRAMS))
+def test_a_prestarted_node_program_ends_as_the_same_program_cold(tmp_path, name):
+    """The stack of an uncaught error (Node's own entry point runs main.js), argv, execArgv, the environment, the
+    module cache, exit codes and signals, a worker (which runs the parent's preloads) as cold."""
+    frames = {}
+    for mode, directory in (("cold", "a"), ("prestarted", "b")):  # paths of one length: byte counts compare
+        (tmp_path / directory).mkdir()
+        run = runner_in(tmp_path / directory)(NODE_PROGRAMS[name], warm_nonce=NONCE, prestart=mode == "prestarted",
+                                              **NODE)
+        frames[mode] = comparable(run.frame, str(tmp_path / directory))
+        assert run.frame.get("prestarted", False) is (mode == "prestarted"), run.frame
+    assert frames["prestarted"] == frames["cold"]
+    if name == "view":
+        view = json.loads(frames["prestarted"]["stdout"])
+        assert view["argv"] == ["<base>/scratch/work/main.js"] and view["execArgv"] == [] and view["main"], view
+        assert view["cache"] == ["<base>/scratch/work/main.js"] and view["paths"] == [], view
+        assert "CODERUN_PRESTART_FD" not in view["env"] and view["stdin"] == "", view
+    if name == "uncaught":
+        assert "at node:internal/main/run_main_module" in frames["cold"]["stderr"], frames["cold"]
+        assert frames["cold"]["error"]["line"] == 2, frames["cold"]["error"]
+
+
+def test_a_node_run_with_stdin_starts_cold_and_reads_it(run_runner):
+    run = run_runner("process.stdout.write(require('fs').readFileSync(0, 'utf8'))", stdin=b"from stdin",
+                     warm_nonce=NONCE, prestart=True, **NODE)
+    assert run.frame["stdout"] == "from stdin" and "prestarted" not in run.frame, run.frame
+
+
+def test_a_node_run_that_sets_a_startup_variable_starts_cold_and_sees_it(run_runner):
+    run = run_runner("console.log(process.execArgv.length, process.env.NODE_OPTIONS)", warm_nonce=NONCE,
+                     prestart=True, env={"NODE_OPTIONS": "--max-old-space-size=64"}, **NODE)
+    assert run.frame["stdout"] == "0 --max-old-space-size=64\n" and "prestarted" not in run.frame, run.frame
+
+
+def test_a_node_run_whose_package_json_the_start_did_not_see_starts_cold(run_runner):
+    """Node reads the working dir's package.json as it starts, before the run's files are there: a run that brings
+    one (here: ES modules) starts cold and loads as it says."""
+    run = run_runner("console.log(typeof require)", input_files={"package.json": b'{"type": "module"}'},
+                     warm_nonce=NONCE, prestart=True, **NODE)
+    assert run.frame["stdout"] == "undefined\n" and "prestarted" not in run.frame, run.frame

@@ -14,10 +14,13 @@ def assert_prestarts_as_the_decision_runs(argument: str, decision: Decision) -> 
     option, _, text = argument.partition("=")
     assert option == "--prestart"
     settings = parse_settings(text)
-    assert can_prestart(settings) == (decision.runtime.language == "python")
+    assert can_prestart(settings) == (decision.runtime.language in ("python", "javascript"))
     spec = CodeRunSpec.model_validate({"language": decision.runtime.language, "code": "print(1)", "stdin": "x"})
     run = {"metadata": {"name": "r", "namespace": "ns", "uid": "u"}}
     run_json = json.loads(build_input_configmap(run, spec, decision)["data"]["run.json"])
-    assert fits(settings, parse_run_spec(run_json))
+    # Node takes no stdin fd from the runner: such a run starts cold; one without stdin uses it.
+    assert fits(settings, parse_run_spec(run_json)) == (decision.runtime.language == "python")
+    assert fits(settings, parse_run_spec({**run_json, "stdinKey": None}))
     # A run that sets a variable the interpreter reads as it starts cannot use it.
-    assert not fits(settings, parse_run_spec({**run_json, "env": {"PYTHONPATH": "/x"}}))
+    for variable in ("PYTHONPATH", "NODE_OPTIONS"):
+        assert not fits(settings, parse_run_spec({**run_json, "stdinKey": None, "env": {variable: "/x"}}))

@@ -5,6 +5,8 @@ import os
 import socket
 import struct
 
+import pytest
+
 from coderun.audit import wire
 from coderun.audit.points import common_pb2, container_pb2, sentry_pb2, syscall_pb2
 from coderun.audit.summary import Bounds, RunAudit
@@ -305,13 +307,16 @@ def test_a_session_run_has_only_its_own_processes_and_is_complete_once_they_end(
     assert sandbox.exit(second).summary(since_ns=since)["complete"]
 
 
-def test_a_prestarted_interpreter_is_the_runs_from_its_start_and_says_it_started_before():
+@pytest.mark.parametrize("bootstrap", [
+    ["python3", "-u", "-c", "from coderun.sandbox.runner.prestarted import main"],
+    ["node", "-r", "/opt/coderun/coderun/sandbox/runner/prestarted.js", "main.js"],
+], ids=["python", "node"])
+def test_a_prestarted_interpreter_is_the_runs_from_its_start_and_says_it_started_before(bootstrap):
     """A warm or session pod's interpreter, started (and its libraries read) before the run came: the run lists it,
     marked, with what it did from the run's start on; the earlier run's ended program is still not this one's."""
     sandbox = Sandbox().program_started()
     sandbox.exit(PROGRAM)                                                     # an earlier run's program, ended
     prestarted = PROGRAM + 10
-    bootstrap = ["python3", "-u", "-c", "from coderun.sandbox.runner.prestarted import main"]
     sandbox.clone(NS_INIT, prestarted).execve(prestarted, bootstrap).open(prestarted, "/usr/lib/numpy.py", cwd="/")
     since = sandbox.now + 1
     sandbox.open(prestarted, "data.csv")

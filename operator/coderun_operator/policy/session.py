@@ -9,7 +9,7 @@ from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec, Limits, ResourceLimits
 from coderun.api.policy import Decision, Denial, Policy
 from coderun.api.reasons import SessionReason
-from coderun.sandbox.runner.protocol import can_prestart
+from coderun.sandbox.runner.protocol import can_keep_state
 from .evaluate import effective_limits, evaluate
 
 # What a session's own limits are; a run in it may set only timeoutSeconds and outputBytes (CEL says so at apply).
@@ -67,7 +67,7 @@ def run_in_session(spec: CodeRunSpec, sandbox: ResourceLimits, policy: Policy) -
 
 def keeps_state(runtime) -> bool:
     """Whether the runner can hold one interpreter for a session of this runtime (runner kernel.py)."""
-    return can_prestart({"language": runtime.language, "command": list(runtime.command),
+    return can_keep_state({"language": runtime.language, "command": list(runtime.command),
                          "codeFile": runtime.code_file})
 
 

@@ -10,11 +10,13 @@ from coderun.api.text import one_line
 AT_FDCWD = -100
 # Longer paths are cut (the count of them is not affected).
 MAX_SHOWN_CHARS = 512
-# Reads every interpreter makes: counted outside the work dir, never shown as examples.
+# Reads every interpreter makes: counted outside the work dir, never shown as examples. (Node reads /proc/meminfo
+# as it starts, and looks for the package.json of its working dir up to /package.json.)
 ROUTINE_PREFIXES = ("/usr/", "/lib/", "/lib64/", "/opt/", "/proc/self/", "/sys/devices/system/cpu/",
                     "/sys/fs/cgroup/")
 ROUTINE_FILES = frozenset({"/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/dev/null", "/dev/urandom",
-                           "/dev/random", "/dev/tty", "/etc/mime.types", "/usr", "/lib", "/proc/self"})
+                           "/dev/random", "/dev/tty", "/etc/mime.types", "/usr", "/lib", "/proc/self", "/proc/meminfo",
+                           "/package.json"})
 
 
 def escape(text: str, limit: int = MAX_SHOWN_CHARS) -> str:

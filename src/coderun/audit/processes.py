@@ -16,14 +16,17 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from coderun.sandbox.runner.protocol import PRESTART_MODULE
+from coderun.sandbox.runner.protocol import NODE_PRESTART_FILE, PRESTART_MODULE
 
 RUNNER, PROGRAM = "runner", "program"
 
 
 def is_prestarted(process: "Process") -> bool:
-    """An interpreter the runner started before a run came (its argv: python3 -u -c <bootstrap>)."""
-    return len(process.argv) == 4 and process.argv[2] == "-c" and PRESTART_MODULE in process.argv[3]
+    """An interpreter the runner started before a run came (its argv: python3 -u -c <bootstrap>, or
+    node -r <the runner's preload> FILE.js)."""
+    argv = process.argv
+    return len(argv) == 4 and ((argv[2] == "-c" and PRESTART_MODULE in argv[3])
+                               or (argv[1] == "-r" and argv[2].endswith("/" + NODE_PRESTART_FILE)))
 CLONE_THREAD = 0x00010000
 
 

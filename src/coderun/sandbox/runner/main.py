@@ -87,7 +87,9 @@ class Sandbox:
             paths.make()
             guards = Guards(paths.scratch, self.settings["diskBytes"], self.settings["maxInodes"],
                             self.settings["maxProcesses"], None, self.is_pid1, paths.input, capped)
-            base_env = paths.environment({}, "python", 0)
+            # What every run's environment has (Node reads its heap size from it as it starts); the word
+            # brings the run's own.
+            base_env = paths.environment({}, self.settings["language"], self.settings["memoryBytes"])
             if self.keep_state:
                 started = start_program(self.settings, paths.work, base_env, guards, keep=True)
                 self.kernel = Kernel.adopt(self.settings, *started) if started is not None else None
@@ -165,7 +167,8 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     prestart_cpu = None
     if prestarted is not None:
         # A process given up is reaped here, before the usage below: its start is not the run's either.
-        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"]) if fits(prestarted.settings, spec) else None
+        usable = fits(prestarted.settings, spec) and prestarted.started_as_now(paths.work)
+        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"]) if usable else None
         if prestart_cpu is None:
             prestarted.discard()
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # a session's earlier runs are not this one's

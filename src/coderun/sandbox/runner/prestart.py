@@ -1,11 +1,13 @@
-"""A program's process started before its code arrives: the runner's side of prestarted.py.
+"""A program's process started before its code arrives: the runner's side of prestarted.py (Python) and
+prestarted.js (Node).
 
-A warm pod starts one as it boots, a session as each run ends, so a run pays neither Python's start under gVisor
-(~110 ms) nor its common imports (pandas: ~750 ms). It is started as the program itself would be, by the same
-Popen and preexec (the program's namespaces, rlimits and syscall filter), with the environment every run gets,
-and waits on a socketpair for the run's word. The settings it was started with come from the operator
-(`--prestart JSON`: the pod's language, command, code file and limits); a run whose spec differs in anything its
-start depends on (another command, a startup variable such as PYTHONPATH in its env) gives it up and starts cold.
+A warm pod starts one as it boots, a session as each run ends, so a run pays neither the interpreter's start under
+gVisor (Python ~110 ms, Node more) nor Python's common imports (pandas: ~750 ms). It is started as the program
+itself would be, by the same Popen and preexec (the program's namespaces, rlimits and syscall filter), with the
+environment every run gets, and waits on a socketpair for the run's word. The settings it was started with come
+from the operator (`--prestart JSON`: the pod's language, command, code file and limits); a run whose spec differs
+in anything its start depends on (another command, a startup variable such as PYTHONPATH or NODE_OPTIONS in its
+env) gives it up and starts cold.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .inputs import InvalidInput, parse_run_spec
 from .limits import Guards
 from .processes import kill_all_other_processes, kill_process_group
 from .prestarted import FD_VARIABLE, KEEP_VARIABLE, MODULES_VARIABLE
-from .protocol import PRESTART_MODULE, can_prestart
+from .protocol import NODE_PRESTART_FILE, PRESTART_MODULE, can_keep_state, can_prestart
 
 # What the runner's package root is: /opt/coderun in the images (the program imports prestarted from there).
 RUNNER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -38,7 +40,8 @@ PRELOADS = (("numpy", 256 * 1048576), ("pandas", 512 * 1048576))
 # Environment variables an interpreter (or a preloaded module, or the dynamic loader) reads as it starts: a run
 # that sets one starts cold, since the prestarted process read the run-less value.
 STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "PATH", "MALLOC_", "GLIBC_TUNABLES",
-                     "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "NUMPY_", "PANDAS")
+                     "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "NUMPY_", "PANDAS",
+                     "NODE", "UV_", "OPENSSL", "SSL_CERT")
 # The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
 # bounded, and the run then starts cold.
 ANSWER_SECONDS = 20.0
@@ -66,9 +69,11 @@ def preloads_for(memory_bytes: int | None) -> list[str]:
 
 
 def fits(settings: dict, spec: dict) -> bool:
-    """Whether a run of `spec` would start exactly as the process prestarted with `settings` did."""
+    """Whether a run of `spec` would start exactly as the process prestarted with `settings` did. A Node run with
+    stdin starts cold: JavaScript cannot make the file the word brings its fd 0, as a cold start's is."""
     return (all(spec.get(key) == settings[key] for key in SETTINGS_KEYS)
-            and not any(name.startswith(STARTUP_VARIABLES) for name in spec.get("env", {})))
+            and not any(name.startswith(STARTUP_VARIABLES) for name in spec.get("env", {}))
+            and (settings["language"] == "python" or spec.get("stdinKey") is None))
 
 
 def user_site_exists(home_dir: str) -> bool:
@@ -82,13 +87,18 @@ def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
     """The program's process, started as a cold one would be (the same Popen and preexec) but running
     prestarted.main, which waits on the returned channel; `keep`: it serves every run of a keepState session.
     None where it cannot stand in for the run's start."""
-    if not can_prestart(settings) or user_site_exists(base_env["HOME"]):
+    if not (can_keep_state(settings) if keep else can_prestart(settings)) or user_site_exists(base_env["HOME"]):
         return None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno()),
-                            MODULES_VARIABLE: ",".join(preloads_for(settings["memoryBytes"]))},
-               **({KEEP_VARIABLE: "1"} if keep else {}))
-    command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
+    env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno())})
+    if settings["language"] == "python":
+        env[MODULES_VARIABLE] = ",".join(preloads_for(settings["memoryBytes"]))
+        env.update({KEEP_VARIABLE: "1"} if keep else {})
+        command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
+    else:
+        # `node -r PRELOAD main.js`: Node runs the preload once started, before it looks for main.js, which it then
+        # runs through its own entry point as `node main.js` would.
+        command = [settings["command"][0], "-r", os.path.join(RUNNER_ROOT, NODE_PRESTART_FILE), settings["codeFile"]]
     try:
         proc = subprocess.Popen(command, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
@@ -113,6 +123,15 @@ class Prestarted:
     def start(cls, settings: dict, work_dir: str, base_env: dict, guards: Guards) -> "Prestarted | None":
         started = start_program(settings, work_dir, base_env, guards)
         return cls(settings, *started) if started is not None else None
+
+    def started_as_now(self, work_dir: str) -> bool:
+        """Whether what the process read of the work dir as it started is still so. Node reads the package.json of
+        its working dir and the dirs above (a "type" there decides how main.js loads) as it starts, before its
+        preload: one there now (the run's own file, or an earlier run's) may not have been. (Python's check is its
+        own: prestarted.shadowed.)"""
+        return self.settings["language"] != "javascript" or not any(
+            os.path.lexists(os.path.join(directory, "package.json"))
+            for directory in (work_dir, os.path.dirname(work_dir)))
 
     def take(self, env: dict, stdin_path: str | None, code_file: str) -> float | None:
         """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time, or

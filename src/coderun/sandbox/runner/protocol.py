@@ -60,15 +60,27 @@ def session_document_mac(key: bytes, sequence: int, body: bytes) -> str:
     return hmac.new(key, b"%d\n" % sequence + body, hashlib.sha256).hexdigest()
 
 
-def can_prestart(settings: dict) -> bool:
-    """Python run as `python3 -u FILE.py`, the one command a prestarted interpreter (prestart.py) can stand in
-    for, and so the one runtime whose sessions can keep state (the operator refuses keepState for the others)."""
+def can_keep_state(settings: dict) -> bool:
+    """Python run as `python3 -u FILE.py`, the one runtime whose sessions can keep state (runner kernel.py: one
+    interpreter serves every run; the operator refuses keepState for the others)."""
     command = settings.get("command")
     return (settings.get("language") == "python" and isinstance(command, list) and len(command) == 3
             and command[0] in ("python3", "python") and command[1] == "-u" and command[2] == settings["codeFile"]
             and str(settings["codeFile"]).endswith(".py"))
 
 
+def can_prestart(settings: dict) -> bool:
+    """The commands a prestarted program (prestart.py) can stand in for: that Python one, and Node run as
+    `node FILE.js`."""
+    command = settings.get("command")
+    return can_keep_state(settings) or (
+        settings.get("language") == "javascript" and isinstance(command, list) and len(command) == 2
+        and command[0] in ("node", "nodejs") and command[1] == settings["codeFile"]
+        and str(settings["codeFile"]).endswith(".js"))
+
+
 # The module a prestarted program's interpreter runs before its code comes (prestart.py's bootstrap imports it):
-# the audit tells the next run's interpreter, started as a run ends, from that run's own processes by it.
+# the audit tells the next run's interpreter, started as a run ends, from that run's own processes by it. Node's
+# counterpart is a `--require` preload, this file under the runner's root.
+NODE_PRESTART_FILE = "coderun/sandbox/runner/prestarted.js"
 PRESTART_MODULE = "coderun.sandbox.runner.prestarted"
