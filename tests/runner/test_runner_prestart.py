@@ -14,8 +14,8 @@ import time
 import pytest
 
 from coderun.sandbox.runner import prestart, protocol
-from runner_harness import (SESSION_KEY, lay_out_runner, run_entries, run_session_runner, runner_in, session_stream,
-                            signed_document, warm_document)
+from runner_harness import (SESSION_KEY, lay_out_runner, run_entries, run_session_runner, run_spec, runner_in,
+                            session_stream, signed_document, warm_document)
 
 NONCE = "0123456789abcdef" * 4
 
@@ -252,3 +252,32 @@ def test_a_node_run_whose_package_json_the_start_did_not_see_starts_cold(run_run
     run = run_runner("console.log(typeof require)", input_files={"package.json": b'{"type": "module"}'},
                      warm_nonce=NONCE, prestart=True, **NODE)
     assert run.frame["stdout"] == "undefined\n" and "prestarted" not in run.frame, run.frame
+
+
+def test_a_node_session_runs_each_program_prestarted_until_an_earlier_run_leaves_a_package_json(tmp_path):
+    """A Node session (a fresh process per run): files persist, and each run takes the node started as the last
+    ended, until a run leaves a package.json (Node would read it at its start, before any run): no node is started
+    from then on, and the next runs load as it says, cold. A keepState Node session is not served: one interpreter
+    for every run is Python's only."""
+    codes = ["require('fs').writeFileSync('kept.txt', 'from run 1')",
+             "console.log(require('fs').readFileSync('kept.txt', 'utf8'), typeof require)",
+             "require('fs').writeFileSync('package.json', '{\"type\": \"module\"}')",
+             "console.log(typeof require)"]
+    documents = [(f"{i:032x}", run_entries(code, **NODE)) for i, code in enumerate(codes)]
+    frames = session_runs(tmp_path, documents)
+    assert [f["reason"] for f in frames] == ["Completed"] * 4, frames
+    assert [f["stdout"] for f in frames[1:]] == ["from run 1 function\n", "", "undefined\n"], frames
+    assert [f.get("prestarted", False) for f in frames] == [True, True, True, False]
+    assert not prestart.start_program({**run_spec(**NODE), "memoryBytes": None}, str(tmp_path), {"HOME": "/nowhere"},
+                                      None, keep=True)
+
+
+def test_a_worker_of_a_program_that_names_a_channel_reads_nothing_from_it(run_runner):
+    """Only the main thread's preload takes the run's word: a program that sets the variable naming the channel
+    (here, its own stdin) before it starts a worker gets a worker that starts as a cold run's would."""
+    code = ("process.env.CODERUN_PRESTART_FD = '0';\n"
+            "const { Worker } = require('worker_threads');\n"
+            "new Worker(\"console.log('worker', process.execArgv.length)\", {eval: true})"
+            ".on('exit', () => console.log('stdin', require('fs').readFileSync(0, 'utf8').length));\n")
+    run = run_runner(code, warm_nonce=NONCE, prestart=True, **NODE)
+    assert run.frame["stdout"] == "worker 0\nstdin 0\n" and run.frame["prestarted"] is True, run.frame

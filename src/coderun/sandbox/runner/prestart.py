@@ -82,6 +82,13 @@ def user_site_exists(home_dir: str) -> bool:
     return os.path.lexists(os.path.join(home_dir, ".local"))
 
 
+def package_json_near(work_dir: str) -> bool:
+    """Whether the work dir or the scratch dir above it holds a package.json, which Node reads as it starts, before
+    its preload (a "type" there decides how main.js loads); the directories above those are the image's."""
+    return any(os.path.lexists(os.path.join(directory, "package.json"))
+               for directory in (work_dir, os.path.dirname(work_dir)))
+
+
 def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
                   keep: bool = False) -> tuple[subprocess.Popen, socket.socket] | None:
     """The program's process, started as a cold one would be (the same Popen and preexec) but running
@@ -89,6 +96,8 @@ def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
     None where it cannot stand in for the run's start."""
     if not (can_keep_state(settings) if keep else can_prestart(settings)) or user_site_exists(base_env["HOME"]):
         return None
+    if settings["language"] == "javascript" and package_json_near(work_dir):
+        return None  # an earlier run's: the next run starts cold whatever, so nothing of it is read before that run
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno())})
     if settings["language"] == "python":
@@ -125,13 +134,9 @@ class Prestarted:
         return cls(settings, *started) if started is not None else None
 
     def started_as_now(self, work_dir: str) -> bool:
-        """Whether what the process read of the work dir as it started is still so. Node reads the package.json of
-        its working dir and the dirs above (a "type" there decides how main.js loads) as it starts, before its
-        preload: one there now (the run's own file, or an earlier run's) may not have been. (Python's check is its
-        own: prestarted.shadowed.)"""
-        return self.settings["language"] != "javascript" or not any(
-            os.path.lexists(os.path.join(directory, "package.json"))
-            for directory in (work_dir, os.path.dirname(work_dir)))
+        """Whether what the process read of the work dir as it started is still so: for Node, no package.json (one
+        there now, the run's own file, may not have been). (Python's check is its own: prestarted.shadowed.)"""
+        return self.settings["language"] != "javascript" or not package_json_near(work_dir)
 
     def take(self, env: dict, stdin_path: str | None, code_file: str) -> float | None:
         """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time, or

@@ -10,11 +10,12 @@
 // Nothing of this stays for the program to see: the channel is closed, the variable that named it is gone with
 // the rest of the start's environment, process.execArgv is a cold start's (empty: the heap size comes in
 // NODE_OPTIONS), and this file leaves the module caches. A worker thread, which runs its parent's preloads too,
-// finds no channel and does nothing here.
+// only cleans up the same way (a program that names a channel in its environment names none for it).
 'use strict';
 
 const fs = require('fs');
 const Module = require('module');
+const { isMainThread } = require('worker_threads');
 
 const FD_VARIABLE = 'CODERUN_PRESTART_FD';
 const MAX_WORD_BYTES = 1024 * 1024; // the run's environment: the spec's env is bounded far below this
@@ -71,7 +72,7 @@ function forgetPreloadOption() {
   }
 }
 
-if (process.env[FD_VARIABLE] !== undefined) {
+if (isMainThread && process.env[FD_VARIABLE] !== undefined) {
   takeRun(Number(process.env[FD_VARIABLE]));
 }
 forgetPreloadOption();
