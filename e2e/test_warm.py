@@ -119,14 +119,12 @@ def differences(a, b, path: str = "") -> dict:
 def without_interpreter_start(audit: dict) -> None:
     """What the interpreter's own start did, which a prestarted run's did before the run came (the record says so:
     its first process is the prestarted interpreter, `startedBeforeRun`): the libraries it read outside the work
-    dir, its reads of the code file (a cold Python start opens it twice), Node's look for a package.json in its
-    working dir and the one above, and how that first process was started. What the program did after (its files,
-    connections, later processes, exit) is compared whole."""
+    dir, its reads of the code file (a cold Python start opens it twice), and how that first process was started.
+    What the program did after (its files, connections, later processes, exit) is compared whole."""
     if not audit:
         return
     audit.get("outsideWorkdir", {}).pop("reads", None)
-    audit["filesRead"] = [row for row in audit.get("filesRead", ())
-                          if row.get("path") not in ("main.py", "package.json", "/tmp/package.json")]
+    audit["filesRead"] = [row for row in audit.get("filesRead", ()) if row.get("path") != "main.py"]
     processes = audit.get("processes") or []
     if processes:
         processes[0] = {k: v for k, v in processes[0].items() if k not in ("argv", "startedBeforeRun")}

@@ -199,7 +199,7 @@ NODE_PROGRAMS = {
             "  env: Object.keys(process.env), cwd: process.cwd(), file: __filename, main: require.main === module,\n"
             "  cache: Object.keys(require.cache), fds: fs.readdirSync('/proc/self/fd').length,\n"
             "  paths: Object.keys(require('module')._pathCache).filter((k) => !k.includes('main.js')),\n"
-            "  stdin: fs.readFileSync(0, 'utf8')}));\n",
+            "  stdin: fs.readFileSync(0, 'utf8'), opened: fs.openSync('/dev/null')}));\n",
     "uncaught": "function inner() {\n  null.x;\n}\nfunction outer() { inner(); }\nouter();\n",
     "throw-later": "setTimeout(() => { throw new RangeError('later'); }, 10);\n",
     "rejection": "Promise.reject(new TypeError('rejected'));\n",
@@ -246,19 +246,18 @@ def test_a_node_run_that_sets_a_startup_variable_starts_cold_and_sees_it(run_run
     assert run.frame["stdout"] == "0 --max-old-space-size=64\n" and "prestarted" not in run.frame, run.frame
 
 
-def test_a_node_run_whose_package_json_the_start_did_not_see_starts_cold(run_runner):
-    """Node reads the working dir's package.json as it starts, before the run's files are there: a run that brings
-    one (here: ES modules) starts cold and loads as it says."""
+def test_a_node_run_that_brings_a_package_json_runs_prestarted_and_loads_as_it_says(run_runner):
+    """The prestarted node looks up main.js's package scope only once the run is in the work dir: a run's own
+    package.json (here: ES modules) counts as in a cold start."""
     run = run_runner("console.log(typeof require)", input_files={"package.json": b'{"type": "module"}'},
                      warm_nonce=NONCE, prestart=True, **NODE)
-    assert run.frame["stdout"] == "undefined\n" and "prestarted" not in run.frame, run.frame
+    assert run.frame["stdout"] == "undefined\n" and run.frame["prestarted"] is True, run.frame
 
 
-def test_a_node_session_runs_each_program_prestarted_until_an_earlier_run_leaves_a_package_json(tmp_path):
-    """A Node session (a fresh process per run): files persist, and each run takes the node started as the last
-    ended, until a run leaves a package.json (Node would read it at its start, before any run): no node is started
-    from then on, and the next runs load as it says, cold. A keepState Node session is not served: one interpreter
-    for every run is Python's only."""
+def test_a_node_session_runs_each_program_prestarted_and_a_package_json_an_earlier_run_left_counts(tmp_path):
+    """A Node session (a fresh process per run): files persist, each run takes the node started as the last ended,
+    and a package.json an earlier run left decides how the next run loads, as cold. A keepState Node session is not
+    served: one interpreter for every run is Python's only."""
     codes = ["require('fs').writeFileSync('kept.txt', 'from run 1')",
              "console.log(require('fs').readFileSync('kept.txt', 'utf8'), typeof require)",
              "require('fs').writeFileSync('package.json', '{\"type\": \"module\"}')",
@@ -267,9 +266,45 @@ def test_a_node_session_runs_each_program_prestarted_until_an_earlier_run_leaves
     frames = session_runs(tmp_path, documents)
     assert [f["reason"] for f in frames] == ["Completed"] * 4, frames
     assert [f["stdout"] for f in frames[1:]] == ["from run 1 function\n", "", "undefined\n"], frames
-    assert [f.get("prestarted", False) for f in frames] == [True, True, True, False]
+    assert [f.get("prestarted", False) for f in frames] == [True] * 4
     assert not prestart.start_program({**run_spec(**NODE), "memoryBytes": None}, str(tmp_path), {"HOME": "/nowhere"},
                                       None, keep=True)
+
+
+# A run that moves its work dir under a package.json of its own (the work dir a link to it) whose "exports" name a
+# file of its own for any request: a node started with its working dir there would load that file as its preload,
+# take the next run's word, and write that run's output (found in review). Started in /, it never looks there.
+HIJACK = r"""
+const fs = require('fs'), path = require('path');
+const scratch = path.dirname(process.cwd());
+fs.mkdirSync(scratch + '/a/b', {recursive: true});
+fs.renameSync(scratch + '/work', scratch + '/a/b/c');
+fs.symlinkSync(scratch + '/a/b/c', scratch + '/work');
+fs.writeFileSync(scratch + '/a/package.json', JSON.stringify({name: '', exports: {'./*': './evil.js'}}));
+fs.writeFileSync(scratch + '/a/evil.js', `
+  const fs = require('fs');
+  const fd = Number(process.env.CODERUN_PRESTART_FD);
+  const buf = Buffer.alloc(1 << 20); const n = fs.readSync(fd, buf, 0, buf.length, null);
+  fs.writeFileSync('${scratch}/stolen-word.json', buf.subarray(0, n));
+  const word = JSON.parse(buf.subarray(0, n).toString());
+  for (const k of Object.keys(process.env)) delete process.env[k];
+  Object.assign(process.env, word.env);
+  fs.writeSync(fd, '0.000001\n'); fs.closeSync(fd);
+  const w = process.stdout.write.bind(process.stdout);
+  process.stdout.write = (s, ...a) => w('FORGED ' + s, ...a);
+`);
+"""
+
+
+def test_a_node_run_cannot_make_a_later_runs_node_load_a_file_of_its_own(tmp_path):
+    codes = [HIJACK, "console.log('run 2')",
+             "console.log(require('fs').existsSync(require('path').resolve('../../../stolen-word.json')))"]
+    documents = [(f"{i:032x}", run_entries(code, **NODE)) for i, code in enumerate(codes)]
+    frames = session_runs(tmp_path, documents)
+    assert [(f["reason"], f["stdout"]) for f in frames] == [
+        ("Completed", ""), ("Completed", "run 2\n"), ("Completed", "false\n")], frames
+    assert [f.get("prestarted", False) for f in frames] == [True] * 3
+    assert frames[1]["metrics"]["cpuMillis"] > 0, frames[1]["metrics"]  # no forged start of 1 µs
 
 
 def test_a_worker_of_a_program_that_names_a_channel_reads_nothing_from_it(run_runner):

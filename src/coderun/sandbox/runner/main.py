@@ -167,8 +167,7 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     prestart_cpu = None
     if prestarted is not None:
         # A process given up is reaped here, before the usage below: its start is not the run's either.
-        usable = fits(prestarted.settings, spec) and prestarted.started_as_now(paths.work)
-        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"]) if usable else None
+        prestart_cpu = prestarted.take(env, stdin_path, spec["codeFile"]) if fits(prestarted.settings, spec) else None
         if prestart_cpu is None:
             prestarted.discard()
     usage_before = resource.getrusage(resource.RUSAGE_CHILDREN)  # a session's earlier runs are not this one's

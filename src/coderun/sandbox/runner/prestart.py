@@ -12,9 +12,11 @@ env) gives it up and starts cold.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import resource
 import select
 import socket
 import subprocess
@@ -45,6 +47,8 @@ STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "
 # The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
 # bounded, and the run then starts cold.
 ANSWER_SECONDS = 20.0
+CHANNEL_FD = 1000  # or just under the fd limit, if lower
+NODE_START_DIR = "/"  # the image's: read-only, and nothing of a run's there
 FINAL_DRAIN_BYTES = 4 * 1024 * 1024  # what pipes can hold once every writer is stopped, with room
 MAX_PRESTART_CPU_SECONDS = 60.0
 SETTINGS_KEYS = ("language", "command", "codeFile", "diskBytes", "maxInodes", "maxProcesses", "memoryBytes",
@@ -82,13 +86,6 @@ def user_site_exists(home_dir: str) -> bool:
     return os.path.lexists(os.path.join(home_dir, ".local"))
 
 
-def package_json_near(work_dir: str) -> bool:
-    """Whether the work dir or the scratch dir above it holds a package.json, which Node reads as it starts, before
-    its preload (a "type" there decides how main.js loads); the directories above those are the image's."""
-    return any(os.path.lexists(os.path.join(directory, "package.json"))
-               for directory in (work_dir, os.path.dirname(work_dir)))
-
-
 def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
                   keep: bool = False) -> tuple[subprocess.Popen, socket.socket] | None:
     """The program's process, started as a cold one would be (the same Popen and preexec) but running
@@ -96,28 +93,39 @@ def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
     None where it cannot stand in for the run's start."""
     if not (can_keep_state(settings) if keep else can_prestart(settings)) or user_site_exists(base_env["HOME"]):
         return None
-    if settings["language"] == "javascript" and package_json_near(work_dir):
-        return None  # an earlier run's: the next run starts cold whatever, so nothing of it is read before that run
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = dict(base_env, **{FD_VARIABLE: str(theirs.fileno())})
+    # The channel's end goes at a high number: the number it leaves free when closed must not be one a cold start
+    # has taken (Node's own fds come after it: the program's first open got 4 here, 18 cold).
+    channel_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, channel_fd_floor())
+    theirs.close()
+    env = dict(base_env, **{FD_VARIABLE: str(channel_fd)})
     if settings["language"] == "python":
         env[MODULES_VARIABLE] = ",".join(preloads_for(settings["memoryBytes"]))
         env.update({KEEP_VARIABLE: "1"} if keep else {})
-        command = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)]
+        command, cwd = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)], work_dir
     else:
-        # `node -r PRELOAD main.js`: Node runs the preload once started, before it looks for main.js, which it then
-        # runs through its own entry point as `node main.js` would.
-        command = [settings["command"][0], "-r", os.path.join(RUNNER_ROOT, NODE_PRESTART_FILE), settings["codeFile"]]
+        # `node -r PRELOAD /tmp/work/main.js`, started in the image's root: Node resolves a preload's package scope
+        # from its working dir up, which under /tmp a run could fill (a package.json whose "exports" names a file
+        # of its own as any preload); in / it finds the image's. The preload waits for the word, moves to the work
+        # dir, and returns: Node then looks up main.js's package scope and runs it as `node main.js` there would.
+        command = [settings["command"][0], "-r", os.path.join(RUNNER_ROOT, NODE_PRESTART_FILE),
+                   os.path.join(work_dir, settings["codeFile"])]
+        cwd = NODE_START_DIR
     try:
-        proc = subprocess.Popen(command, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                close_fds=True, pass_fds=(theirs.fileno(),), preexec_fn=guards.child_limits)
+                                close_fds=True, pass_fds=(channel_fd,), preexec_fn=guards.child_limits)
     except OSError:
         ours.close()
         return None
     finally:
-        theirs.close()
+        os.close(channel_fd)
     return proc, ours
+
+
+def channel_fd_floor() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return CHANNEL_FD if soft == resource.RLIM_INFINITY else min(CHANNEL_FD, soft - 1)
 
 
 class Prestarted:
@@ -132,11 +140,6 @@ class Prestarted:
     def start(cls, settings: dict, work_dir: str, base_env: dict, guards: Guards) -> "Prestarted | None":
         started = start_program(settings, work_dir, base_env, guards)
         return cls(settings, *started) if started is not None else None
-
-    def started_as_now(self, work_dir: str) -> bool:
-        """Whether what the process read of the work dir as it started is still so: for Node, no package.json (one
-        there now, the run's own file, may not have been). (Python's check is its own: prestarted.shadowed.)"""
-        return self.settings["language"] != "javascript" or not package_json_near(work_dir)
 
     def take(self, env: dict, stdin_path: str | None, code_file: str) -> float | None:
         """Hand the process its run: the CPU seconds it spent before it, or None if it did not answer in time, or

@@ -15,6 +15,7 @@
 
 const fs = require('fs');
 const Module = require('module');
+const path = require('path');
 const { isMainThread } = require('worker_threads');
 
 const FD_VARIABLE = 'CODERUN_PRESTART_FD';
@@ -49,6 +50,10 @@ function takeRun(fd) {
     delete process.env[name];
   }
   Object.assign(process.env, word.env);
+  // Started in the image's root (prestart.py: nothing of /tmp is read before the run), it runs from the work dir,
+  // as `node main.js` there would: argv[1] is named from the work dir as Node names it (its real path).
+  process.chdir(path.dirname(process.argv[1]));
+  process.argv[1] = path.resolve(process.cwd(), path.basename(process.argv[1]));
   const usage = process.cpuUsage();
   fs.writeSync(fd, `${((usage.user + usage.system) / 1e6).toFixed(6)}\n`);
   fs.closeSync(fd);
