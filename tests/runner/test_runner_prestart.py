@@ -162,6 +162,7 @@ def test_a_prestarted_process_that_never_answers_is_given_up(monkeypatch):
     ({"language": "python", "command": ["python3", "-u", "app.py"], "codeFile": "main.py"}, False),
     ({"language": "javascript", "command": ["node", "main.js"], "codeFile": "main.js"}, True),
     ({"language": "javascript", "command": ["node", "--inspect", "main.js"], "codeFile": "main.js"}, False),
+    ({"language": "javascript", "command": ["node", "src/main.js"], "codeFile": "src/main.js"}, False),
 ])
 def test_only_the_commands_it_stands_in_for_are_prestarted(settings, expected):
     assert protocol.can_prestart(settings) is expected

@@ -43,7 +43,7 @@ PRELOADS = (("numpy", 256 * 1048576), ("pandas", 512 * 1048576))
 # that sets one starts cold, since the prestarted process read the run-less value.
 STARTUP_VARIABLES = ("PYTHON", "LD_", "LC_", "LANG", "LANGUAGE", "TZ", "HOME", "PATH", "MALLOC_", "GLIBC_TUNABLES",
                      "OPENBLAS", "OMP_", "MKL_", "GOTO", "NUMEXPR", "NPY_", "NUMPY_", "PANDAS",
-                     "NODE", "UV_", "OPENSSL", "SSL_CERT")
+                     "NODE", "UV_", "OPENSSL", "SSL_CERT", "ICU_", "TZDIR", "LOCPATH")
 # The start is long done by the time a run comes, save on a pod that is still booting: the wait past that is
 # bounded, and the run then starts cold.
 ANSWER_SECONDS = 20.0

@@ -71,12 +71,12 @@ def can_keep_state(settings: dict) -> bool:
 
 def can_prestart(settings: dict) -> bool:
     """The commands a prestarted program (prestart.py) can stand in for: that Python one, and Node run as
-    `node FILE.js`."""
+    `node FILE.js` with the file in the work dir itself (its preload moves to the file's dir)."""
     command = settings.get("command")
     return can_keep_state(settings) or (
         settings.get("language") == "javascript" and isinstance(command, list) and len(command) == 2
         and command[0] in ("node", "nodejs") and command[1] == settings["codeFile"]
-        and str(settings["codeFile"]).endswith(".js"))
+        and str(settings["codeFile"]).endswith(".js") and "/" not in str(settings["codeFile"]))
 
 
 # The module a prestarted program's interpreter runs before its code comes (prestart.py's bootstrap imports it):
