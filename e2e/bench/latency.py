@@ -6,6 +6,7 @@ For `print(1)`, one at a time, timed from the client's create call to what the c
   cold CodeRun (no pool): -> its sandbox pod exists; -> terminal status written;
   bare pod (the operator's own pod spec, no operator): -> container reported terminated;
   Job (the same pod as a Job's template): -> the Job controller's pod exists.
+Then warm Node runs, in the node the pod started before the run and (given stdin) in one started with it.
 Then runs in a CodeRunSession (its sandbox up already), each created once the one before has ended: keepState false
 (a fresh process per run), then true (one interpreter); and sessions created -> Ready, on a warm pool pod and on a
 pod of their own.
@@ -144,6 +145,29 @@ def bench_warm(custom, stopwatch, namespace, n):
         to_result.append(stopwatch.wait(("run-finished", name)) - start)
         modes.append(finished_status(custom, namespace, name)["startMode"])
     return to_result, modes
+
+
+def bench_node_warm(custom, stopwatch, namespace, n):
+    """`console.log(1)` on a pool of Node pods, one at a time, each created once a pool pod is ready: in the node the
+    pod started before the run came, and (the same pods, the run given stdin, which a prestarted node cannot take)
+    in a node started with the run. Created -> terminal status, and the program's own wall time."""
+    apply_policy(custom, namespace, {"size": 3, "cpuRequest": "100m", "languages": ["javascript"]})
+    figures = {"prestarted": ([], []), "started with the run": ([], [])}
+    for i in range(n):
+        for mode, (to_result, walls) in figures.items():
+            stopwatch.wait_pool(1)
+            name = f"node-{'pre' if mode == 'prestarted' else 'with'}-{i}"
+            spec = {"language": "javascript", "code": "console.log(1)",
+                    **({} if mode == "prestarted" else {"stdin": "unread"})}
+            start = time.monotonic()
+            custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": name}, "spec": spec})
+            to_result.append(stopwatch.wait(("run-finished", name)) - start)
+            status = finished_status(custom, namespace, name)
+            assert status["startMode"] == "Warm", status
+            assert bool(status["metrics"].get("interpreterPrestarted")) is (mode == "prestarted"), status["metrics"]
+            walls.append(status["metrics"]["wallMillis"] / 1000)
+    return figures
 
 
 def bench_session(custom, stopwatch, namespace, n, keep_state=False):
@@ -299,10 +323,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=20, help="sequential bare pods and Jobs")
     parser.add_argument("--burst", type=int, default=20, help="warm runs created at once, on a pool that size")
     parser.add_argument("--demo", type=int, default=10, help="sequential pandas demo runs on a warm pod")
+    parser.add_argument("--node", type=int, default=10, help="sequential warm Node runs of each kind")
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    cold_ns, warm_ns, session_ns, burst_ns, demo_ns = new_namespace(core), new_namespace(core), None, None, None
+    cold_ns, warm_ns, session_ns, burst_ns, demo_ns, node_ns = new_namespace(core), new_namespace(core), None, None, \
+        None, None
     try:
         stopwatch = Stopwatch(cold_ns)
         to_pod, cold = bench_cold(custom, stopwatch, cold_ns, args.n)
@@ -314,6 +340,9 @@ def main() -> None:
         apply_policy(custom, warm_ns, {"size": 3, "cpuRequest": "100m"})
         warm, warm_modes = bench_warm(custom, warm_watch, warm_ns, args.n)
         core.delete_namespace(warm_ns)
+        node_ns = new_namespace(core)
+        node = bench_node_warm(custom, Stopwatch(node_ns), node_ns, args.node)
+        core.delete_namespace(node_ns)
         session_ns = new_namespace(core)
         session_watch = Stopwatch(session_ns)
         allow_sessions(custom, session_ns)
@@ -335,13 +364,16 @@ def main() -> None:
         pod_ready = [burst_watch.seen[("pool-pod-ready", name)] - burst_watch.seen[("pod-created", name)]
                      for (kind, name) in list(burst_watch.seen) if kind == "pool-pod-ready"]
     finally:
-        for namespace in (cold_ns, warm_ns, session_ns, burst_ns, demo_ns):
+        for namespace in (cold_ns, warm_ns, session_ns, burst_ns, demo_ns, node_ns):
             if namespace:
                 core.delete_namespace(namespace, propagation_policy="Background", _request_timeout=30) \
                     if _exists(core, namespace) else None
     print("print(1), sequential, gVisor, 1 CPU / 256Mi (the built-in defaults)")
     print(summary("warm CodeRun created -> terminal status", warm) +
           f"  {warm_modes.count('Warm')}/{len(warm_modes)} Warm")
+    for mode, (to_result, walls) in node.items():
+        print(summary(f"warm Node, {mode}: created -> terminal", to_result))
+        print(summary(f"warm Node, {mode}: the program", walls))
     print(summary("CodeRun in a session created -> terminal status", session) + "  keepState false")
     print(summary("CodeRun in a session created -> terminal status", session_kept) + "  keepState true")
     print(summary("CodeRunSession created -> Ready, a pool pod", warm_start) +
