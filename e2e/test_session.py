@@ -309,47 +309,44 @@ SESSION_ORDER = ["program-view", "success", "exception", "exit-code", "stdin-and
                  "artifacts", "secret-redacted", "disk"]
 
 
+def in_session_and_cold(operator, namespace: str, session: str, name: str, spec: dict) -> dict:
+    """A test_warm program run in the session and cold beside it, their statuses equal where it counts (and what it
+    must see, seen): the session run's status."""
+    from test_warm import SEEN, comparable, differences
+    in_session = status_of(operator.wait_run(namespace, operator.create_run(
+        namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
+    cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
+    assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
+    session_view, cold_view = comparable(in_session, name), comparable(cold, name)
+    for view in (session_view, cold_view):  # named after each run: where, not what
+        (view.get("audit") or {}).pop("recordConfigMap", None)
+    assert session_view == cold_view, (name, differences(session_view, cold_view))
+    if name in SEEN:
+        assert SEEN[name](json.loads(in_session["stdout"])), (name, in_session["stdout"])
+    return in_session
+
+
 def test_a_session_run_has_the_status_a_cold_run_of_the_same_program_has(operator, namespace):
-    from test_warm import CASES, SEEN, comparable, differences
+    from test_warm import CASES
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace, limits={})  # the policy's defaults, as the cold runs get
     wait_session(operator, namespace, session)
     cases = dict(CASES)
     for name in SESSION_ORDER:
-        spec = {"language": "python", **cases[name]}
-        in_session = status_of(operator.wait_run(namespace, operator.create_run(
-            namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
-        cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
-        assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
-        session_view, cold_view = comparable(in_session, name), comparable(cold, name)
-        for view in (session_view, cold_view):  # named after each run: where, not what
-            (view.get("audit") or {}).pop("recordConfigMap", None)
-        assert session_view == cold_view, (name, differences(session_view, cold_view))
-        if name in SEEN:
-            assert SEEN[name](json.loads(in_session["stdout"])), (name, in_session["stdout"])
+        in_session_and_cold(operator, namespace, session, name, {"language": "python", **cases[name]})
 
 
 def test_a_node_session_run_is_prestarted_and_has_the_status_a_cold_run_has(operator, namespace):
     """A Node session (a fresh process per run) runs each program in a node started before it came, as its status
     says, and ends it as cold: the uncaught error's stack and line, argv and execArgv, the exit code."""
-    from test_warm import CASES, SEEN, comparable, differences
+    from test_warm import CASES
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace, language="javascript", limits={})
     wait_session(operator, namespace, session)
     cases = dict(CASES)
     for name in ("javascript", "javascript-view"):
-        spec = cases[name]
-        in_session = status_of(operator.wait_run(namespace, operator.create_run(
-            namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
-        cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
-        assert (in_session["startMode"], cold["startMode"]) == ("Session", "Cold"), (name, in_session, cold)
-        assert in_session["metrics"].get("interpreterPrestarted") is True, in_session["metrics"]
-        session_view, cold_view = comparable(in_session, name), comparable(cold, name)
-        for view in (session_view, cold_view):
-            (view.get("audit") or {}).pop("recordConfigMap", None)
-        assert session_view == cold_view, (name, differences(session_view, cold_view))
-        if name in SEEN:
-            assert SEEN[name](json.loads(in_session["stdout"])), (name, in_session["stdout"])
+        in_session = in_session_and_cold(operator, namespace, session, name, cases[name])
+        assert in_session["metrics"].get("interpreterPrestarted") is True, (name, in_session["metrics"])
 
 
 # A run that leaves a process behind which, as fast as it can, prints forged result frames (with every nonce it

@@ -327,8 +327,8 @@ def main() -> None:
     args = parser.parse_args()
     config.load_kube_config(str(KUBECONFIG))
     core, custom = client.CoreV1Api(), client.CustomObjectsApi()
-    cold_ns, warm_ns, session_ns, burst_ns, demo_ns, node_ns = new_namespace(core), new_namespace(core), None, None, \
-        None, None
+    cold_ns, warm_ns = new_namespace(core), new_namespace(core)
+    session_ns = burst_ns = demo_ns = node_ns = None
     try:
         stopwatch = Stopwatch(cold_ns)
         to_pod, cold = bench_cold(custom, stopwatch, cold_ns, args.n)

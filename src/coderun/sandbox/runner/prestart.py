@@ -101,7 +101,8 @@ def start_program(settings: dict, work_dir: str, base_env: dict, guards: Guards,
     env = dict(base_env, **{FD_VARIABLE: str(channel_fd)})
     if settings["language"] == "python":
         env[MODULES_VARIABLE] = ",".join(preloads_for(settings["memoryBytes"]))
-        env.update({KEEP_VARIABLE: "1"} if keep else {})
+        if keep:
+            env[KEEP_VARIABLE] = "1"
         command, cwd = [settings["command"][0], "-u", "-c", BOOTSTRAP.format(root=RUNNER_ROOT)], work_dir
     else:
         # `node -r PRELOAD /tmp/work/main.js`, started in the image's root: Node resolves a preload's package scope

@@ -1,11 +1,11 @@
 // The program's own Node process, started before its code arrives (prestart.py, the runner's side; prestarted.py
-// is Python's): the runner starts `node -r THIS_FILE main.js` under the program's confinement (namespaces,
-// rlimits and syscall filter in place before Node runs) with the environment every run gets. Node runs a
-// `--require` preload once its own start is done and before it looks for the main module, so this file waits
-// here, blocking, for the runner's word (the run's environment; its code file is in the work dir by then),
-// answers with the CPU time spent so far (the run's metrics count only the program's own), and returns. Node
-// then runs main.js through its own entry point, as `node main.js` would: the stack of an uncaught error, the
-// argv, exit codes and signals are a cold run's.
+// is Python's): the runner starts `node -r THIS_FILE /tmp/work/main.js` in / under the program's confinement
+// (namespaces, rlimits and syscall filter in place before Node runs) with the environment every run gets. Node
+// runs a `--require` preload once its own start is done and before it looks for the main module, so this file
+// waits here, blocking, for the runner's word (the run's environment; its code file is in the work dir by then),
+// moves to the work dir, answers with the CPU time spent so far (the run's metrics count only the program's own),
+// and returns. Node then runs main.js through its own entry point, as `node main.js` there would: the stack of an
+// uncaught error, the argv, exit codes and signals are a cold run's.
 //
 // Nothing of this stays for the program to see: the channel is closed, the variable that named it is gone with
 // the rest of the start's environment, process.execArgv is a cold start's (empty: the heap size comes in
