@@ -18,6 +18,7 @@ from coderun.client import CodeRunClient, RunRejected
 from conftest import CREATOR_VERBS, KUBECONFIG, apply_warm_pool, grant, parse_timestamp, pool_ready, wait_for
 from test_warm import pool_pod_names
 from test_policy import apply_policy, status_of
+from session_programs import AFTER_TAMPERING, TAMPER, TAMPERED, UNTOUCHED
 
 SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
 SMALL = {"memory": "256Mi", "cpu": "250m", "disk": "64Mi", "timeoutSeconds": 20}
@@ -388,6 +389,26 @@ def test_a_run_cannot_forge_the_next_runs_result_nor_leave_a_process_to_do_it(op
         (process,) = later["audit"]["processes"]
         assert process["argv"][:3] == ["python3", "-u", "-c"] and process["startedBeforeRun"] is True, process
         assert process["exitCode"] == 0, process
+
+
+def test_a_fresh_process_sessions_programs_are_forked_and_what_a_run_did_to_its_interpreter_is_not_the_next_runs(
+        operator, namespace):
+    """keepState false: each run's program is forked by the session's fork server, its own PID namespace's PID 2
+    (the server is nowhere in it), with no capability (CapInh, CapPrm, CapEff, CapAmb all zero); the record lists
+    the fork alone, marked as started before the run; a run that tampers with its interpreter and signals every
+    process it can name changes nothing of the next runs, which are still forked."""
+    from coderun.sandbox.runner.protocol import FORK_SERVER_MARK
+    allow_sessions(operator, namespace)
+    session = create_session(operator, namespace)
+    wait_session(operator, namespace, session)
+    tamper = run_in(operator, namespace, session, TAMPER)
+    assert (tamper["phase"], tamper["stdout"]) == ("Succeeded", TAMPERED), tamper
+    for _ in range(2):
+        later = run_in(operator, namespace, session, AFTER_TAMPERING)
+        assert (later["phase"], later["stdout"]) == ("Succeeded", UNTOUCHED), later
+        assert later["metrics"]["interpreterPrestarted"] is True, later["metrics"]
+        (process,) = later["audit"]["processes"]
+        assert FORK_SERVER_MARK in process["argv"][3] and process["startedBeforeRun"] is True, process
 
 
 def test_a_keep_state_session_keeps_variables_its_runs_keep_their_own_output_and_a_hang_keeps_the_session(

@@ -76,7 +76,7 @@ def test_the_cpu_of_the_start_is_not_the_programs(run_runner):
     assert run.frame["metrics"]["cpuMillis"] < 15, run.frame["metrics"]
 
 
-def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False):
+def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False, interpreter=sys.executable):
     """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents; `pool`:
     of a warm pool pod's runner (`--input-stdin`, started for one run) that a session claimed."""
     root = tmp_path / "opt-coderun"
@@ -86,7 +86,7 @@ def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False):
     settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
     scratch = tmp_path / "scratch"
     proc = subprocess.run(
-        [*wrapper, sys.executable, "-I", str(root), "--input-stdin" if pool else "--session",
+        [*wrapper, interpreter, "-I", str(root), "--input-stdin" if pool else "--session",
          "--input", str(tmp_path / "input"), "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
          "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings),
          *(["--keep-state"] if keep_state and not pool else [])],

@@ -391,3 +391,53 @@ def test_the_prestarted_interpreter_is_marked_by_what_it_is_whatever_the_clocks_
     sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM).execve(PROGRAM, bootstrap)
     audit = sandbox.summary(since_ns=since)
     assert audit["processes"] == [{"argv": bootstrap, "startedBeforeRun": True}], audit["processes"]
+
+
+FORK_SERVER_BOOTSTRAP = ["python3", "-u", "-c",
+                         "import sys; from coderun.sandbox.runner.prestarted import main; main('/opt', serve_forks=True)"]
+
+
+def test_a_session_fork_servers_programs_are_the_runs_and_the_server_is_the_runners():
+    """The fork server (the runner's own child, exec'ing the marked bootstrap) forks each run's program through the
+    mirror and the namespace's init: the program is the run's from its clone on, marked as started before the run;
+    the server and its helpers are the runner's; the next run's fork, made as this run ended, is not this run's."""
+    sandbox = Sandbox().start()
+    server, mirror, init = RUNNER + 100, RUNNER + 101, RUNNER + 102
+    sandbox.clone(RUNNER, server).execve(server, FORK_SERVER_BOOTSTRAP).open(server, "/usr/lib/python3/json.py")
+    sandbox.clone(server, mirror).clone(mirror, init).clone(init, PROGRAM)
+    since = sandbox.now + 1
+    sandbox.open(PROGRAM, "data.csv")
+    sandbox.clone(PROGRAM, PROGRAM + 1).execve(PROGRAM + 1, ["ls"]).exit(PROGRAM + 1).exit(PROGRAM)
+    sandbox.clone(server, mirror + 10).clone(mirror + 10, init + 10).clone(init + 10, PROGRAM + 10)
+    audit = sandbox.summary(since_ns=since)
+    assert audit["processes"] == [{"argv": FORK_SERVER_BOOTSTRAP, "startedBeforeRun": True, "exitCode": 0},
+                                  {"argv": ["ls"], "exitCode": 0}], audit["processes"]
+    assert audit["filesRead"] == [{"path": "data.csv", "count": 1}] and audit["complete"]
+
+
+def test_a_program_cannot_pass_for_the_fork_server():
+    """Only the runner's own child exec'ing the marked bootstrap is the server: a program exec'ing it, or a helper
+    of the runner's that is not its direct child, is the program's, and so is everything it forks."""
+    sandbox = Sandbox().start()
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM)
+    since = sandbox.now + 1
+    sandbox.execve(PROGRAM, FORK_SERVER_BOOTSTRAP)
+    for forked in (PROGRAM + 1, PROGRAM + 2, PROGRAM + 3):
+        sandbox.clone(forked - 1, forked)
+    sandbox.open(PROGRAM + 3, "secret.txt")
+    audit = sandbox.summary(since_ns=since)
+    assert len(audit["processes"]) == 4 and audit["filesRead"] == [{"path": "secret.txt", "count": 1}], audit
+
+
+def test_a_fork_servers_program_whose_clone_was_lost_is_still_the_programs():
+    """The point of the init's fork was dropped on the way: the program, first seen by what it does, is still the
+    program's (a lost point never hides a process as the runner's)."""
+    sandbox = Sandbox().start()
+    server, mirror, init = RUNNER + 100, RUNNER + 101, RUNNER + 102
+    sandbox.clone(RUNNER, server).execve(server, FORK_SERVER_BOOTSTRAP)
+    sandbox.clone(server, mirror).clone(mirror, init)
+    since = sandbox.now + 1
+    sandbox.parents[PROGRAM] = init  # its clone's point never came; its own points name its parent
+    sandbox.open(PROGRAM, "data.csv")
+    audit = sandbox.summary(since_ns=since)
+    assert audit["filesRead"] == [{"path": "data.csv", "count": 1}], audit

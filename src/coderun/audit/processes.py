@@ -8,6 +8,10 @@ it forks are the program's. The creator decides, not the parent: CLONE_PARENT ca
 runner's side. A process the table never saw created (its clone point was lost) takes its parent's side if the
 parent is known, else the program's: what cannot be proven to be the runner's is never hidden as the runner's.
 
+A session's fork server (runner forkserver.py) is the one exec that stays on the runner's side: the runner's own
+child exec'ing the server's bootstrap. It never runs a program; it forks each one ready-made, through the same two
+helpers (the mirror, the namespace's init), so the third fork down from it is the program, from its clone on.
+
 Thread and thread group ids are the sandbox's root PID namespace's (seccheck LoadSeccheckDataLocked), so the
 program's own PID namespace does not blur them."""
 
@@ -16,9 +20,13 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from coderun.sandbox.runner.protocol import NODE_PRESTART_FILE, PRESTART_MODULE
+from coderun.sandbox.runner.protocol import FORK_SERVER_MARK, NODE_PRESTART_FILE, PRESTART_MODULE
 
 RUNNER, PROGRAM = "runner", "program"
+# A fork server's chain on the runner's side: the server, its fork (the mirror), that one's (the namespace's init),
+# whose fork is the program.
+FORK_SERVER, FORK_MIRROR, FORK_INIT = "server", "mirror", "init"
+NEXT_FORK_STAGE = {FORK_SERVER: FORK_MIRROR, FORK_MIRROR: FORK_INIT}
 
 
 def is_prestarted(process: "Process") -> bool:
@@ -27,6 +35,11 @@ def is_prestarted(process: "Process") -> bool:
     argv = process.argv
     return len(argv) == 4 and ((argv[2] == "-c" and PRESTART_MODULE in argv[3])
                                or (argv[1] == "-r" and argv[2].endswith("/" + NODE_PRESTART_FILE)))
+
+
+def is_fork_server(argv: list[str]) -> bool:
+    """The argv of the runner's fork server (a prestarted program's bootstrap, marked): its forks inherit it."""
+    return len(argv) == 4 and argv[2] == "-c" and PRESTART_MODULE in argv[3] and FORK_SERVER_MARK in argv[3]
 CLONE_THREAD = 0x00010000
 
 
@@ -41,6 +54,7 @@ class Process:
     from_memfd: bool = False
     wait_status: int | None = None  # as wait(2) reports it
     ended_ns: int | None = None
+    fork_stage: str = ""  # on the runner's side, in a fork server's chain: FORK_SERVER, FORK_MIRROR or FORK_INIT
 
     def exit_fields(self) -> dict:
         """{'exitCode': n} or {'signal': 'SIGKILL'}, or {} while no exit was seen."""
@@ -69,12 +83,22 @@ class ProcessTable:
         return self.process(tgid, parent).side
 
     def process(self, tgid: int, parent: int = 0) -> Process:
-        """The table's entry, made on first sight from the parent's side (see the module's docstring)."""
+        """The table's entry, made on first sight from the parent's side (see the module's docstring), as its clone
+        would have made it: under a fork server's chain, the fork's stage (and the program's side past the init)."""
         known = self.processes.get(tgid)
         if known is None:
-            side = self.processes[parent].side if parent in self.processes else PROGRAM
-            known = self.processes[tgid] = Process(tgid, side, parent=parent)
+            maker = self.processes.get(parent)
+            known = self.processes[tgid] = Process(tgid, maker.side if maker is not None else PROGRAM, parent=parent)
+            if maker is not None:
+                self._descend(maker, known)
         return known
+
+    @staticmethod
+    def _descend(maker: Process, new: Process) -> None:
+        if maker.side == RUNNER and maker.fork_stage:
+            new.fork_stage = NEXT_FORK_STAGE.get(maker.fork_stage, "")
+            if maker.fork_stage == FORK_INIT:
+                new.side = PROGRAM
 
     def clone(self, creator: int, creator_parent: int, child: int, flags: int, started_ns: int) -> Process | None:
         """The new process, or None for a new thread of the creator's."""
@@ -84,12 +108,17 @@ class ProcessTable:
         # A recycled id starts afresh: nothing of the old process carries over.
         new = self.processes[child] = Process(child, maker.side, parent=creator, started_ns=started_ns,
                                               argv=list(maker.argv))
+        self._descend(maker, new)
         return new
 
     def execve(self, tgid: int, parent: int, argv: list[str], path: str, from_memfd: bool) -> Process:
         process = self.process(tgid, parent)
         if process.side == RUNNER and tgid != self.runner_root:
+            if process.parent == self.runner_root and not process.fork_stage and is_fork_server(argv):
+                process.argv, process.exec_path, process.fork_stage = list(argv), path, FORK_SERVER
+                return process
             process.side = PROGRAM
+            process.fork_stage = ""
         process.argv, process.exec_path, process.from_memfd = list(argv), path, from_memfd
         return process
 

@@ -66,7 +66,7 @@ WAITER_JOIN_SECONDS = 5.0
 
 def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
               timeout_seconds: float, output_bytes: int, flood_bytes: int,
-              is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
+              is_pid1: bool, guards: Guards | None = None, spared: frozenset[int] = frozenset()) -> ChildOutcome:
     """Start the program and run it (supervise_child)."""
     with open(stdin_path or os.devnull, "rb") as stdin:
         started = time.monotonic()
@@ -74,13 +74,15 @@ def run_child(command: list[str], cwd: str, env: dict, stdin_path: str | None,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True, close_fds=True,
                                 preexec_fn=guards.child_limits if guards else None)
-    return supervise_child(proc, started, timeout_seconds, output_bytes, flood_bytes, is_pid1, guards)
+    return supervise_child(proc, started, timeout_seconds, output_bytes, flood_bytes, is_pid1, guards, spared)
 
 
-def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: float, output_bytes: int,
-                    flood_bytes: int, is_pid1: bool, guards: Guards | None = None) -> ChildOutcome:
-    """Run the program `proc` (started at `started`, or prestarted and handed its run then), enforcing the
-    deadline and the output flood cap.
+def supervise_child(proc, started: float, timeout_seconds: float, output_bytes: int,
+                    flood_bytes: int, is_pid1: bool, guards: Guards | None = None,
+                    spared: frozenset[int] = frozenset()) -> ChildOutcome:
+    """Run the program `proc` (a Popen started at `started`, or prestarted and handed its run then, or a
+    prestart.ForkedProgram), enforcing the deadline and the output flood cap. `spared`: the fork server, which
+    outlives the run.
 
     One selector loop drains both pipes (a blocking read in a thread could not
     be abandoned when an escaped process keeps a pipe open); a waiter thread
@@ -145,7 +147,7 @@ def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: flo
                 kill_process_group(proc.pid)
                 proc.wait()
                 if is_pid1:
-                    kill_all_other_processes()
+                    kill_all_other_processes(spared=spared)
                 drain_until = time.monotonic() + DRAIN_GRACE_SECONDS
             if drain_until is not None and (open_streams == 0 or now >= drain_until):
                 break
@@ -194,19 +196,21 @@ def supervise_child(proc: subprocess.Popen, started: float, timeout_seconds: flo
     return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
 
 
-def child_metrics(wall_seconds: float, before=None, prestart_cpu_seconds: float = 0.0) -> dict:
+def child_metrics(wall_seconds: float, before=None, prestart_cpu_seconds: float = 0.0,
+                  elsewhere: tuple[float, int] = (0.0, 0)) -> dict:
     """What the program used; `before` (the children's usage when it started) takes out a session's earlier runs'
-    CPU, `prestart_cpu_seconds` what a prestarted process spent before its run (its start and preloads).
-    maxRSSBytes is the largest of any child so far: in a session, of this run or an earlier one."""
+    CPU, `prestart_cpu_seconds` what a prestarted process spent before its run (its start and preloads),
+    `elsewhere` is the (CPU, max RSS) of a fork the fork server reaped. maxRSSBytes is the largest of any child so
+    far: in a session, of this run or an earlier one."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_seconds = usage.ru_utime + usage.ru_stime - prestart_cpu_seconds
+    cpu_seconds = usage.ru_utime + usage.ru_stime + elsewhere[0] - prestart_cpu_seconds
     if before is not None:
         cpu_seconds -= before.ru_utime + before.ru_stime
     cpu_seconds = max(cpu_seconds, 0.0)
     return {
         "wallMillis": int(round(wall_seconds * 1000)),
         "cpuMillis": int(round(cpu_seconds * 1000)),
-        "maxRSSBytes": int(usage.ru_maxrss) * 1024,  # ru_maxrss is KiB on Linux
+        "maxRSSBytes": max(int(usage.ru_maxrss) * 1024, elsewhere[1]),  # ru_maxrss is KiB on Linux
     }
 
 

@@ -84,19 +84,28 @@ def mount_capped_scratch(scratch_dir: str, max_inodes: int, disk_bytes: int | No
     return libc.mount(b"tmpfs", os.fsencode(scratch_dir), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()) == 0
 
 
-def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None) -> None:
+def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None, own_user: bool = False) -> None:
     """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
     program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
     The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
     program's own. Without them (see enter_user_namespace) the program runs beside us as before.
+
+    own_user (a fork of the fork server, which has no capability to make them): in a user namespace of its own
+    too, which gives the fork those capabilities, and takes them from the program (drop_capabilities), as the
+    exec of a cold start does. There, a refusal raises (OSError): such a fork must not run a program.
 
     hidden_dir (the raw input, which the runner has read) gets an empty read-only tmpfs over it: the program
     sees its input only where the runner laid it out, the same whether it came from a ConfigMap or a warm pod's
     stdin, and cannot write where a warm pod's runner wrote it. Best effort: if refused, it stays visible."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWPID | CLONE_NEWNS) != 0:
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWPID | CLONE_NEWNS | (CLONE_NEWUSER if own_user else 0)) != 0:
+        if own_user:
+            raise OSError(ctypes.get_errno(), "the program's namespaces were refused")
         return
+    if own_user:
+        write_id_maps(uid, gid)
     if hidden_dir is not None:
         libc.mount(b"tmpfs", os.fsencode(hidden_dir), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     status_read, status_write = os.pipe()
@@ -109,10 +118,25 @@ def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None) 
         program = os.fork()
         if program == 0:
             os.close(status_write)
+            if own_user:
+                drop_capabilities(libc)
             return
         serve_as_namespace_init(program, status_write, max_processes)
     os.close(status_write)
     mirror_program_status(init, status_read)
+
+
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def drop_capabilities(libc) -> None:
+    """No effective, permitted or inheritable capability left (the bounding set stays, as after a cold start's
+    exec): what a process forked in a user namespace of its own has there would otherwise be the program's."""
+    import ctypes
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # two {effective, permitted, inheritable}, all zero
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "the program's capabilities could not be dropped")
 
 
 def close_all_but(keep: int) -> None:

@@ -245,6 +245,8 @@ class Guards:
         self.input_dir = input_dir
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
+        self.forked = False  # the program is forked by the fork server (see child_limits), not started by us
+        self.uncounted: frozenset[int] = frozenset()  # the fork server: ours, not the program's
         self.next_check = 0.0
         self.next_bytes_check = 0.0
         self.near_limit = False
@@ -263,7 +265,7 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
-            enter_program_namespaces(self.max_processes, self.input_dir)
+            enter_program_namespaces(self.max_processes, self.input_dir, own_user=self.forked)
         install_syscall_filter()
 
     def due(self, now: float) -> bool:
@@ -324,7 +326,8 @@ class Guards:
         return self._at_process_cap(self._processes())
 
     def _processes(self) -> list[int]:
-        return program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
+        pids = program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
+        return [pid for pid in pids if pid not in self.uncounted] if self.uncounted else pids
 
     def _at_process_cap(self, pids: list[int]) -> tuple[str, dict] | None:
         if len(pids) < self.max_processes:

@@ -23,7 +23,7 @@ from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_inp
                      read_stdin_document)
 from .limits import Guards
 from .kernel import Kernel
-from .prestart import Prestarted, PrestartSettingsError, fits, parse_settings, start_program
+from .prestart import ForkServer, Prestarted, PrestartSettingsError, fits, parse_settings, start_program
 from .processes import kill_all_other_processes
 from .protocol import (FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
                        SESSION_SETTINGS_KEY, accepted_line)
@@ -63,7 +63,8 @@ class ScratchMount:
 class Sandbox:
     """What a warm or session pod keeps from run to run: its scratch mount, and the program process prestarted
     for the next run (the operator's `--prestart` settings; none for a runtime it cannot stand in for), or with
-    keepState (`--keep-state`) the one interpreter every run of the session runs in."""
+    keepState (`--keep-state`) the one interpreter every run of the session runs in. A session's Python programs
+    are forked by its fork server (forkserver.py), once it serves one (`in_session`)."""
 
     def __init__(self, args, is_pid1: bool, own_namespaces: bool, settings: dict | None = None):
         self.args, self.is_pid1, self.own_namespaces, self.settings = args, is_pid1, own_namespaces, settings
@@ -71,6 +72,9 @@ class Sandbox:
         self.scratch = ScratchMount()
         self.prestarted: Prestarted | None = None
         self.kernel: Kernel | None = None
+        self.in_session = False
+        self.fork_server: ForkServer | None = None
+        self.fork_server_tried = False  # one start a sandbox: a server that fails leaves the runs to exec
 
     def prestart(self) -> None:
         """Start the next run's program now, under the limits the pod was made for (one left from before is
@@ -94,15 +98,27 @@ class Sandbox:
                 started = start_program(self.settings, paths.work, base_env, guards, keep=True)
                 self.kernel = Kernel.adopt(self.settings, *started) if started is not None else None
             else:
-                self.prestarted = Prestarted.start(self.settings, paths.work, base_env, guards)
+                server = self.serving_fork_server(paths, base_env)
+                self.prestarted = ((server and Prestarted.fork(server, self.settings, paths.home))
+                                   or Prestarted.start(self.settings, paths.work, base_env, guards))
         except Exception as exc:  # noqa: BLE001
             print(f"coderun-runner: could not prestart ({type(exc).__name__}: {exc}); runs start cold",
                   file=sys.stderr)
             self.settings = None
 
+    def serving_fork_server(self, paths: "ProgramPaths", base_env: dict) -> ForkServer | None:
+        """The session's fork server, started with the first program it can fork (Python's, in a session, as PID 1
+        with namespaces of our own: only there is the server out of the programs' reach); None once it failed."""
+        if not self.fork_server_tried and self.in_session and self.own_namespaces:
+            self.fork_server_tried = True
+            self.fork_server = ForkServer.start(self.settings, paths.work, paths.input, base_env, self.is_pid1)
+        return self.fork_server if self.fork_server is not None and self.fork_server.serves() else None
+
     def spared(self) -> frozenset[int]:
-        """What must outlive a run's frame: the keepState interpreter's chain."""
-        return self.kernel.chain if self.kernel is not None else frozenset()
+        """What must outlive a run's frame: the keepState interpreter's chain, or the fork server."""
+        if self.kernel is not None:
+            return self.kernel.chain
+        return self.fork_server.pids if self.fork_server is not None and self.fork_server.serves() else frozenset()
 
     def take_prestarted(self) -> Prestarted | None:
         prestarted, self.prestarted = self.prestarted, None
@@ -130,20 +146,22 @@ class ProgramPaths:
 
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
             own_namespaces: bool = False, scratch: ScratchMount | None = None,
-            prestarted: Prestarted | None = None, kernel: Kernel | None = None) -> dict:
+            prestarted: Prestarted | None = None, kernel: Kernel | None = None,
+            spared: frozenset[int] = frozenset()) -> dict:
     """Run the program of the input at args.input: in `kernel` (a keepState session's interpreter), in
     `prestarted` (a process started for it before it came) when the run starts exactly as that process did, else
     in a process started now (a cold start). A prestarted process the run did not take is ended, whatever
-    happened."""
+    happened. `spared`: the session's fork server, which outlives the run (and is not counted as its)."""
     try:
-        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kernel)
+        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kernel, spared)
     finally:
         if prestarted is not None:
             prestarted.discard()  # a no-op once taken: its run reaped it
 
 
 def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
-             scratch: ScratchMount | None, prestarted: Prestarted | None, kernel: Kernel | None) -> dict:
+             scratch: ScratchMount | None, prestarted: Prestarted | None, kernel: Kernel | None,
+             spared: frozenset[int]) -> dict:
     paths = ProgramPaths(args)
     scratch = scratch or ScratchMount()
     try:
@@ -162,6 +180,7 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     env = paths.environment(spec["env"], spec["language"], spec["memoryBytes"])
     guards = Guards(paths.scratch, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
                     is_pid1, paths.input, scratch_capped)
+    guards.uncounted = spared
     if kernel is not None:
         return run_in_kernel(kernel, spec, env, stdin_path, guards, paths)
     prestart_cpu = None
@@ -174,14 +193,15 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     outcome = None
     if prestart_cpu is not None:
         outcome = supervise_child(prestarted.proc, time.monotonic(), spec["timeoutSeconds"], spec["outputBytes"],
-                                  spec["floodBytes"], is_pid1, guards)
+                                  spec["floodBytes"], is_pid1, guards, spared)
     else:
         try:
-            outcome = run_child(spec["command"], paths.work, env, stdin_path,
-                                spec["timeoutSeconds"], spec["outputBytes"], spec["floodBytes"], is_pid1, guards)
+            outcome = run_child(spec["command"], paths.work, env, stdin_path, spec["timeoutSeconds"],
+                                spec["outputBytes"], spec["floodBytes"], is_pid1, guards, spared)
         except OSError as exc:  # e.g. the image lacks the interpreter
             return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
-    metrics = child_metrics(outcome.wall_seconds, usage_before, prestart_cpu or 0.0)
+    metrics = child_metrics(outcome.wall_seconds, usage_before, prestart_cpu or 0.0,
+                            prestarted.usage_elsewhere() if prestart_cpu is not None else (0.0, 0))
     oom_killed = outcome.runner_kill_reason is None and (
         (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
         or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
@@ -406,8 +426,11 @@ def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) ->
     announce_accepted(document.nonce)
     if sandbox.keep_state and sandbox.kernel is None:
         return failure_frame(RUNNER_ERROR, "the keepState session's interpreter could not be started")
+    # The fork server outlives the run and is not counted as its (the keepState interpreter's chain is, as a cold
+    # program's own chain would be).
+    spared = sandbox.spared() if sandbox.kernel is None else frozenset()
     return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
-                   sandbox.take_prestarted(), sandbox.kernel)
+                   sandbox.take_prestarted(), sandbox.kernel, spared)
 
 
 def killed_unasked(frame: dict) -> bool:
@@ -424,6 +447,7 @@ def serve_session(args, termination_fd: int | None, sandbox: Sandbox, first: Ses
     `first`: a pool pod's first document, already read (its program prestarted for a run, not for keepState)."""
     inputs = SessionInputs(sys.stdin.buffer)
     is_pid1 = sandbox.is_pid1
+    sandbox.in_session = True
     frame_json, frame = None, None
     try:
         if first is None:

@@ -177,9 +177,17 @@ def serve_runs(channel: socket.socket, own_path: str) -> None:
         channel.sendall(b"done %d\n" % status)
 
 
-def main(own_path: str) -> None:
+def main(own_path: str, serve_forks: bool = False) -> None:
+    """The prestarted program, or with `serve_forks` the fork server, whose forks go on from here as the program."""
     importlib.import_module("array")  # socket.recv_fds imports it at its first call: from the image, not the work dir
     channel = socket.socket(fileno=int(os.environ.pop(FD_VARIABLE)))
+    if serve_forks:
+        imported = set(sys.modules)
+        from .forkserver import serve
+        channel = serve(channel)
+        # What the server imported to fork and confine (ctypes...) is not a prestarted program's: it goes.
+        for name in set(sys.modules) - imported:
+            del sys.modules[name]
     modules = [name for name in os.environ.pop(MODULES_VARIABLE, "").split(",") if name]
     keep = os.environ.pop(KEEP_VARIABLE, "") == "1"
     if modules and not select.select([channel], [], [], PRELOAD_AFTER_IDLE_SECONDS)[0]:

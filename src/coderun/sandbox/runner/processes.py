@@ -20,13 +20,28 @@ def stop_process_group(pgid: int) -> None:
     stopped or exited, so that what is counted next no longer moves."""
     signal_process_group(pgid, signal.SIGSTOP)
     deadline = time.monotonic() + STOP_WAIT_SECONDS
+    ours = True
     while time.monotonic() < deadline:
-        try:  # WNOWAIT: the stop or exit stays for the waits that follow
-            if os.waitid(os.P_PID, pgid, os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+        if ours:
+            try:  # WNOWAIT: the stop or exit stays for the waits that follow
+                if os.waitid(os.P_PID, pgid, os.WSTOPPED | os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                    return
+            except ChildProcessError:  # the fork server's child: its state is read from /proc instead
+                ours = False
+            except OSError:
                 return
-        except OSError:  # not our child (or gone): nothing to wait for
-            return
+        if not ours and process_state(pgid) not in (b"R", b"S", b"D"):
+            return  # stopped, a zombie, or gone
         time.sleep(0.001)
+
+
+def process_state(pid: int) -> bytes | None:
+    """The state letter of /proc/<pid>/stat (R, S, D, T, t, Z, X...), or None for a process that is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def signal_process_group(pgid: int, sig: int) -> None:

@@ -84,3 +84,5 @@ def can_prestart(settings: dict) -> bool:
 # counterpart is a `--require` preload, this file under the runner's root.
 NODE_PRESTART_FILE = "coderun/sandbox/runner/prestarted.js"
 PRESTART_MODULE = "coderun.sandbox.runner.prestarted"
+# What the fork server's bootstrap adds to a prestarted program's (its forks, the programs, inherit its argv).
+FORK_SERVER_MARK = ", serve_forks=True"

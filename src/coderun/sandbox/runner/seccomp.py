@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 
 # Every namespace flag of clone(2): the program may fork, never make namespaces.
@@ -46,6 +47,7 @@ SYSCALL_TABLES = {
 }
 
 
+@functools.lru_cache(maxsize=None)  # the fork server computes it once for all its forks
 def syscall_filter(machine: str) -> list[tuple[int, int, int, int]] | None:
     """The program's seccomp filter as classic BPF (code, jt, jf, k), or None for an architecture without a
     table. Another architecture's calling convention (e.g. x32 or i386 on x86_64) is refused outright."""
