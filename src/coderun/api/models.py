@@ -328,7 +328,9 @@ class Metrics(ApiModel):
     """Timings in milliseconds. queue: CodeRun created -> pod created; startup: pod created -> program
     started; wall: the program itself; total: CodeRun created -> result written."""
     wall_millis: int | None = Field(None, description="Wall-clock time of the program.")
-    cpu_millis: int | None = Field(None, description="CPU time (user + system) of the program and its children.")
+    cpu_millis: int | None = Field(None, description=(
+        "CPU time (user + system) of the program and its children (of a program ended at a timeout or a limit, what "
+        "they had used when it was ended)."))
     max_rss_bytes: int | None = Field(None, alias="maxRSSBytes", description="Peak resident memory of the program.")
     queue_millis: int | None = Field(None, description="CodeRun created -> sandbox pod created.")
     startup_millis: int | None = Field(None, description="Sandbox pod created -> program started.")

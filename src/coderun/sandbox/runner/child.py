@@ -14,7 +14,7 @@ import time
 
 from .capture import READ_CHUNK, StreamCapture
 from .limits import Guards
-from .processes import kill_all_other_processes, kill_process_group, stop_process_group
+from .processes import cpu_seconds_of, kill_all_other_processes, kill_process_group, stop_process_group
 from .protocol import DISK_LIMIT_EXCEEDED, OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
 # Once the child is gone, how long to keep reading pipes that an escaped
@@ -55,9 +55,11 @@ def child_environment(spec_env: dict, scratch_dir: str, home_dir: str, outputs_d
 # How the child ended. runner_kill_reason is the reason the runner stopped it
 # (TIMEOUT, OUTPUT_LIMIT_EXCEEDED or a sandbox limit, then with `limit`), else None. (A namedtuple, not a dataclass: the
 # dataclasses import costs ~10 ms on every run.)
+# cpu_at_kill: what the program's processes had used when the runner killed them (0.0 if it did not): the usage of
+# a namespace whose init dies with them is not always handed on to us (its dying init auto-reaps them).
 ChildOutcome = collections.namedtuple(
-    "ChildOutcome", ["returncode", "runner_kill_reason", "wall_seconds", "stdout", "stderr", "limit"],
-    defaults=(None,))
+    "ChildOutcome", ["returncode", "runner_kill_reason", "wall_seconds", "stdout", "stderr", "limit", "cpu_at_kill"],
+    defaults=(None, 0.0))
 
 
 # The waiter returns as soon as the child is reaped (proc.wait above): past this it is left, and its pipe with it.
@@ -115,6 +117,14 @@ def supervise_child(proc, started: float, timeout_seconds: float, output_bytes: 
     runner_kill_reason = None
     limit = None
     drain_until = None
+    cpu_at_kill = 0.0
+
+    def kill_program() -> None:
+        nonlocal cpu_at_kill
+        if guards is not None:
+            cpu_at_kill = cpu_seconds_of(guards.program_pids())
+        kill_process_group(proc.pid)  # escaped processes die with everything else at exit
+
     try:
         while True:
             now = time.monotonic()
@@ -122,10 +132,10 @@ def supervise_child(proc, started: float, timeout_seconds: float, output_bytes: 
                 broken = guards.check(now) if guards is not None and guards.due(now) else None
                 if broken:
                     (runner_kill_reason, limit) = broken
-                    kill_process_group(proc.pid)  # escaped processes die with everything else at exit
+                    kill_program()
                 elif stdout.total + stderr.total > flood_bytes:
                     runner_kill_reason = OUTPUT_LIMIT_EXCEEDED
-                    kill_process_group(proc.pid)
+                    kill_program()
                 elif not exited_at and now >= deadline:
                     # A limit met by then is what stopped the program (e.g. a fork bomb that starved us of CPU).
                     # The program is frozen first: a file flood running on beside the last count would stretch
@@ -133,7 +143,7 @@ def supervise_child(proc, started: float, timeout_seconds: float, output_bytes: 
                     stop_process_group(proc.pid)
                     broken = guards.check(now) if guards is not None else None
                     runner_kill_reason, limit = broken or (TIMEOUT, None)
-                    kill_process_group(proc.pid)
+                    kill_program()
             if exited_at and drain_until is None:
                 if runner_kill_reason is None and guards is not None:
                     # A fork bomb's first process often dies of its own failed fork (EAGAIN at RLIMIT_NPROC)
@@ -193,20 +203,21 @@ def supervise_child(proc, started: float, timeout_seconds: float, output_bytes: 
         # Killed at RLIMIT_FSIZE: a file reached the disk limit (even if /tmp as a whole is back under it).
         runner_kill_reason = DISK_LIMIT_EXCEEDED
         limit = {"kind": "disk", "limit": guards.disk_bytes, "observed": guards.disk_used()}
-    return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit)
+    return ChildOutcome(returncode, runner_kill_reason, exited_at[0] - started, stdout, stderr, limit, cpu_at_kill)
 
 
 def child_metrics(wall_seconds: float, before=None, prestart_cpu_seconds: float = 0.0,
-                  elsewhere: tuple[float, int] = (0.0, 0)) -> dict:
+                  elsewhere: tuple[float, int] = (0.0, 0), cpu_at_kill: float = 0.0) -> dict:
     """What the program used; `before` (the children's usage when it started) takes out a session's earlier runs'
     CPU, `prestart_cpu_seconds` what a prestarted process spent before its run (its start and preloads),
-    `elsewhere` is the (CPU, max RSS) of a fork the fork server reaped. maxRSSBytes is the largest of any child so
-    far: in a session, of this run or an earlier one."""
+    `elsewhere` is the (CPU, max RSS) of a fork the fork server reaped, `cpu_at_kill` what its processes had used
+    when the runner killed them, if it did. maxRSSBytes is the largest of any child so far: in a session, of this
+    run or an earlier one."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu_seconds = usage.ru_utime + usage.ru_stime + elsewhere[0] - prestart_cpu_seconds
+    cpu_seconds = usage.ru_utime + usage.ru_stime + elsewhere[0]
     if before is not None:
         cpu_seconds -= before.ru_utime + before.ru_stime
-    cpu_seconds = max(cpu_seconds, 0.0)
+    cpu_seconds = max(max(cpu_seconds, cpu_at_kill) - prestart_cpu_seconds, 0.0)
     return {
         "wallMillis": int(round(wall_seconds * 1000)),
         "cpuMillis": int(round(cpu_seconds * 1000)),

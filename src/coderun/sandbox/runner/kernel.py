@@ -26,15 +26,12 @@ from .capture import READ_CHUNK, StreamCapture
 from .child import ChildOutcome
 from .limits import Guards
 from .prestart import FINAL_DRAIN_BYTES, drain_pipe, end_program, send_word
-from .processes import kill_all_other_processes, kill_process_group, proc_stats
+from .processes import cpu_seconds_of, kill_all_other_processes, kill_process_group, proc_stats
 from .protocol import OUTPUT_LIMIT_EXCEEDED, TIMEOUT
 
 INTERRUPT_GRACE_SECONDS = 2.0
 MAX_REPORT_BYTES = 32
 LEFTOVER_KILL_SECONDS = 2.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def child_of(parent: int) -> int | None:
     """The one child of `parent` (the chain right after its start, before any program code ran)."""
     children = [pid for pid, fields in proc_stats(os.getpid()) if int(fields[1]) == parent]
@@ -213,12 +210,7 @@ class Kernel:
 
     def cpu_seconds(self, default: float = 0.0) -> float:
         """The interpreter's CPU, its reaped children's with it, from /proc (not from anything it says)."""
-        try:
-            with open(f"/proc/{self.interpreter}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-            return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
-        except (OSError, IndexError, ValueError):
-            return default
+        return cpu_seconds_of([self.interpreter], default)
 
     def peak_rss(self) -> int:
         try:

@@ -322,6 +322,10 @@ class Guards:
                 return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
         return None
 
+    def program_pids(self) -> list[int]:
+        """The program's processes now (as PID 1: every process but ours; the namespace's init and mirror too)."""
+        return self._processes()
+
     def processes_at_cap(self) -> tuple[str, dict] | None:
         return self._at_process_cap(self._processes())
 

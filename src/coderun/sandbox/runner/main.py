@@ -201,7 +201,8 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
         except OSError as exc:  # e.g. the image lacks the interpreter
             return failure_frame(RUNNER_ERROR, f"could not start {spec['command'][0]!r}: {exc}")
     metrics = child_metrics(outcome.wall_seconds, usage_before, prestart_cpu or 0.0,
-                            prestarted.usage_elsewhere() if prestart_cpu is not None else (0.0, 0))
+                            prestarted.usage_elsewhere() if prestart_cpu is not None else (0.0, 0),
+                            outcome.cpu_at_kill)
     oom_killed = outcome.runner_kill_reason is None and (
         (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
         or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
