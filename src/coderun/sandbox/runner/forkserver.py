@@ -3,8 +3,9 @@ side (prestart.ForkServer is the runner's).
 
 It is an interpreter started as a prestarted program is (prestart.py: `python3 -u -c BOOTSTRAP`, the same
 environment), but left outside the program's confinement, and it never runs a program: for each run it forks the
-run's process ready-made, so a run pays a fork rather than an interpreter's start and the bootstrap's imports (~60 ms
-of CPU a run under gVisor), and starts from the server's pages, which no run has written.
+run's process ready-made, so a run pays its forks (the mirror, the init, the program) but not an exec, an
+interpreter's start and the bootstrap's imports (~60 ms of CPU a run under gVisor), and starts from the server's
+pages, which no run has written.
 
 The fork takes the confinement a cold start's preexec gives (Guards.child_limits): a session of its own, a user,
 PID and mount namespace of its own under an init of ours (the user namespace because the server, an exec'd

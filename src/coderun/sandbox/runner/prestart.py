@@ -295,11 +295,11 @@ class ForkServer:
 
     def exit_report(self, pid: int) -> tuple[int, float, int] | None:
         """(wait status, CPU seconds, max RSS KiB) of the fork `pid` once it ended; None if the server is gone."""
-        self.control.settimeout(None)
         while True:
             try:
+                self.control.settimeout(None)
                 report = self.control.recv(MAX_SERVER_MESSAGE_BYTES)
-            except OSError:
+            except OSError:  # a channel closed (the server stopped) or broken
                 return None
             fields = report.split()
             if not report:
