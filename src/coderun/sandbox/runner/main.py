@@ -114,11 +114,13 @@ class Sandbox:
             self.fork_server = ForkServer.start(self.settings, paths.work, paths.input, base_env, self.is_pid1)
         return self.fork_server if self.fork_server is not None and self.fork_server.serves() else None
 
+    def fork_server_pids(self) -> frozenset[int]:
+        """The fork server, while it serves: it outlives each run and is not counted as the run's."""
+        return self.fork_server.pids if self.fork_server is not None and self.fork_server.serves() else frozenset()
+
     def spared(self) -> frozenset[int]:
         """What must outlive a run's frame: the keepState interpreter's chain, or the fork server."""
-        if self.kernel is not None:
-            return self.kernel.chain
-        return self.fork_server.pids if self.fork_server is not None and self.fork_server.serves() else frozenset()
+        return self.kernel.chain if self.kernel is not None else self.fork_server_pids()
 
     def take_prestarted(self) -> Prestarted | None:
         prestarted, self.prestarted = self.prestarted, None
@@ -427,11 +429,9 @@ def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) ->
     announce_accepted(document.nonce)
     if sandbox.keep_state and sandbox.kernel is None:
         return failure_frame(RUNNER_ERROR, "the keepState session's interpreter could not be started")
-    # The fork server outlives the run and is not counted as its (the keepState interpreter's chain is, as a cold
-    # program's own chain would be).
-    spared = sandbox.spared() if sandbox.kernel is None else frozenset()
+    # (The keepState interpreter's chain is counted as the run's, as a cold program's own chain would be.)
     return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
-                   sandbox.take_prestarted(), sandbox.kernel, spared)
+                   sandbox.take_prestarted(), sandbox.kernel, sandbox.fork_server_pids())
 
 
 def killed_unasked(frame: dict) -> bool:
