@@ -50,10 +50,23 @@ def session_run(name, uid, created="2026-11-22T10:00:01Z", **spec):
     return run
 
 
+class Later(list):
+    """The session controller's scheduled checks (a run still in the sandbox a quarter second on), held until a
+    test runs them: the moment is the test's, not a timer's."""
+
+    def __call__(self, seconds, call):
+        self.append(call)
+
+    def run(self):
+        while self:
+            self.pop(0)()
+
+
 @pytest.fixture
 def env():
     api, clock = FakeK8s(), Clock()
     ctl = Controller(api=api, clock=clock)
+    ctl.sessions.later = Later()
     api.policies = [copy.deepcopy(POLICY)]
     ctl.on_policy(copy.deepcopy(POLICY), deleted=False)
     return api, clock, ctl
@@ -213,7 +226,10 @@ def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
     ctl.on_run(first, deleted=False)  # its event comes second: the order is still creation's
     second = api.run(NS, "second")["status"]
     assert (second["phase"], second["reason"]) == ("Pending", "Queued") and "waits its turn" in second["message"]
-    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Busy"
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"  # not yet a quarter second
+    ctl.sessions.later.run()  # the first run is still in the sandbox a quarter second on
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["currentRun"]) == ("Busy", "first")
     gate.set()
     settle()
     settle()
@@ -222,7 +238,7 @@ def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
     assert (second["phase"], second["stdout"]) == ("Succeeded", "run 2\n")
     assert state["codes"] == ["print(6*7)", "print(6*7)"] and state["sequence"] == 1
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
-    assert (session["phase"], session["runsDone"], session["documentsSent"]) == ("Ready", 2, 2)
+    assert (session["phase"], session["runsDone"], session["documentsReserved"]) == ("Ready", 2, 64)
     assert ("Pod", NS, POD) in api.objects  # the session keeps its pod
 
 
@@ -429,6 +445,7 @@ def restarted_mid_run(env, sandbox_log: Callable[[bytes, bytes], bytes]):
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
     restarted = Controller(api=api, clock=clock)
+    restarted.sessions.later = Later()
     restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
@@ -448,7 +465,10 @@ def test_an_operator_restarted_while_a_run_is_in_the_sandbox_finishes_it_from_th
     settle()
     status = api.run(NS, "r2")["status"]
     assert (status["phase"], status["stdout"]) == ("Succeeded", "run 2\n"), status
-    assert state["sequence"] >= 1  # the second document went MAC'd, past the first's number
+    # The second document went MAC'd with the first number the restarted operator could not know unused: past
+    # the block the first run reserved, and the next block is reserved with it.
+    assert state["sequence"] == 64
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["documentsReserved"] == 128
 
 
 def test_a_frame_in_the_log_without_the_runs_nonce_is_not_the_runs(env):
@@ -487,6 +507,7 @@ def test_a_restarted_operator_that_sees_the_session_before_its_pod_keeps_the_ses
     api, clock, _ = env
     start_session(env)
     restarted = Controller(api=api, clock=clock)
+    restarted.sessions.later = Later()
     restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     status = api.objects[("CodeRunSession", NS, "s1")]["status"]
@@ -556,6 +577,7 @@ def test_a_restarted_operator_does_not_end_sessions_before_it_has_the_policies(e
     api, clock, _ = env
     start_session(env)
     restarted = Controller(api=api, clock=clock)  # no policy event yet: the session's comes first
+    restarted.sessions.later = Later()
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
 
@@ -766,6 +788,7 @@ def test_an_operator_restarted_between_a_claim_and_the_sessions_status_keeps_the
     assert api.objects[("Pod", NS, claimed)]["metadata"]["labels"]["coderun.io/session-uid"] == "sess-uid-1"
     (spare,) = start_pool(env)  # the pool's next pod, ready
     restarted = Controller(api=api, clock=clock)
+    restarted.sessions.later = Later()
     restarted.on_policy(copy.deepcopy(WARM_SESSIONS), deleted=False)
     restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, spare)]), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
@@ -836,7 +859,9 @@ def test_a_run_whose_document_is_on_its_way_keeps_the_session_busy():
     assert (gone.phase, gone.current_run) == ("Busy", "r1")
 
 
-def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_late_echoes_write_nothing(env):
+def test_runs_of_a_session_go_over_one_attach_with_one_session_write_each_and_late_echoes_write_nothing(env):
+    """A run's start writes its session only to reserve the next block of sequence numbers (once in 64 runs); a
+    short run's end writes the count and the idle clock."""
     api, _, ctl = env
     state = serving_session(env)
     written, patch = [], api.patch_session_status
@@ -850,22 +875,24 @@ def test_runs_of_a_session_go_over_one_attach_with_two_session_writes_each_and_l
     for i in range(1, 4):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
         settle()
+        ctl.sessions.later.run()  # a quarter second on, the run is over: no Busy to write
         assert api.run(NS, f"r{i}")["status"]["phase"] == "Succeeded"
-    assert state["codes"] == ["print(6*7)"] * 3
+    assert state["codes"] == ["print(6*7)"] * 3 and state["sequence"] == 2
     assert api.calls.count("attach") - attaches == 1  # the first run's attach served all three
-    assert len(written) == 6  # per run: Busy with its sequence number, then Ready with the count
-    assert [w["status"]["phase"] for w in written] == ["Busy", "Ready"] * 3
+    assert [(w["status"]["phase"], w["status"]["runsDone"], w["status"]["documentsReserved"]) for w in written] == [
+        ("Ready", 0, 64), ("Ready", 1, 64), ("Ready", 2, 64), ("Ready", 3, 64)]
     # The watch delivers each write late, in order: none of them is written back over the newer status.
     for echo in written:
         ctl.on_session(copy.deepcopy(echo), deleted=False)
-    assert len(written) == 6
+    assert len(written) == 4
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
-    assert (session["phase"], session["runsDone"], session["documentsSent"]) == ("Ready", 3, 3)
+    assert (session["phase"], session["runsDone"], session["documentsReserved"]) == ("Ready", 3, 64)
 
 
-def test_queued_runs_cost_the_session_one_write_each_and_each_busy_write_counts_the_runs_done(env):
-    """A harness's runs, queued at once: a run's end hands the sandbox to the next run, whose Busy write says the
-    count and the idle clock, so no Ready is written between them; the last run's end writes Ready."""
+def test_queued_runs_cost_the_session_no_write_each_and_a_busy_write_counts_the_runs_done(env):
+    """A harness's runs, queued at once: a run's end hands the sandbox to the next run, and the session is not
+    written between them; a run still in the sandbox a quarter second on writes Busy with the count, and the
+    last run's end writes Ready."""
     api, _, ctl = env
     gate = threading.Event()
     serving_session(env, gate)
@@ -878,28 +905,34 @@ def test_queued_runs_cost_the_session_one_write_each_and_each_busy_write_counts_
     api.patch_session_status = recording
     for i in range(1, 5):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
+    ctl.sessions.later.run()  # r1 is still in the sandbox a quarter second on
     gate.set()
     for _ in range(4):
         settle()
+    ctl.sessions.later.run()  # r2, r3, r4 ended within theirs
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 5)] == ["Succeeded"] * 4
     assert [(w["phase"], w.get("currentRun"), w["runsDone"]) for w in written] == [
-        ("Busy", "r1", 0), ("Busy", "r2", 1), ("Busy", "r3", 2), ("Busy", "r4", 3), ("Ready", None, 4)]
-    # Nothing is left for a refresh to write: the Busy writes said what it would.
+        ("Ready", None, 0), ("Busy", "r1", 0), ("Ready", None, 4)]  # the reservation, r1's Busy, the end
+    # Nothing is left for a refresh to write: the last write said what it would.
     ctl.sessions.tick(lambda: None)
-    assert len(written) == 5
+    assert len(written) == 3
 
 
 def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still_reads_busy(env):
     """In a harness's back-to-back runs the next run's event can come before the session's Ready is written:
     the runs before it are finished, so it goes (the attach is free) rather than wait for that write."""
     api, _, ctl = env
-    serving_session(env)
+    gate = threading.Event()
+    serving_session(env, gate)
     patch = api.patch_session_status
     api.patch_session_status = lambda ns, name, status: (
         copy.deepcopy(api.objects[("CodeRunSession", ns, name)]) if status.get("phase") == "Ready" else
         patch(ns, name, status))  # Ready "still on its way": never lands
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    ctl.sessions.later.run()  # r1 lasts: Busy
+    gate.set()
     settle()
+    assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Busy"
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     settle()
@@ -945,27 +978,53 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     assert [api.run(NS, f"r{i}")["status"]["reason"] for i in (12, 13)] == ["SessionEnded"] * 2
 
 
-def test_a_failed_busy_write_leaves_the_run_queued_and_the_session_free(env):
+def test_a_failed_reservation_leaves_the_run_queued_and_the_session_free(env):
     """The API server refuses the write that reserves the run's number (a 503): nothing was sent, the session
     is not left Busy for it, and the run goes at its next step."""
     from fake_k8s import Transient
     api, _, ctl = env
-    serving_session(env)
+    state = serving_session(env)
     patch, failures = api.patch_session_status, [1]
 
     def flaky(namespace, name, status):
-        if failures and status.get("phase") == "Busy":
+        if failures and "documentsReserved" in status:
             failures.pop()
             raise Transient("the status of CodeRunSession s1: 503")
         return patch(namespace, name, status)
     api.patch_session_status = flaky
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
+    assert not failures and state["codes"] == []  # refused, and nothing went
     assert not ctl.sessions._sending and (api.run(NS, "r1").get("status") or {}).get("phase") != "Running"
     ctl.reconcile("uid-1")  # the retry
     settle()
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
+
+
+def test_a_failed_busy_write_costs_the_run_nothing(env):
+    """The Busy write of a run that lasts is words in a status: refused (a 503), the run still ends with its
+    result and the session is written Ready after it."""
+    from fake_k8s import Transient
+    api, _, ctl = env
+    gate = threading.Event()
+    serving_session(env, gate)
+    patch, refused = api.patch_session_status, []
+
+    def flaky(namespace, name, status):
+        if status.get("phase") == "Busy":
+            refused.append(status)
+            raise Transient("the status of CodeRunSession s1: 503")
+        return patch(namespace, name, status)
+    api.patch_session_status = flaky
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    ctl.sessions.later.run()
+    assert [r["currentRun"] for r in refused] == ["r1"]
+    gate.set()
+    settle()
+    assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
+    session = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (session["phase"], session["runsDone"]) == ("Ready", 1)
 
 
 def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_ends(env):
@@ -975,6 +1034,7 @@ def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     ctl.on_run(api.objects.pop(("CodeRun", NS, "r1")), deleted=True)  # deleted while its program runs
+    ctl.sessions.later.run()  # a quarter second on, its document is still in the sandbox
     ctl.tick()
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["currentRun"]) == ("Busy", "r1")  # the sandbox is still r1's

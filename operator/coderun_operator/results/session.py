@@ -43,7 +43,7 @@ def admitted_status(session: Mapping[str, Any], fields: Mapping[str, Any], pod_n
                     f"sandbox pod {pod_name} created; waiting for it to start"), "podName": pod_name,
         "startMode": StartMode.WARM if warm else StartMode.COLD,
         "creator": (session["metadata"].get("annotations") or {}).get(CREATED_BY),
-        "idleTimeoutSeconds": idle_seconds, "documentsSent": 0, "runsDone": 0,
+        "idleTimeoutSeconds": idle_seconds, "documentsReserved": 0, "runsDone": 0,
         "expiresAt": rfc3339(now + timedelta(seconds=lifetime_seconds)), "observedGeneration": gen,
         "conditions": _conditions(None, False, False, SessionReason.POD_CREATED, "waiting for the sandbox", gen, now)})
 
@@ -117,10 +117,10 @@ def start_failure(session: Mapping[str, Any], pod: Mapping[str, Any] | None, now
 
 def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime,
                 runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The session's status as a run's document goes (written with its sequence number): Busy with that run,
-    its activity the run's start (`now`, the run's startTime too), so the run's own status moving to Running
-    changes nothing a refresh would write again; and the runs done so far, counted as the refresh counts them
-    (the run before this one may have ended a moment ago, its Ready never written: this write says it)."""
+    """The session's status while a run is in its sandbox: Busy with that run, its activity the run's start
+    (`now`, the run's startTime too), so the run's own status moving to Running changes nothing a refresh would
+    write again; and the runs done so far, counted as the refresh counts them (the runs before this one may have
+    ended a moment ago, their count never written: this write says it)."""
     last = rfc3339(now)
     return {"phase": SessionPhase.BUSY, "currentRun": run_name, "message": _busy_message(run_name),
             "lastActivity": last, "idleExpiresAt": _idle_expiry(last, status.get("idleTimeoutSeconds")),

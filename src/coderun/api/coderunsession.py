@@ -66,7 +66,10 @@ class CodeRunSessionSpec(ApiModel):
 class CodeRunSessionStatus(ApiModel):
     """Where the session stands. Only the operator writes it, through this model; every field is declared so
     none is pruned. Each run's own result is in its CodeRun."""
-    phase: SessionPhase | None = Field(None, description="Pending, Ready, Busy or Ended.")
+    phase: SessionPhase | None = Field(None, description=(
+        "Pending (no sandbox yet), Ready (between runs), Busy (a run has been in the sandbox for a quarter of a "
+        "second, or was when the operator last looked: a shorter run leaves the phase as it was), or Ended (for "
+        "good). Each run's own status says where that run is, at once."))
     reason: str | None = Field(None, description="Why the session is in this phase, a CamelCase word; once "
                                                  "Ended, why it ended (IdleTimeout, LifetimeExceeded, OOMKilled, ...).")
     message: str | None = Field(None, description="What happened and, when it ended, what to do next.")
@@ -90,9 +93,11 @@ class CodeRunSessionStatus(ApiModel):
         "every run)."), json_schema_extra={"format": "date-time"})
     idle_timeout_seconds: int | None = Field(None, ge=MIN_IDLE_TIMEOUT_SECONDS, le=MAX_LIFETIME_SECONDS, description=(
         "The effective idle timeout: spec.idleTimeoutSeconds within the policy's sessions.maxIdleTimeoutSeconds."))
-    documents_sent: int | None = Field(None, ge=0, description=(
-        "Input documents the operator has sent (or is sending) to the session's runner; the next one's MAC covers "
-        "this number, so no document can be replayed or reordered."))
+    documents_reserved: int | None = Field(None, ge=0, description=(
+        "Sequence numbers the operator has reserved for its input documents to the session's runner, in blocks: "
+        "every document sent took a number below this one, once. Each document's MAC covers its number and the "
+        "runner takes only numbers past the last it read, so no document can be replayed or reordered; numbers "
+        "reserved and never used (an operator restarted) are skipped."))
     start_time: str | None = Field(None, description="When the sandbox answered and runs could start.",
                                    json_schema_extra={"format": "date-time"})
     end_time: str | None = Field(None, description="When the session ended.", json_schema_extra={"format": "date-time"})

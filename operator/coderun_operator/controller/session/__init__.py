@@ -10,6 +10,7 @@ session's uid): nothing per session to create or delete, and a restarted operato
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import hmac
 import logging
@@ -66,6 +67,14 @@ LOG_CLOCK_SLACK_SECONDS = 2
 LOG_READ_SECONDS = 5  # per read: a slow kubelet must not hold the tick
 # Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
 MAX_ATTACH_FAILURES = 3
+# Documents' sequence numbers are reserved in the session's status this many at a time, so a run's start writes
+# the session only once in so many runs (a restarted operator skips what was reserved and not used: the runner
+# takes any number past the last it read).
+SEQUENCE_BLOCK = 64
+# A run still in the sandbox this long after its document went writes its session Busy. A shorter run leaves the
+# session's status as it was (Ready) until the write after it: the status's words cost the run no time, and a
+# harness's short runs back to back no write each.
+BUSY_AFTER_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,9 @@ class Sessions:
         self._routes: dict[str, object] = {}  # session uid -> the routes its NetworkPolicy was last made to hold
         self.channels: dict[str, Channel] = {}  # session uid -> the attach to its pod, kept between runs
         self._sending: dict[str, str] = {}  # session uid -> uid of the run whose document is on its way (Busy)
+        # session uid -> the next document's sequence number, below the session's status's documentsReserved
+        # (absent: none used since this operator started, so the next is the reserved number itself)
+        self._next_sequence: dict[str, int] = {}
         # sessions whose first document (sequence 0, the session's key) was never sent: the attach failed first.
         # The runner has no key, so the next run's document is sent as the first again, not with a MAC.
         self._unkeyed: set[str] = set()
@@ -140,6 +152,7 @@ class Sessions:
         # echo of an older one is stale (the held status is newer) and must not be written back over it
         self._written: dict[str, collections.deque[str]] = {}
         self._lock = threading.RLock()
+        self.later: Callable[[float, Callable[[], None]], None] = _after  # (seconds, call): a check scheduled
         self._marks = threading.Lock()  # for _sending alone
 
     # ------------------------------------------------------------------ events
@@ -153,6 +166,7 @@ class Sessions:
                 self._written.pop(meta["uid"], None)
                 self._unkeyed.discard(meta["uid"])
                 self._attach_failures.pop(meta["uid"], None)
+                self._next_sequence.pop(meta["uid"], None)
                 self._close_channel(meta["uid"])
             elif self._stale_echo(meta):
                 return
@@ -238,7 +252,7 @@ class Sessions:
         if new is None:
             return
         wire = to_wire(new)
-        wire.pop("documentsSent", None)  # only _send moves it (from the cache a stale event may hold an old one)
+        wire.pop("documentsReserved", None)  # only _send moves it (a stale event may hold an old one)
         if any(status.get(k) != v for k, v in wire.items() if k not in ("conditions",)) or \
                 _condition_states(status) != _condition_states(wire):
             self._write(session, wire)
@@ -510,10 +524,10 @@ class Sessions:
         return None
 
     def _send(self, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any]) -> Outcome | None:
-        """Reserve the document's sequence number in the session's status (Busy), record the start in the run's,
-        then send the document on a thread of its own; its frame comes back through `hand_back`. A number reserved
-        for a document never sent is a gap the runner accepts (it takes any number past the last it read), so
-        nothing is ever taken back."""
+        """Take the document's sequence number (reserving the next block in the session's status when the last
+        one is used up), record the start in the run's status, then send the document on a thread of its own;
+        its frame comes back through `hand_back`. A number reserved for a document never sent is a gap the
+        runner accepts (it takes any number past the last it read), so nothing is ever taken back."""
         meta, sstatus = run["metadata"], session["status"]
         pod_name = sstatus["podName"]
         now = self.now()  # the run's start and the session's last activity, the same instant
@@ -530,14 +544,15 @@ class Sessions:
         with self._lock:
             if suid in self._sending:  # another run's document is on its way: its end wakes the queue again
                 return None
-            # the number as the operator last wrote it (the caller's copy may be an event's, older)
+            # the reservation as the operator last wrote it (the caller's copy may be an event's, older)
             held = self.sessions.get((session["metadata"]["namespace"], session["metadata"]["name"])) or session
-            sequence = int((held.get("status") or {}).get("documentsSent") or 0)
+            reserved = int((held.get("status") or {}).get("documentsReserved") or 0)
+            sequence = self._next_sequence.get(suid, reserved)
+            if sequence >= reserved and self._write(session, {"documentsReserved": sequence + SEQUENCE_BLOCK}) is None:
+                return None
+            self._next_sequence[suid] = sequence + 1
             # the number the document goes with: 0, which carries the session's key, until one such was sent
             wire_sequence = 0 if suid in self._unkeyed else sequence
-            busy = busy_fields(held.get("status") or sstatus, meta["name"], now, self._runs(session))
-            if self._write(session, {"documentsSent": sequence + 1, **busy}) is None:
-                return None
             with self._marks:
                 self._sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
             channel = self._channel(session, pod_name)
@@ -588,7 +603,23 @@ class Sessions:
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
+        self.later(BUSY_AFTER_SECONDS, functools.partial(self._still_busy, session, meta["name"], meta["uid"], now))
         return None
+
+    def _still_busy(self, session: Mapping[str, Any], run_name: str, run_uid: str, started: datetime) -> None:
+        """BUSY_AFTER_SECONDS after a run's document went: if it is still on its way (no frame yet), the session's
+        status says Busy with it, its activity the run's start."""
+        meta = session["metadata"]
+        try:
+            with self._lock:
+                held = self.sessions.get((meta["namespace"], meta["name"]))
+                if held is None or self._sending.get(meta["uid"]) != run_uid:
+                    return
+                status = held.get("status") or {}
+                if status.get("phase") != SessionPhase.ENDED:
+                    self._write(held, busy_fields(status, run_name, started, self._runs(held)))
+        except Exception as e:  # noqa: BLE001 - words in a status: the next refresh writes them
+            log.warning("session %s: the Busy write failed: %s: %s", meta["name"], type(e).__name__, str(e)[:300])
 
     def _done_sending(self, session_uid: str, run_uid: str) -> None:
         """The run's document is no longer on its way (the next run's may be by now: that mark stays)."""
@@ -747,28 +778,36 @@ class Sessions:
 
     def after_run(self, run: Mapping[str, Any], ensure_policies: Callable[[], None]) -> None:
         """A run of the session finished: the next run may go, and the session's status moves (runsDone, the idle
-        clock). The next run goes first: its Busy write says all of that, so runs back to back cost the session
-        one write each, not a Ready and a Busy. Ready is written when none went (the refresh writes what is true
-        whatever happened meanwhile: nothing, if the next run is already in the sandbox)."""
+        clock). The next run goes first; the status is written when no run is left in the queue (the refresh
+        writes what is true whatever happened meanwhile). Runs queued back to back are counted by the write once
+        the queue is empty, by the tick's, or by the Busy write of a run that lasts."""
         session = self.session_of(run)
         if session is None:
             return
         self._wake_queue(run)
-        if session["metadata"]["uid"] in self._sending:
-            return
+        meta = session["metadata"]
+        if meta["uid"] in self._sending or any(
+                uid != run["metadata"]["uid"] for uid in self._waiting_runs(meta["namespace"], meta["name"])):
+            return  # the next run is on its way or queued: the sandbox is not Ready
         with self._lock:
             self._refresh(session, ensure_policies)
 
 
+def _after(seconds: float, call: Callable[[], None]) -> None:
+    timer = threading.Timer(seconds, call)
+    timer.daemon = True
+    timer.start()
+
+
 def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The session as an event brings it, keeping the higher documentsSent of the event's and the one held: the
-    number only grows, and an event older than the operator's own last write must not take it back (a number
+    """The session as an event brings it, keeping the higher documentsReserved of the event's and the one held:
+    the number only grows, and an event older than the operator's own last write must not take it back (a number
     used twice would be refused by the runner as a replay)."""
     if held is None or held["metadata"].get("uid") != event["metadata"].get("uid"):
         return event
-    kept = int((held.get("status") or {}).get("documentsSent") or 0)
-    if kept > int((event.get("status") or {}).get("documentsSent") or 0):
-        event = {**event, "status": {**(event.get("status") or {}), "documentsSent": kept}}
+    kept = int((held.get("status") or {}).get("documentsReserved") or 0)
+    if kept > int((event.get("status") or {}).get("documentsReserved") or 0):
+        event = {**event, "status": {**(event.get("status") or {}), "documentsReserved": kept}}
     return event
 
 
