@@ -302,7 +302,7 @@ class Guards:
                 written = 0
             if written > 0:
                 return SANDBOX_VIOLATION, {"kind": "termination-log", "limit": 0, "observed": written}
-        pids = self._processes()
+        pids = self.program_pids()
         verdict = self._at_process_cap(pids)
         if verdict:
             return verdict
@@ -322,14 +322,11 @@ class Guards:
                 return DISK_LIMIT_EXCEEDED, {"kind": "disk", "limit": self.disk_bytes, "observed": used}
         return None
 
+    def processes_at_cap(self) -> tuple[str, dict] | None:
+        return self._at_process_cap(self.program_pids())
+
     def program_pids(self) -> list[int]:
         """The program's processes now (as PID 1: every process but ours; the namespace's init and mirror too)."""
-        return self._processes()
-
-    def processes_at_cap(self) -> tuple[str, dict] | None:
-        return self._at_process_cap(self._processes())
-
-    def _processes(self) -> list[int]:
         pids = program_processes(os.getpid(), None if self.is_pid1 else self.session, self.session)
         return [pid for pid in pids if pid not in self.uncounted] if self.uncounted else pids
 
