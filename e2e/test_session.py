@@ -108,12 +108,21 @@ def test_a_hanging_run_ends_at_its_timeout_and_the_session_takes_the_next(operat
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace)
     wait_session(operator, namespace, session)
-    hung = run_in(operator, namespace, session, "import time\nprint('started', flush=True)\ntime.sleep(600)",
-                  limits={"timeoutSeconds": 2})
+    name = operator.create_run(namespace, {"language": "python", "session": session, "limits": {"timeoutSeconds": 2},
+                                           "code": "import time\nprint('started', flush=True)\ntime.sleep(600)"})
+    # A run that lasts says so in its session's status (within a quarter second of its start), as a user waits
+    busy = operator.kubectl("wait", "-n", namespace, f"crsess/{session}",
+                            f"--for=jsonpath={{.status.currentRun}}={name}", "--timeout=30s", check=False)
+    assert busy.returncode == 0, (busy.stderr, session_status(operator, namespace, session))
+    hung = status_of(operator.wait_run(namespace, name, 60))
     assert (hung["phase"], hung["reason"]) == ("Failed", "Timeout"), hung
     assert hung["stdout"] == "started\n"
     following = run_in(operator, namespace, session, "print('next')")
     assert (following["phase"], following["stdout"]) == ("Succeeded", "next\n"), following
+    ready = operator.kubectl("wait", "-n", namespace, f"crsess/{session}", "--for=jsonpath={.status.runsDone}=2",
+                             "--timeout=30s", check=False)
+    status = session_status(operator, namespace, session)
+    assert ready.returncode == 0 and (status["phase"], status.get("currentRun")) == ("Ready", None), status
 
 
 def test_runs_of_a_session_go_one_at_a_time_in_creation_order(operator, namespace):

@@ -471,6 +471,29 @@ def test_an_operator_restarted_while_a_run_is_in_the_sandbox_finishes_it_from_th
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["documentsReserved"] == 128
 
 
+def test_a_session_an_older_operator_numbered_goes_on_after_the_upgrade(env):
+    """An operator before documentsReserved wrote documentsSent, the count of documents sent: a session alive
+    across the upgrade goes on from that count, its next document MAC'd past the runner's last number."""
+    api, clock, ctl = env
+    state = serving_session(env)
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    assert api.run(NS, "r1")["status"]["phase"] == "Succeeded" and state["sequence"] == 0
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    del status["documentsReserved"]
+    status["documentsSent"] = 5  # as the older operator left it, its runner's last number 4
+    state["sequence"] = 4
+    upgraded = Controller(api=api, clock=clock)
+    upgraded.sessions.later = Later()
+    upgraded.on_policy(copy.deepcopy(POLICY), deleted=False)
+    upgraded.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
+    upgraded.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
+    upgraded.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    settle()
+    assert (api.run(NS, "r2")["status"]["phase"], state["sequence"]) == ("Succeeded", 5)
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["documentsReserved"] == 5 + 64
+
+
 def test_a_frame_in_the_log_without_the_runs_nonce_is_not_the_runs(env):
     """The program can write to the runner's stdout, and so into the log: a frame without the nonce is its."""
     api, clock, _ = env

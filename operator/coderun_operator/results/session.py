@@ -127,6 +127,12 @@ def busy_fields(status: Mapping[str, Any], run_name: str, now: datetime,
             "runsDone": runs_done(status, [r for r in runs if in_session(r, status)])}
 
 
+def reserved_sequence(status: Mapping[str, Any]) -> int:
+    """The documents' sequence numbers reserved so far: documentsReserved, or the documentsSent count an operator
+    before it wrote (a session alive across the upgrade; the greater, should both be there)."""
+    return max(int(status.get("documentsReserved") or 0), int(status.get("documentsSent") or 0))
+
+
 def runs_done(status: Mapping[str, Any], mine: Iterable[Mapping[str, Any]]) -> int:
     """The session's finished runs: those that went through it, or what the status held if more (a finished
     run may be deleted, and the count never goes back)."""

@@ -80,7 +80,9 @@ class CodeRunSessionStatus(ApiModel):
     creator: str | None = Field(None, max_length=512, description=(
         "The identity that created the session, as the API server recorded it (annotation "
         "coderun.io/created-by): the only one whose runs may name it."))
-    current_run: str | None = Field(None, max_length=253, description="The CodeRun running in the session now.")
+    current_run: str | None = Field(None, max_length=253, description=(
+        "The CodeRun in the session's sandbox, once it has been there a quarter of a second (or the operator's "
+        "tick saw it); with phase Busy."))
     runs_done: int | None = Field(None, ge=0, description="Runs that ended in the session (any result).")
     last_activity: str | None = Field(None, description=(
         "When a run of the session last started or ended (or the sandbox started): the idle timeout counts from "
@@ -90,7 +92,8 @@ class CodeRunSessionStatus(ApiModel):
         "maxLifetimeSeconds."), json_schema_extra={"format": "date-time"})
     idle_expires_at: str | None = Field(None, description=(
         "When the session will end if no run comes: lastActivity + the effective idleTimeoutSeconds (moves with "
-        "every run)."), json_schema_extra={"format": "date-time"})
+        "the runs: written after a run, once a queue of runs is done, and at least every 5 s meanwhile; the "
+        "operator ends an idle session by its runs' own times, never by a stale value here)."), json_schema_extra={"format": "date-time"})
     idle_timeout_seconds: int | None = Field(None, ge=MIN_IDLE_TIMEOUT_SECONDS, le=MAX_LIFETIME_SECONDS, description=(
         "The effective idle timeout: spec.idleTimeoutSeconds within the policy's sessions.maxIdleTimeoutSeconds."))
     documents_reserved: int | None = Field(None, ge=0, description=(
@@ -98,6 +101,9 @@ class CodeRunSessionStatus(ApiModel):
         "every document sent took a number below this one, once. Each document's MAC covers its number and the "
         "runner takes only numbers past the last it read, so no document can be replayed or reordered; numbers "
         "reserved and never used (an operator restarted) are skipped."))
+    documents_sent: int | None = Field(None, ge=0, description=(
+        "Deprecated, never written: the count of documents an operator before documentsReserved wrote. Read as "
+        "a reservation (the greater of the two), so a session alive across the upgrade keeps its numbering."))
     start_time: str | None = Field(None, description="When the sandbox answered and runs could start.",
                                    json_schema_extra={"format": "date-time"})
     end_time: str | None = Field(None, description="When the session ended.", json_schema_extra={"format": "date-time"})

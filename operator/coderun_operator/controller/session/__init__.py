@@ -42,7 +42,7 @@ from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
-                               in_session, runs_in_order, start_failure)
+                               in_session, reserved_sequence, runs_in_order, start_failure)
 from ...results.status import (Outcome, decision_fields, parse_time, refusal_fields, running_status,
                                started_status, waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
@@ -546,7 +546,7 @@ class Sessions:
                 return None
             # the reservation as the operator last wrote it (the caller's copy may be an event's, older)
             held = self.sessions.get((session["metadata"]["namespace"], session["metadata"]["name"])) or session
-            reserved = int((held.get("status") or {}).get("documentsReserved") or 0)
+            reserved = reserved_sequence(held.get("status") or {})
             sequence = self._next_sequence.get(suid, reserved)
             if sequence >= reserved and self._write(session, {"documentsReserved": sequence + SEQUENCE_BLOCK}) is None:
                 return None
@@ -613,8 +613,9 @@ class Sessions:
         try:
             with self._lock:
                 held = self.sessions.get((meta["namespace"], meta["name"]))
-                if held is None or self._sending.get(meta["uid"]) != run_uid:
-                    return
+                if held is None or held["metadata"].get("uid") != meta["uid"] or \
+                        self._sending.get(meta["uid"]) != run_uid:
+                    return  # the run's document is in, or the session was deleted (and made again) meanwhile
                 status = held.get("status") or {}
                 if status.get("phase") != SessionPhase.ENDED:
                     self._write(held, busy_fields(status, run_name, started, self._runs(held)))
@@ -805,8 +806,8 @@ def _newest_count(event: dict[str, Any], held: Mapping[str, Any] | None) -> dict
     used twice would be refused by the runner as a replay)."""
     if held is None or held["metadata"].get("uid") != event["metadata"].get("uid"):
         return event
-    kept = int((held.get("status") or {}).get("documentsReserved") or 0)
-    if kept > int((event.get("status") or {}).get("documentsReserved") or 0):
+    kept = reserved_sequence(held.get("status") or {})
+    if kept > reserved_sequence(event.get("status") or {}):
         event = {**event, "status": {**(event.get("status") or {}), "documentsReserved": kept}}
     return event
 
