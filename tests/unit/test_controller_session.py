@@ -1068,6 +1068,22 @@ def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_
     assert api.run(NS, "r2")["status"]["phase"] == "Succeeded"  # woken by r1's exchange ending, not a later tick
 
 
+def test_a_refused_run_ahead_in_the_queue_hands_the_turn_to_the_next_at_once(env):
+    """Someone else names the session first: their run, first in creation order, is refused when its event
+    comes, and the caller's run that waited its turn behind it goes then, not at the next tick."""
+    api, _, ctl = env
+    serving_session(env)
+    theirs = session_run("theirs", "uid-1")
+    theirs["metadata"]["annotations"] = {"coderun.io/created-by": "mallory"}
+    theirs = api.add_run(theirs)
+    ctl.on_run(api.add_run(session_run("mine", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    assert "waits its turn" in api.run(NS, "mine")["status"]["message"]
+    ctl.on_run(theirs, deleted=False)
+    settle()
+    assert api.run(NS, "theirs")["status"]["reason"] == "SessionForbidden"
+    assert api.run(NS, "mine")["status"]["phase"] == "Succeeded"
+
+
 def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(env):
     api, _, ctl = env
     gate = threading.Event()

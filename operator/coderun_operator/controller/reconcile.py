@@ -87,6 +87,9 @@ class Controller:
         self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # namespaces where a run finished: their queued runs are looked at once no run lock is held
         self._freed: set[str] = set()
+        # session runs that ended at a step of their own (refused, or finished from the sandbox's log): the run
+        # behind each in its session's queue is looked at once no run lock is held
+        self._session_turns: set[str] = set()
         self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
         self.policy_status = PolicyStatusWriter(api, clock)
         self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools, clock=clock)
@@ -224,6 +227,16 @@ class Controller:
             if run is not None and not (unfinished_only and is_terminal(run)):
                 self._guarded(uid, run, lambda: step(run))
         self._start_queued()
+        self._pass_session_turns()
+
+    def _pass_session_turns(self) -> None:
+        while self._session_turns:
+            try:
+                run = self.store.run(self._session_turns.pop())
+            except KeyError:
+                return
+            if run is not None:
+                self.sessions.after_run(run, self.ensure_policies_listed)
 
     def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
         uid = run["metadata"]["uid"]
@@ -239,6 +252,8 @@ class Controller:
                 self._finish_session_frame(run, outcome)
             elif outcome is not None:
                 self._finish(run, outcome)
+            if outcome is not None:
+                self._session_turns.add(run["metadata"]["uid"])
             return
         if not (run.get("status") or {}).get("podName"):
             self._admit(run)
