@@ -912,6 +912,28 @@ def test_runs_of_a_session_go_over_one_attach_with_one_session_write_each_and_la
     assert (session["phase"], session["runsDone"], session["documentsReserved"]) == ("Ready", 3, 64)
 
 
+def test_the_echo_of_the_sessions_last_write_coming_while_the_next_run_is_in_writes_nothing(env):
+    """Runs one after another: the watch brings the session's Ready (written after r1) while r2 is in the
+    sandbox. Nothing changed that the operator did not write: r2, short, costs the session no Busy."""
+    api, _, ctl = env
+    gate = threading.Event()
+    serving_session(env, gate)
+    gate.set()
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    settle()
+    echo = copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")])
+    assert (echo["status"]["phase"], echo["status"]["runsDone"]) == ("Ready", 1)
+    written, patch = [], api.patch_session_status
+    api.patch_session_status = lambda namespace, name, status: written.append(status) or patch(namespace, name, status)
+    gate.clear()
+    ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
+    ctl.on_session(echo, deleted=False)
+    assert written == []
+    gate.set()
+    settle()
+    assert [(w.get("phase"), w.get("runsDone")) for w in written] == [("Ready", 2)]
+
+
 def test_queued_runs_cost_the_session_no_write_each_and_a_busy_write_counts_the_runs_done(env):
     """A harness's runs, queued at once: a run's end hands the sandbox to the next run, and the session is not
     written between them; a run still in the sandbox a quarter second on writes Busy with the count, and the

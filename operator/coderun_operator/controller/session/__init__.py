@@ -173,7 +173,10 @@ class Sessions:
             else:
                 self.sessions[(meta["namespace"], meta["name"])] = held = _newest_count(
                     dict(session), self.sessions.get((meta["namespace"], meta["name"])))
-                self._refresh(dict(held), ensure_policies)
+                # The echo of its own last write while a run is in the sandbox says nothing new: a refresh would
+                # write Busy for a run that is about to end (BUSY_AFTER_SECONDS writes it for one that lasts).
+                if not (self._own_last_write(meta) and meta["uid"] in self._sending):
+                    self._refresh(dict(held), ensure_policies)
         self._reconcile_runs(self._runs_to_wake(meta["namespace"], meta["name"]))
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> bool:
@@ -395,6 +398,10 @@ class Sessions:
         of its own has been answered since."""
         written = self._written.get(meta["uid"])
         return bool(written) and meta.get("resourceVersion") in written and meta["resourceVersion"] != written[-1]
+
+    def _own_last_write(self, meta: Mapping[str, Any]) -> bool:
+        written = self._written.get(meta["uid"])
+        return bool(written) and meta.get("resourceVersion") == written[-1]
 
     def _write(self, session: dict[str, Any], wire: dict[str, Any]) -> dict[str, Any] | None:
         meta = session["metadata"]
