@@ -170,25 +170,53 @@ def bench_node_warm(custom, stopwatch, namespace, n):
     return figures
 
 
+def pod_cpu(core, namespace: str, pod_name: str) -> tuple[float, int, int] | None:
+    """The pod's CPU so far on this host, from its cgroup (v1, as the local cluster's kubelet makes it): CPU
+    milliseconds used, CFS periods, periods throttled; None where it cannot be read (another host, cgroup v2)."""
+    uid = core.read_namespaced_pod(pod_name, namespace).metadata.uid
+    for tier in ("", "burstable/", "besteffort/"):
+        base = f"/sys/fs/cgroup/%s/kubepods/{tier}pod{uid}"
+        try:
+            usage = int(Path(base % "cpuacct", "cpuacct.usage").read_text()) / 1e6
+            stat = dict(line.split() for line in Path(base % "cpu", "cpu.stat").read_text().splitlines())
+        except OSError:
+            continue
+        return usage, int(stat["nr_periods"]), int(stat["nr_throttled"])
+    return None
+
+
 def bench_session(custom, stopwatch, namespace, n, keep_state=False):
     """Sequential runs in one session whose sandbox is Ready, each created once the one before ended: created ->
-    terminal status. keepState false: a fresh process per run; true: one interpreter for all. The namespace's
-    policy allows sessions (allow_sessions)."""
+    terminal status; and the session pod's CPU a run, and its CFS periods throttled, where this host shows them.
+    keepState false: a fresh process per run; true: one interpreter for all. The namespace's policy allows
+    sessions (allow_sessions)."""
     session = f"bench-{'keep' if keep_state else 'fresh'}"
     custom.create_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": session},
         "spec": {"language": "python", "keepState": keep_state}})
     stopwatch.wait(("session-ready", session))
     stopwatch.wait_pool(1)  # the session took the pool's pod: its replacement's start is not the runs' cost
+    pod = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, session)["status"]["podName"]
+    core = client.CoreV1Api()
+    before = pod_cpu(core, namespace, pod)
     to_result = []
     for i in range(n):
         name = f"{session}-{i}"
         start = create_run(custom, namespace, name, session=session)
         to_result.append(stopwatch.wait(("run-finished", name)) - start)
         assert finished_status(custom, namespace, name)["startMode"] == "Session"
+    after = pod_cpu(core, namespace, pod)
+    cpu = None if before is None or after is None else (
+        (after[0] - before[0]) / n, after[2] - before[2], after[1] - before[1])
     # its pod's CPU request goes with it (the next session's pod needs the room on a 2-CPU node)
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, session)
-    return to_result
+    return to_result, cpu
+
+
+def session_cpu(cpu: tuple[float, int, int] | None) -> str:
+    if cpu is None:
+        return "  (the pod's CPU: no cgroup v1 of it on this host)"
+    return f"  the pod's CPU {cpu[0]:.0f} ms a run, {cpu[1]}/{cpu[2]} CFS periods throttled"
 
 
 def bench_session_start(custom, stopwatch, namespace, n, warm: bool):
@@ -346,8 +374,8 @@ def main() -> None:
         session_ns = new_namespace(core)
         session_watch = Stopwatch(session_ns)
         allow_sessions(custom, session_ns)
-        session = bench_session(custom, session_watch, session_ns, args.n)
-        session_kept = bench_session(custom, session_watch, session_ns, args.n, keep_state=True)
+        session, session_pod_cpu = bench_session(custom, session_watch, session_ns, args.n)
+        session_kept, session_kept_pod_cpu = bench_session(custom, session_watch, session_ns, args.n, keep_state=True)
         starts = args.demo // 2 or 1
         warm_start, warm_start_modes = bench_session_start(custom, session_watch, session_ns, starts, warm=True)
         cold_start, cold_start_modes = bench_session_start(custom, session_watch, session_ns, starts, warm=False)
@@ -375,7 +403,9 @@ def main() -> None:
         print(summary(f"warm Node, {mode}: created -> terminal", to_result))
         print(summary(f"warm Node, {mode}: the program", walls))
     print(summary("CodeRun in a session created -> terminal status", session) + "  keepState false")
+    print(session_cpu(session_pod_cpu))
     print(summary("CodeRun in a session created -> terminal status", session_kept) + "  keepState true")
+    print(session_cpu(session_kept_pod_cpu))
     print(summary("CodeRunSession created -> Ready, a pool pod", warm_start) +
           f"  {warm_start_modes.count('Warm')}/{len(warm_start_modes)} Warm")
     print(summary("CodeRunSession created -> Ready, its own pod", cold_start) +
