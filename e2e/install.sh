@@ -74,12 +74,14 @@ install() {
   # The proxy asks little CPU here: the tests' requests are few, and the 2-core node's room is the sandboxes' (a
   # pool beside a one-core cold run). The chart's defaults are for a cluster's traffic.
   # --force-conflicts: fields `kubectl apply` set (make up-host) are taken over by the release, not a conflict.
+  # 300 s: the agent and the proxy are Ready only once the operator has created their key Secret and the kubelet
+  # has synced it into the mounted volume; on a loaded 2-core machine CI saw that take past 180 s.
   "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" --force-conflicts \
     --set image.digest="$digest" --set egressProxy.image.digest="$proxy_digest" \
     --set-json "egressProxy.extraEgress=$destinations" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
     --set egressProxy.resources.requests.cpu=20m --set egressProxy.adminResources.requests.cpu=5m \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
-    --wait --timeout 180s "$@" >/dev/null || { diagnose; exit 1; }
+    --wait --timeout 300s "$@" >/dev/null || { diagnose; exit 1; }
   local leader
   for _ in $(seq 300); do  # the Lease's holder, once it has labelled its pod (what the webhook Service needs)
     leader=$("$KUBECTL" -n "$NAMESPACE" get lease coderun-operator -o jsonpath='{.spec.holderIdentity}' 2>/dev/null || true)
