@@ -11,6 +11,8 @@ import pytest
 
 from coderun.egress.credential import admin_bearer, verify
 from coderun.egress.rules import Rule
+from coderun.sandbox.runner.inputs import parse_run_spec
+from coderun.sandbox.runner.prestart import fits
 from coderun_operator.builders.egress import EgressAccess, ProxyRoute, pinned
 from coderun_operator.controller import Controller
 from coderun_operator import proxy
@@ -103,6 +105,20 @@ def test_the_program_gets_its_credential_and_its_network_policy_the_route_to_the
     assert routes[-1] == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PROXY_NS}},
                                   "podSelector": {"matchLabels": SELECTOR}}],
                           "ports": [{"protocol": "TCP", "port": 3128}]}
+
+
+def test_only_node_gets_node_s_proxy_switch_so_a_python_run_can_use_a_prestarted_interpreter(env):
+    """NODE_USE_ENV_PROXY is a variable Node reads as it starts: in a Python run's environment it made the runner
+    refuse the prestarted interpreter (warm, session) and every keepState run (issue 35, item 6)."""
+    api, clock, ctl, _ = env
+    submit((api, clock, ctl), make_run())
+    submit((api, clock, ctl), make_run("js", "uid-js", language="javascript", code="console.log(1)"))
+    runs = {name: parse_run_spec(json.loads(api.objects[("ConfigMap", NS, f"{name}-input")]["data"]["run.json"]))
+            for name in ("demo", "js")}
+    assert "HTTPS_PROXY" in runs["demo"]["env"] and "NODE_USE_ENV_PROXY" not in runs["demo"]["env"]
+    assert runs["js"]["env"]["NODE_USE_ENV_PROXY"] == "1" and "HTTPS_PROXY" in runs["js"]["env"]
+    # The runner's own test: a process prestarted with these settings stands in for the Python run, not the Node one.
+    assert fits(runs["demo"], runs["demo"]) and not fits(runs["js"], runs["js"])
 
 
 def test_a_cold_run_dials_one_ready_proxy_pod_never_the_service_and_its_status_names_it(env):

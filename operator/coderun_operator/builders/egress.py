@@ -5,7 +5,9 @@ NetworkPolicy opens (to the proxy's pods, on the proxy port). Pure: the route an
 The program has no DNS, so the proxy is dialled at an address: the pod's own, never the Service's, so that one
 pod sees all of a run's requests and counts its budget (docs/egress.md, "Budgets"). Python (urllib, requests, pip) reads
 HTTP_PROXY/HTTPS_PROXY with the credential in them; Node's fetch and https ignore them before Node 24
-(NODE_USE_ENV_PROXY is set for a runtime that honours it; docs/egress.md says what Node 18 needs).
+(NODE_USE_ENV_PROXY is set for a Node runtime, which honours it from 24; docs/egress.md says what Node 18 needs). Only
+for Node: it is a start-up variable (runner prestart.py), so set for Python it would make every egress run of a warm
+pod or a session start cold, and every keepState run refused.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
-from coderun.api.models import EgressRule
+from coderun.api.models import EgressRule, Runtime
 from coderun.egress.credential import Budget, CredentialRefused, Grant, mint, proxy_url, read_grant
 from ..policy import Decision, Policy
 
@@ -83,14 +85,21 @@ def grant(run: Mapping[str, Any], policy: Policy, expires: int, proxy_pod: str |
                  budget=Budget(budget.bytes, budget.requests) if budget else None, proxy_pod=proxy_pod)
 
 
-def run_environment(access: EgressAccess, run: Mapping[str, Any], policy: Policy, expires: int) -> dict[str, str]:
-    """The program's proxy settings, its credential inside them, naming the pod it is pinned to."""
+def run_environment(access: EgressAccess, run: Mapping[str, Any], policy: Policy, runtime: Runtime,
+                    expires: int) -> dict[str, str]:
+    """The program's proxy settings, its credential inside them, naming the pod it is pinned to; Node's switch
+    to honour them only where the runtime's command is Node."""
     if access.address is None:
         raise ValueError("a run's proxy settings name its pinned proxy pod (builders.egress.pinned)")
     token = mint(access.key_id, access.key, grant(run, policy, expires, access.pod))
     url = proxy_url(access.address, token, run["metadata"]["uid"])
-    return {**{name: url for name in PROXY_VARIABLES}, "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY,
-            "NODE_USE_ENV_PROXY": "1"}
+    node = {"NODE_USE_ENV_PROXY": "1"} if runs_node(runtime) else {}
+    return {**{name: url for name in PROXY_VARIABLES}, "NO_PROXY": NO_PROXY, "no_proxy": NO_PROXY, **node}
+
+
+def runs_node(runtime: Runtime) -> bool:
+    """Whether the runtime's program is Node (its command's executable: node, nodejs, /usr/bin/node, ...)."""
+    return runtime.command[0].rpartition("/")[2] in ("node", "nodejs")
 
 
 def minted(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mapping[str, Any]) -> tuple[int, EgressAccess] | None:
