@@ -13,9 +13,10 @@ What a host can rely on:
 - A call the client cancels stops waiting at once and deletes its run: nobody will read the result, and a
   run left going would hold a sandbox and a place under the policy's maxConcurrentRuns.
 - `run_code` with `session: true` runs in the conversation's own CodeRunSession (docs/sessions.md): the files
-  earlier session runs of the same MCP connection wrote are there. The first such call creates it; the server
-  deletes its sessions when it stops, and a session whose conversation went quiet ends by its idle timeout
-  (CONVERSATION_IDLE_SECONDS).
+  earlier session runs of the same MCP connection wrote are there. The first such call creates it. It is
+  deleted (its pod with it) when the conversation ends: over streamable HTTP when the client ends it
+  (`DELETE /mcp`, answered 200) or it has gone CONVERSATION_IDLE_SECONDS without a tool call (the SDK forgets
+  the HTTP session after as long without a request), and every one when the server stops.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import asyncio
 import base64
 import logging
 import os
+import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
@@ -80,6 +82,7 @@ STATIC_SCHEMAS[RUN_CODE]["properties"][SESSION_ARGUMENT] = {
                     "policy must allow sessions). The first session call starts it, with its memory and cpu; later "
                     "session calls cannot change them.")}
 CONVERSATION_IDLE_SECONDS = 900  # a session whose connection went without a word ends by itself
+IDLE_CHECK_SECONDS = 30.0  # how often the HTTP server looks for conversations that went idle
 
 Report = Callable[[float, str], Awaitable[None]]  # (progress, message): a no-op when the call has no token
 
@@ -131,13 +134,16 @@ class CodeRunTools:
     """The two tools over one (lazy) client. Handlers below only translate MCP requests into these calls."""
 
     def __init__(self, client: LazyClient, progress_seconds: float = PROGRESS_SECONDS,
-                 policy_lookup_seconds: float = POLICY_LOOKUP_SECONDS):
+                 policy_lookup_seconds: float = POLICY_LOOKUP_SECONDS, clock: Callable[[], float] = time.monotonic):
         self.client = client
+        self.clock = clock
         self.progress_seconds = progress_seconds
         self.policy_lookup_seconds = policy_lookup_seconds
         self._policy_timeout: int | None = None  # the policy's default timeout, once tools/list has read it
         self._sessions: dict[str, AsyncSession] = {}  # conversation (conversation_of) -> its CodeRunSession
         self._creating: dict[str, asyncio.Lock] = {}  # one creation per conversation, however many calls at once
+        self._last_call: dict[str, float] = {}  # conversation -> when its last tool call started or ended (clock)
+        self._calls: dict[str, int] = {}  # conversation -> its tool calls in flight
 
     # ---- tools/list
     async def list_tools(self) -> list[types.Tool]:
@@ -169,6 +175,20 @@ class CodeRunTools:
     # ---- tools/call
     async def call(self, name: str, arguments: dict[str, Any], report: Report,
                    conversation: str | None = "stdio") -> types.CallToolResult:
+        if conversation is None:
+            return await self._call(name, arguments, report, None)
+        self._calls[conversation] = self._calls.get(conversation, 0) + 1
+        self._last_call[conversation] = self.clock()
+        try:
+            return await self._call(name, arguments, report, conversation)
+        finally:
+            self._last_call[conversation] = self.clock()
+            self._calls[conversation] -= 1
+            if not self._calls[conversation]:
+                del self._calls[conversation]
+
+    async def _call(self, name: str, arguments: dict[str, Any], report: Report,
+                    conversation: str | None) -> types.CallToolResult:
         arguments = dict(arguments)
         in_session = arguments.pop(SESSION_ARGUMENT, False) if name == RUN_CODE else False
         if not isinstance(in_session, bool):
@@ -220,13 +240,27 @@ class CodeRunTools:
         return session
 
     async def end_conversation(self, conversation: str) -> None:
-        """Delete the conversation's session, if it has one (its pod goes with it)."""
-        session = self._sessions.pop(conversation, None)
+        """Delete the conversation's session, if it has one (its pod goes with it), and forget the conversation.
+        After a session being created for it, if one is (else that one would outlive it)."""
+        async with self._creating.get(conversation) or asyncio.Lock():
+            session = self._sessions.pop(conversation, None)
+        self._creating.pop(conversation, None)
+        self._last_call.pop(conversation, None)
         if session is not None:
             try:
                 await session.delete()
             except CodeRunError as e:
                 log.warning("could not delete session %s (its idle timeout will end it): %s", session.name, e)
+
+    async def end_idle_conversations(self, idle_seconds: float = CONVERSATION_IDLE_SECONDS) -> list[str]:
+        """End every conversation with no call in flight and none for `idle_seconds` (its session is then ending
+        by its own idle timeout, and its HTTP session is forgotten by the SDK: nothing would ever end it here)."""
+        now = self.clock()
+        idle = [conversation for conversation, last in list(self._last_call.items())
+                if conversation not in self._calls and now - last >= idle_seconds]
+        for conversation in idle:
+            await self.end_conversation(conversation)
+        return idle
 
     async def close(self) -> None:
         for conversation in list(self._sessions):
@@ -336,6 +370,36 @@ def conversation_of(ctx: Any) -> str | None:
     return f"http:{session_id}" if session_id else None
 
 
+class EndsConversations:
+    """The streamable HTTP app, with the conversation's session deleted when its client ends it: a `DELETE` on
+    the MCP path that the SDK answered 200 (a DELETE it refused, for an unknown session or another owner, ends
+    nothing). The SDK has no hook for a session's end, so this watches the exchange from outside."""
+
+    def __init__(self, app: Any, tools: CodeRunTools, path: str = "/mcp"):
+        self.app, self.tools, self.path = app, tools, path
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "DELETE" or scope.get("path") != self.path:
+            await self.app(scope, receive, send)
+            return
+        session_id = dict(scope.get("headers") or ()).get(b"mcp-session-id", b"").decode("latin-1")
+        answered: list[int] = []
+
+        async def watched_send(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                answered.append(message.get("status", 0))
+            await send(message)
+        await self.app(scope, receive, watched_send)
+        if session_id and answered == [200]:
+            await self.tools.end_conversation(f"http:{session_id}")
+
+
+async def end_idle_conversations(tools: CodeRunTools, every: float = IDLE_CHECK_SECONDS) -> None:
+    while True:
+        await anyio.sleep(every)
+        await tools.end_idle_conversations()
+
+
 def build_server(tools: CodeRunTools) -> Server:
     async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=await tools.list_tools())
@@ -363,8 +427,12 @@ def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000, n
                     await server.run(read_stream, write_stream, server.create_initialization_options())
             else:
                 import uvicorn
-                app = server.streamable_http_app(host=host)
-                await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+                app = EndsConversations(server.streamable_http_app(
+                    host=host, session_idle_timeout=CONVERSATION_IDLE_SECONDS), tools)
+                async with anyio.create_task_group() as group:
+                    group.start_soon(end_idle_conversations, tools)
+                    await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()
+                    group.cancel_scope.cancel()
         finally:
             await tools.close()
             await client.close()

@@ -11,6 +11,8 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 import zlib
 from pathlib import Path
 
@@ -388,8 +390,9 @@ def test_with_a_dead_api_server_over_stdio_a_call_answers_with_a_tool_error(tmp_
     assert "Traceback" not in (tmp_path / "stderr").read_text()
 
 
-def over_http(tmp_path, kubeconfig, steps, *args):
-    """`coderun mcp --transport streamable-http` as a subprocess; `steps(session)` once it listens."""
+def over_http(tmp_path, kubeconfig, steps, *args, after=None):
+    """`coderun mcp --transport streamable-http` as a subprocess; `steps(session)` once it listens, and
+    `after(steps' value)` once the client has ended its connection (a DELETE), the server still serving."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "coderun.cli", "mcp", "--transport", "streamable-http",
                                "--port", str(port), *args], env=server_env(tmp_path, kubeconfig),
@@ -406,7 +409,8 @@ def over_http(tmp_path, kubeconfig, steps, *args):
                     await anyio.sleep(0.1)
             async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
                 async with ClientSession(read, write) as session:
-                    return await steps(session)
+                    value = await steps(session, port) if after else await steps(session)
+            return await after(value) if after else value
     try:
         return anyio.run(main)
     finally:
@@ -505,3 +509,64 @@ def test_over_streamable_http_a_connections_session_calls_share_one_session(api,
     over_http(tmp_path, kubeconfig, steps)  # another server and client: another session
     both = {obj["spec"]["session"] for obj in api.runs.values()}
     assert len(first) == 1 and len(both) == 2 and first < both
+
+
+def test_over_streamable_http_a_conversation_its_client_ends_deletes_its_session_and_a_refused_delete_does_not(
+        api, kubeconfig, tmp_path):
+    """Issue 35, item 8: a DELETE /mcp answered 200 left the CodeRunSession (and its 1-CPU pod) for its idle timeout."""
+    finish_on_create(api, SUCCEEDED)
+
+    def delete(port):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/mcp", method="DELETE",
+                                         headers={"mcp-session-id": "0" * 32})
+        try:
+            return urllib.request.urlopen(request, timeout=DEADLINE).status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    async def steps(session, port):
+        await session.initialize()
+        result = await session.call_tool("run_code", {"code": "open('a', 'w')", "session": True})
+        assert not result.is_error, result.content[0].text
+        refused = await anyio.to_thread.run_sync(delete, port)  # a conversation nobody has: the SDK refuses it
+        return refused, set(api.sessions)
+
+    async def after(value):
+        while api.sessions:  # the client's own DELETE, answered 200: its session goes (within over_http's deadline)
+            await anyio.sleep(0.05)
+        return value
+    refused, before = over_http(tmp_path, kubeconfig, steps, after=after)
+    assert refused == 404 and len(before) == 1 and api.sessions == {}
+
+
+def test_a_conversation_idle_past_its_bound_ends_its_session_and_one_with_a_call_in_flight_does_not(api, kubeconfig):
+    def on_create(obj):  # the operator: runs end at once, save the busy conversation's, which waits
+        if obj["spec"]["code"] != "wait":
+            obj["status"] = dict(SUCCEEDED)
+    api.on_create = on_create
+    now = [1000.0]
+    tools = CodeRunTools(LazyClient(kubeconfig=str(kubeconfig)), 10.0, DEADLINE, clock=lambda: now[0])
+
+    async def report(progress, message):
+        pass
+
+    async def main():
+        with anyio.fail_after(DEADLINE):
+            for conversation in ("http:quiet", "http:busy"):
+                result = await tools.call("run_code", {"code": "print(1)", "session": True}, report, conversation)
+                assert not result.is_error, result.content[0].text
+            async with anyio.create_task_group() as group:
+                group.start_soon(tools.call, "run_code", {"code": "wait", "session": True}, report, "http:busy")
+                while len(api.runs) < 3:
+                    await anyio.sleep(0.02)
+                now[0] += 899
+                early = await tools.end_idle_conversations(900), set(api.sessions)
+                now[0] += 1
+                ended = await tools.end_idle_conversations(900), set(api.sessions)
+                group.cancel_scope.cancel()
+            await tools.close()
+            await tools.client.close()
+            return early, ended
+    (early, before), (ended, after) = anyio.run(main)
+    assert early == [] and len(before) == 2
+    assert ended == ["http:quiet"] and len(after) == 1 and after < before
