@@ -442,7 +442,9 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
         print_result(result, args.output, sys.stdout, sys.stderr, raw=args.raw)
         return exit_code_for(result)
     except RunTimeout as e:
-        print(one_line(f"coderun: {e}"), file=sys.stderr)
+        kept = (f"it is kept: `coderun logs -f {created.name}` waits for it" if args.keep else
+                "it is deleted (--keep keeps it)")
+        print(one_line(f"coderun: {e.advised(f'--wait-timeout to wait longer; {kept}')}"), file=sys.stderr)
         return EXIT_NOT_FINISHED
     except KeyboardInterrupt:
         print(f"coderun: interrupted; {created.name} " + ("kept" if args.keep else "deleted"), file=sys.stderr)
@@ -467,7 +469,8 @@ def cmd_logs(client: CodeRunClient, args: argparse.Namespace) -> int:
             with Progress(sys.stderr, args.name) as progress:
                 result = client.wait(args.name, timeout=args.wait_timeout or math.inf, on_update=progress.update)
         except RunTimeout as e:
-            print(one_line(f"coderun: {e}"), file=sys.stderr)
+            print(one_line(f"coderun: {e.advised('it may still finish: wait again, with a longer --wait-timeout')}"),
+                  file=sys.stderr)
             return EXIT_NOT_FINISHED
     else:
         result = client.get(args.name)
@@ -626,7 +629,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--memory", help="memory limit, e.g. 512Mi (exit 137 when exceeded)")
     run.add_argument("--cpu", help="CPU limit, e.g. 500m or 1")
     run.add_argument("--wait-timeout", type=wait_seconds, metavar="DURATION",
-                     help="how long to wait for the result (default: --timeout + 2m; exit 5 when it runs out)")
+                     help="how long to wait for the result (default: --timeout + 6m, past the operator's own 5m "
+                          "bound on a sandbox that cannot start; exit 5 when it runs out)")
     run.add_argument("-l", "--label", action="append", default=[], metavar="KEY=VALUE", help="label the run")
     run.add_argument("--keep", action="store_true", help="keep the CodeRun instead of deleting it afterwards")
     run.add_argument("--raw", action="store_true", help=raw_help)

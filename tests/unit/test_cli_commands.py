@@ -262,6 +262,7 @@ def test_logs_wait_gives_up_after_wait_timeout(api, capsys):
     started = time.monotonic()
     code, out, err = coderun(capsys, "logs", "run-a", "--wait", "--wait-timeout", "500ms")
     assert (code, out) == (cli.EXIT_NOT_FINISHED, "") and "gave up waiting" in err
+    assert "(last seen: Pending)" in err and "wait again, with a longer --wait-timeout" in err, err
     assert time.monotonic() - started < 10
 
 
@@ -294,6 +295,21 @@ def test_run_prints_the_result_and_deletes_the_run(api, capsys):
     assert (code, out) == (7, "partial\n")
     assert err.splitlines()[0] == "bad input" and "exit code 7 (NonZeroExit)" in err.splitlines()[-1]
     assert api.runs == {} and [m for m, _ in api.requests].count("DELETE") == 1
+
+
+def test_run_that_gives_up_says_what_the_run_waited_for_in_the_cli_s_words(api, capsys):
+    """Issue 35, item 8: the CLI gave up at 180 s with SDK wording (wait(timeout=...)), the run still "waiting"."""
+    waiting = {"phase": "Pending", "reason": "PodCreated", "message": "sandbox pod r-sandbox created, not yet "
+               "scheduled: 0/1 nodes are available: 1 Insufficient cpu. It waits for room"}
+    def on_create(obj):
+        obj["status"] = dict(waiting)
+    api.on_create = on_create
+    code, out, err = coderun(capsys, "run", "-c", "print(1)", "--wait-timeout", "300ms")
+    assert (code, out) == (cli.EXIT_NOT_FINISHED, "")
+    assert "last seen: Pending: PodCreated, sandbox pod r-sandbox created, not yet scheduled: 0/1 nodes are " \
+           "available: 1 Insufficient cpu." in err, err
+    assert "--wait-timeout to wait longer; it is deleted (--keep keeps it)" in err and "wait(timeout" not in err
+    assert api.runs == {}  # as it said
 
 
 ADMISSION_DENIAL = ('admission webhook "validate.coderun.io" denied the request: memory 4Gi is above the '

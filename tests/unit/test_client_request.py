@@ -87,8 +87,9 @@ def test_file_input_and_sandbox_path():
 
 
 def test_default_wait_is_the_run_limit_plus_startup_allowance():
-    assert default_wait_seconds(10) == 130
-    assert default_wait_seconds(None) == 180
+    # The allowance: the operator's own 300 s bound on a sandbox that cannot start, and a minute for its write.
+    assert default_wait_seconds(10) == 370
+    assert default_wait_seconds(None) == 420
 
 
 def _obj(status=None, **meta):

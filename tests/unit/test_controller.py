@@ -229,6 +229,45 @@ def test_a_pod_that_never_starts_gets_a_verdict_from_the_tick(env):
     assert api.events[-1][:2] == ("Warning", "ImageUnavailable")  # events work from the tick too
 
 
+def test_a_pending_run_says_why_its_pod_waits_as_soon_as_the_scheduler_says_it(env):
+    """Issue 35, item 8: for minutes the status said "waiting for it to start" while the scheduler said why."""
+    api, clock, ctl = env
+    submit(env, make_run())
+    assert api.run(NS, "demo")["status"]["message"] == "sandbox pod demo-sandbox created; waiting for it to start"
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient cpu. preemption: 0/1 nodes are available."}]}
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    status = api.run(NS, "demo")["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "PodCreated"), status
+    assert "not yet scheduled: 0/1 nodes are available: 1 Insufficient cpu" in status["message"]
+    assert "up to 300s" in status["message"] and "Unschedulable" in status["message"]
+    assert status["podName"] == "demo-sandbox" and status["conditions"][0]["type"] == "Accepted"  # the rest kept
+    writes = []
+    api.fail["patch_run_status"] = lambda namespace, name, status: writes.append(status)
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)  # the same word again: nothing to write
+    assert writes == []
+    del api.fail["patch_run_status"]
+    clock.now += timedelta(seconds=301)
+    ctl.tick()
+    status = api.run(NS, "demo")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable") and "Insufficient cpu" in status["message"]
+
+
+def test_a_pod_placed_after_waiting_for_room_says_it_waits_to_start_again(env):
+    api, _, ctl = env
+    submit(env, make_run())
+    pod = pod_of(api)
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes are available"}]}
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    assert "not yet scheduled" in api.run(NS, "demo")["status"]["message"]
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    ctl.on_pod(copy.deepcopy(pod), deleted=False)
+    assert api.run(NS, "demo")["status"]["message"] == "sandbox pod demo-sandbox created; waiting for it to start"
+
+
 def test_an_evicted_sandbox_reports_the_disk_limit(env):
     api, _, ctl = env
     submit(env, make_run(limits={"disk": "16Mi"}))

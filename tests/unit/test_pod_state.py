@@ -2,7 +2,7 @@ import pytest
 
 from coderun_operator.policy import DEFAULT_POLICY
 from coderun_operator.results.pod_state import (image_with_digest, never_fits, pending_verdict, pod_level_failure,
-                                       terminated)
+                                       terminated, waiting_message)
 
 
 def pod(waiting=None, terminated_state=None, phase="Pending", conditions=(), reason=None, image_id=""):
@@ -35,6 +35,17 @@ def test_pending_is_patient_until_the_deadline():
     unschedulable = pod(conditions=[{"type": "PodScheduled", "status": "False", "message": "Insufficient cpu"}])
     verdict = pending_verdict(unschedulable, 301, 300)
     assert verdict.reason == "Unschedulable" and "Insufficient cpu" in verdict.message
+
+
+def test_a_waiting_pod_s_message_is_the_scheduler_s_word_once_it_has_one():
+    assert waiting_message("p", pod(), 300) == "sandbox pod p created; waiting for it to start"
+    scheduled = pod(conditions=[{"type": "PodScheduled", "status": "True"}])
+    assert waiting_message("p", scheduled, 300) == "sandbox pod p created; waiting for it to start"
+    stuck = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                             "message": "0/1 nodes are available: 1 Insufficient cpu."}])
+    message = waiting_message("p", stuck, 120)
+    assert message.startswith("sandbox pod p created, not yet scheduled: 0/1 nodes are available: 1 Insufficient cpu. ")
+    assert "up to 120s" in message and "fails Unschedulable" in message
 
 
 def test_pod_level_failures():

@@ -44,9 +44,11 @@ from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
 from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
 from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running,
-                                 pod_level_failure, start_verdict, terminated)
+                                 not_scheduled_because, pod_level_failure, start_verdict, terminated,
+                                 waiting_message)
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
-                              parse_time, refusal_fields, rfc3339, running_status, started_status, waiting_status)
+                              parse_time, refusal_fields, rfc3339, running_status, started_status, unstarted_status,
+                              waiting_status)
 from .audit import ask_agent, audited, node_saw_oom_kill
 from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
 from .identity import IdentityGuard, creator_may_use
@@ -468,6 +470,11 @@ class Controller:
         if verdict:
             self._finish(run, verdict)
             self.api.delete_pod(ns, pod["metadata"]["name"])
+            return
+        waiting = waiting_message(pod["metadata"]["name"], pod, deadline)
+        if status.get("reason") == Reason.POD_CREATED and status.get("message") != waiting \
+                and (status.get("startMode") == StartMode.COLD or not_scheduled_because(pod)):
+            self.writer.write(run, unstarted_status(waiting))  # the scheduler's word, as soon as it is said
 
     def _collect(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
         """The container ended: read the log once and trust only the frame the termination message vouches for."""

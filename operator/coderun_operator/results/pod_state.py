@@ -87,6 +87,26 @@ def unschedulable(pod: Mapping[str, Any]) -> bool:
                for c in (pod.get("status") or {}).get("conditions") or ())
 
 
+def not_scheduled_because(pod: Mapping[str, Any]) -> str | None:
+    """What the scheduler says keeps the pod off every node ("0/1 nodes are available: 1 Insufficient cpu."), as
+    soon as it says it; None while it has said nothing, or has placed the pod."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return str(condition.get("message") or condition.get("reason") or "no reason given").strip()[:512]
+    return None
+
+
+def waiting_message(pod_name: str, pod: Mapping[str, Any], start_deadline_seconds: int) -> str:
+    """A Pending run's message while its pod has not started: why it waits, in the scheduler's words when it has
+    spoken, and how long it may wait before the run fails Unschedulable."""
+    why = not_scheduled_because(pod)
+    if why is None:
+        return f"sandbox pod {pod_name} created; waiting for it to start"
+    return (f"sandbox pod {pod_name} created, not yet scheduled: {why.rstrip('.')}. It waits for room on a node "
+            f"(other sandboxes ending) up to {start_deadline_seconds}s from its start, then fails Unschedulable; "
+            "lower spec.limits or end other runs and sessions to make room")
+
+
 def never_fits(pod: Mapping[str, Any], allocatable_by_node: Iterable[Mapping[str, str]]) -> Outcome | None:
     """A pod asking for more than any node has will never schedule: say so now instead of after the deadline."""
     asked: dict[str, Decimal] = {}

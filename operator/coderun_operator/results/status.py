@@ -153,6 +153,11 @@ def cold_again_status(why: str) -> CodeRunStatus:
                                          "startMode": None, "startTime": None, "message": f"{why}; starting cold"})
 
 
+def unstarted_status(message: str) -> CodeRunStatus:
+    """Still Pending, its pod not started, with why it waits (pod_state.waiting_message)."""
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.POD_CREATED, "message": message})
+
+
 def running_status(run: Mapping[str, Any], now: datetime) -> CodeRunStatus:
     conditions = set_condition(run.get("status", {}).get("conditions"), ConditionType.RUNNING, True,
                                Reason.STARTED, "the program is running in its sandbox", _generation(run), now)

@@ -13,6 +13,11 @@ from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS
 from .models import DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
 
 
+# The operator's bound on a sandbox pod that is not scheduled or started: the run then fails Unschedulable (or
+# StartFailed, ImageUnavailable). The clients' default wait covers it (client/waiting.py).
+START_DEADLINE_SECONDS = 300
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -25,7 +30,7 @@ class Policy:
     # (and, slimmed, in the operator's memory) this long at most.
     max_ttl_seconds_after_finished: int = 7 * 86400
     # How long a pod may wait to be scheduled or to start before the run fails instead of pending forever.
-    start_deadline_seconds: int = 300
+    start_deadline_seconds: int = START_DEADLINE_SECONDS
     artifact_max_files: int = 16
     artifact_max_file_bytes: int = 256 * 1024
     artifact_max_total_bytes: int = 512 * 1024

@@ -68,11 +68,24 @@ class RunTimeout(CodeRunError):
     Not the run's own time limit: a program that exceeded limits.timeoutSeconds is a normal RunResult
     with reason Timeout."""
 
-    def __init__(self, name: str, namespace: str, waited_seconds: float, last: RunResult | None):
-        self.name, self.namespace, self.last = name, namespace, last
-        phase = last.phase if last and last.phase else "no status yet"
+    def __init__(self, name: str, namespace: str, waited_seconds: float, last: RunResult | None,
+                   advice: str = "wait longer with wait(timeout=...) or delete it"):
+        self.name, self.namespace, self.last, self.waited_seconds = name, namespace, last, waited_seconds
         super().__init__(f"gave up waiting for CodeRun {namespace}/{name} after {waited_seconds:.1f}s "
-                         f"(last seen: {phase}); wait longer with wait(timeout=...) or delete it")
+                         f"(last seen: {last_seen(last)}); {advice}")
+
+    def advised(self, advice: str) -> "RunTimeout":
+        """The same give-up, with what the caller can do in its own words (the CLI's flags, not the SDK's)."""
+        return RunTimeout(self.name, self.namespace, self.waited_seconds, self.last, advice)
+
+
+def last_seen(last: RunResult | None) -> str:
+    """What the run was waiting for when the wait gave up: its phase, reason and message (the operator's words:
+    queued behind the policy's cap, waiting for an approver, its pod not scheduled and why)."""
+    if last is None or not last.phase:
+        return "no status yet"
+    said = ", ".join(filter(None, [last.reason, (last.message or "").strip()[:300]]))
+    return f"{last.phase}: {said}" if said else last.phase
 
 
 def raise_if_rejected(result: RunResult) -> RunResult:

@@ -18,14 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from ..api.models import CodeRunSpec
+from ..api.policy import START_DEADLINE_SECONDS
 from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound, RunTimeout
 from .result import RunResult, is_finished, result_from_object
 from .steps import Fetch, FetchAll, NextEvent, OpenWatch, Plan, Sleep
 
 log = logging.getLogger("coderun.client")
 
-# The caller's default wait: the run's own time limit plus room for scheduling and sandbox start-up.
-STARTUP_ALLOWANCE_SECONDS = 120
+# The caller's default wait: the run's own time limit plus the operator's own bound on a pod that has not started
+# (a run whose pod no node takes ends Unschedulable then, saying why: the caller sees that, not its own give-up),
+# and a margin for the operator's write and the result's read.
+STARTUP_ALLOWANCE_SECONDS = START_DEADLINE_SECONDS + 60
 UNKNOWN_RUN_TIMEOUT_SECONDS = 60
 DEFAULT_WAIT_SECONDS = 300
 # One watch request lasts at most this long server-side; then the client lists and watches again.
