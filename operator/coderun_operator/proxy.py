@@ -220,7 +220,8 @@ def _answer(body: bytes, headers: Mapping[str, str]) -> PodAnswer:
         if isinstance(record, dict):
             records.append(record)
     return PodAnswer(tuple(records), _count(headers, "X-Coderun-Requests"), _count(headers, "X-Coderun-Bytes-Sent"),
-                     _count(headers, "X-Coderun-Bytes-Received"), _count(headers, "X-Coderun-Dropped"))
+                     _count(headers, "X-Coderun-Bytes-Received"), _count(headers, "X-Coderun-Dropped"),
+                     _count(headers, "X-Coderun-Admitted"))
 
 
 def _count(headers: Mapping[str, str], name: str) -> int:

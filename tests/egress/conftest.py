@@ -7,6 +7,7 @@ squid and openssl come from Debian (install-squid.sh, as root); without them, an
 the tier fails saying so. As root, squid runs as uid 65532, as in the pod."""
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import http.server
 import itertools
@@ -187,6 +188,10 @@ def proxy(squid_installed, origin) -> Proxy:
         listen=listen, tls_stage_port=free_port(), state_dir=str(state), launchers=str(root / "bin"),
         keys_dir=str(keys), revocations=str(root / "revoked"), error_dir=str(root / "errors"),
         hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={}, pod_name=POD_NAME)
+    # The proxy's own ports on its loopback, which no run's CIDR rule opens (the pod refuses its whole loopback:
+    # squid_config.PROXY_ITSELF; the tier's origins share this one).
+    settings = dataclasses.replace(settings, proxy_itself_ports=(int(listen.rsplit(":", 1)[1]),
+                                                                 settings.tls_stage_port))
     squid_config.write_error_pages(settings.error_dir)
     squid_config.write_launchers(settings.launchers, SYSTEM_PYTHON, str(package))
     config = proxy_start.prepare(settings)

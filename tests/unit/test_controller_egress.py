@@ -38,6 +38,7 @@ class Admin:
         self.asked: list[tuple[str, str]] = []
         self.logs: dict[str, list[dict]] = {}  # pod address -> records
         self.down: set[str] = set()
+        self.admitted: dict[str, int] = {}  # pod address -> what its acl helper counted (default: what it logged)
         self.before = lambda method, address: None  # a test's hold on a call (it may ignore the deadline)
 
     def __call__(self, method, url, bearer, body, deadline):
@@ -52,7 +53,8 @@ class Admin:
             return 204, b"", {}
         records = self.logs.get(address, [])
         return 200, "".join(json.dumps(r) + "\n" for r in records).encode(), {
-            "X-Coderun-Requests": str(len(records)), "X-Coderun-Dropped": "0"}
+            "X-Coderun-Requests": str(len(records)), "X-Coderun-Dropped": "0",
+            "X-Coderun-Admitted": str(self.admitted.get(address, len(records)))}
 
 
 def proxy_pod(name, ip, ready=True):
@@ -251,6 +253,16 @@ def test_a_proxy_pod_that_cannot_be_asked_makes_the_log_incomplete_not_the_run(e
     status = terminate(env[:3])["status"]
     assert status["reason"] == "Completed" and status["network"]["complete"] is False
     assert "logConfigMap" not in status["network"]  # nothing was logged
+
+
+def test_a_pod_whose_log_is_short_of_what_it_admitted_makes_the_log_incomplete_saying_both(env):
+    api, _, _, admin = env
+    admin.logs["10.88.0.21"] = [{"time": "2026-11-22T10:00:02Z", "host": "evil.example", "port": 443,
+                                 "verdict": "denied", "reason": "NotAllowed", "bytes_sent": 0, "bytes_received": 0}]
+    admin.admitted["10.88.0.21"] = 3  # two of its requests never reached its log
+    started(env)
+    network = terminate(env[:3])["status"]["network"]
+    assert (network["requests"], network["admitted"], network["complete"]) == (1, 3, False)
 
 
 def test_the_proxy_pods_are_asked_at_once(env):

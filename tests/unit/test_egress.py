@@ -207,7 +207,7 @@ def test_answers_are_sent_in_any_order_with_workers():
     assert converse(answer, b"0 slow\n1 fast\n", workers=2) == ["1 OK", "0 OK"]
 
 
-def acl(words, resolve=lambda name, port: ["140.82.112.5"], revoked=()):
+def acl(words, resolve=lambda name, port, policy: ["140.82.112.5"], revoked=()):
     return helpers.answer_acl(words, KEYS, revoked, NOW, resolve, PROTECTED)
 
 
@@ -219,12 +219,12 @@ def test_the_acl_helper_says_which_rule_allowed_and_why_it_refused():
     refused = acl(["u-1", token, "evil.com", "443", "-", "request"])
     assert refused.startswith('ERR message="egress to evil.com:443 is not allowed by CodeRunPolicy pol') \
         and 'reason="NotAllowed"' in refused
-    internal = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p: ["10.96.0.1"])
+    internal = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p, _: ["10.96.0.1"])
     assert 'reason="ProtectedAddress"' in internal
-    covered = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p: ["10.96.5.1"])
+    covered = acl(["u-1", token, "api.github.com", "443", "-", "request"], resolve=lambda n, p, _: ["10.96.5.1"])
     assert covered.startswith("OK") and 'via_cidr="yes"' in covered
     assert 'reason="Unresolved"' in acl(["u-1", token, "api.github.com", "443", "-", "request"],
-                                        resolve=lambda n, p: (_ for _ in ()).throw(OSError("NXDOMAIN")))
+                                        resolve=lambda n, p, _: (_ for _ in ()).throw(OSError("NXDOMAIN")))
     assert 'reason="CredentialRevoked"' in acl(["u-1", token, "api.github.com", "443", "-", "request"],
                                                revoked={"u-1"})
     assert acl(["u-1", token, "api.github.com", "443", "evil.com", "sni"]).startswith("ERR")
@@ -232,6 +232,33 @@ def test_the_acl_helper_says_which_rule_allowed_and_why_it_refused():
     for garbage in ([], ["u-1"], ["u-1", token, "api.github.com", "99999", "-", "request"],
                     ["u-1", token, "api.github.com", "443", "-", "other"]):
         assert acl(garbage).startswith("ERR")
+
+
+def test_a_policy_s_slow_names_cost_its_own_lookups_never_another_policy_s():
+    """getaddrinfo cannot be cut short: a lookup is waited for a bounded time, and a policy whose lookups hang is
+    refused more at once, while another policy's names still resolve."""
+    dns_answers = threading.Event()
+
+    def resolve(name, port):
+        if name.endswith(".slow.test"):
+            dns_answers.wait(30)
+        return ["140.82.112.5"]
+
+    lookups = helpers.BoundedLookups(resolve, seconds=0.2, per_policy=2)
+    token = mint("k1", KEY, grant(rules=(Rule(host="*.slow.test"), Rule(host="api.github.com"))))
+    for name in ("a.slow.test", "b.slow.test"):
+        timed_out = acl(["u-1", token, name, "443", "-", "request"], resolve=lookups)
+        assert 'reason="Unresolved"' in timed_out and "did not resolve within 0.2 s" in timed_out
+    started = time.monotonic()
+    busy = acl(["u-1", token, "c.slow.test", "443", "-", "request"], resolve=lookups)
+    assert "2 name lookups of CodeRunPolicy pol" in busy and time.monotonic() - started < 0.15  # refused at once
+    other = mint("k1", KEY, grant(uid="u-2", policy="other", rules=(Rule(host="api.github.com"),)))
+    assert acl(["u-2", other, "api.github.com", "443", "-", "request"], resolve=lookups).startswith("OK")
+    dns_answers.set()  # the hung lookups end: the policy's lookups are its own again
+    deadline = time.monotonic() + 10
+    while "still waiting" in (answer := acl(["u-1", token, "a.slow.test", "443", "-", "request"], resolve=lookups)):
+        assert time.monotonic() < deadline, answer
+    assert answer.startswith("OK")
 
 
 def test_the_auth_helper_says_yes_or_no_and_nothing_that_could_stick_to_the_user():
@@ -318,6 +345,28 @@ def test_the_log_daemon_writes_json_lines_and_survives_garbage(tmp_path):
     assert len(lines) == 2 and all(json.loads(line)["host"] == "a.example.org" for line in lines)
 
 
+def test_the_log_daemon_reads_squid_s_lines_in_batches_whatever_the_reads_cut():
+    """Lines split across reads are joined, an overlong one is skipped however many reads it spans, memory stays
+    bounded by the read and the longest line."""
+    long = b"L" + b"x" * (access_log.MAX_LINE + 5)
+    feed = b"La\nLb\n" + long + b"\nLc\n" + long + b"\nLd\nLe"  # the last line never ended: squid stopped
+    for chunk in (3, 7, 1 << 20):
+        lines = [line for batch in access_log.batches(io.BytesIO(feed), chunk) for line in batch]
+        assert lines == [b"La", b"Lb", b"Lc", b"Ld"], chunk
+
+
+def test_the_log_daemon_writes_each_run_s_file_once_a_batch_and_counts_before_a_reader_sees(tmp_path):
+    runs = RunLogs(str(tmp_path))
+    for i in range(3):
+        runs.add("u-1", {"n": i, "bytes_sent": 1})
+    assert not (tmp_path / "u-1.jsonl").exists() and RunLogs(str(tmp_path)).usage("u-1").requests == 0
+    runs.flush()
+    assert RunLogs(str(tmp_path)).usage("u-1").requests == 3 and len(runs.read("u-1")[0].splitlines()) == 3
+    runs.append("u-1", {"n": 3})
+    assert RunLogs(str(tmp_path)).wait_logged("u-1", 0) == (0, runs.usage("u-1"))  # nothing admitted: at once
+    runs.close()
+
+
 def test_squid_conf_keeps_every_protected_range_squid_would_otherwise_drop():
     conf = squid_config.render(squid_config.Settings(
         listen="0.0.0.0:3128", tls_stage_port=3129, state_dir="/run/x", launchers="/bin", keys_dir="/k",
@@ -327,6 +376,12 @@ def test_squid_conf_keeps_every_protected_range_squid_would_otherwise_drop():
     assert "10.88.0.0/16" in dst and "10.88.1.0/24" not in dst and "fc00::/7" not in dst
     assert "169.254.0.0/16" in dst and "127.0.0.0/8" in dst and "fe80::/10" in dst
     assert "http_port 127.0.0.1:3129 name=tls ssl-bump" in conf and "http_port 0.0.0.0:3128 name=policy\n" in conf
+    # The pod's own loopback is refused at every port whatever CIDR rule a run has; the budget check is asked once
+    # per request (its key is the transaction's), never joined to another request's pending answer.
+    assert "http_access deny proxy_itself all\n" in conf and "acl proxy_itself dst 127.0.0.0/8 ::1/128" in conf
+    assert conf.index("deny proxy_itself all") < conf.index("deny protected !via_cidr")
+    budget = next(line for line in conf.splitlines() if line.startswith("external_acl_type coderun_budget"))
+    assert "%ssl::>sni %master_xaction %DATA" in budget
 
 
 def test_the_log_fields_are_encoded_where_a_client_writes_them():
@@ -384,21 +439,22 @@ def test_the_acl_helper_s_budget_check_counts_requests_as_it_admits_them_and_byt
 
     def budget(**changes):
         words = ["u-1", mint("k1", KEY, grant(**changes)), "api.github.com", "443", "-", "budget"]
-        return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,
+        return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["140.82.112.5"], PROTECTED,
                                   lambda uid: moved.get(uid, Usage()), runs.admit)
 
     three = credential.Budget(bytes=None, requests=3)
     assert [budget(budget=three) for _ in range(3)] == ["OK"] * 3
     refused = budget(budget=three)
     assert 'reason="BudgetExceeded"' in refused and 'uid="u-1"' in refused and "made 3 requests" in refused
-    assert budget() == "OK"  # no budget in the credential: nothing to spend, nothing counted
-    assert runs.admit("u-1", 3) == 3  # the refusals were not counted either
+    assert budget() == "OK"  # no budget in the credential: nothing to spend
+    # Every request asked is counted, refused or without a budget: the count the run's log must reach at its end.
+    assert runs.admitted("u-1") == 5 and runs.admitted("u-2") == 0
     moved["u-1"] = Usage(requests=1, bytes_received=500)
     bytes_refused = budget(budget=credential.Budget(bytes=500, requests=None))
     assert 'reason="BudgetExceeded"' in bytes_refused and "moved 500 bytes" in bytes_refused
 
 
-def test_requests_racing_from_several_helper_processes_are_admitted_exactly_up_to_the_budget(tmp_path, monkeypatch):
+def test_requests_racing_from_several_helper_processes_are_each_counted_once(tmp_path, monkeypatch):
     """squid runs several helper processes; each has its own RunLogs, and the lock on the run's file is what they
     share. Threads with their own descriptors contend for it as processes would (flock is per open file); a read
     that takes a moment (here, run_logs' os.read) is where two of them would otherwise both see the same count."""
@@ -417,20 +473,19 @@ def test_requests_racing_from_several_helper_processes_are_admitted_exactly_up_t
     def helper_process():
         runs = RunLogs(str(tmp_path))
         for _ in range(40):
-            before = runs.admit("u-1", 100)
-            if before < 100:
-                with lock:
-                    admitted.append(before)
+            before = runs.admit("u-1")
+            with lock:
+                admitted.append(before)
 
     workers = [threading.Thread(target=helper_process) for _ in range(8)]
     for worker in workers:
         worker.start()
     for worker in workers:
         worker.join()
-    assert sorted(admitted) == list(range(100))  # each count handed out once: 100 admitted of 320 asked
-    assert (tmp_path / "u-1.admitted").read_text() == "100"
+    assert sorted(admitted) == list(range(320))  # each count handed out once: a budget of N admits exactly N
+    assert (tmp_path / "u-1.admitted").read_text() == "320"
     with pytest.raises(ValueError):
-        RunLogs(str(tmp_path)).admit("../escape", 1)
+        RunLogs(str(tmp_path)).admit("../escape")
 
 
 def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_path):
@@ -457,11 +512,11 @@ def test_a_proxy_pod_is_ready_only_with_a_signing_key_and_squid_answering(tmp_pa
 
 def test_a_count_file_that_is_not_a_count_refuses_rather_than_starting_the_budget_again(tmp_path):
     runs = RunLogs(str(tmp_path))
-    assert [runs.admit("u-1", 5) for _ in range(3)] == [0, 1, 2]
+    assert [runs.admit("u-1") for _ in range(3)] == [0, 1, 2]
     (tmp_path / "u-1.admitted").write_bytes(b"\x00garbage")
-    assert runs.admit("u-1", 5) == 5  # at the limit: refused
+    assert runs.admit("u-1") >= 10 ** 9 and runs.admitted("u-1") >= 10 ** 9  # over any budget: refused
     (tmp_path / "u-2.admitted").write_bytes(b"")  # made, never written (a crash): none admitted yet
-    assert runs.admit("u-2", 5) == 0 and (tmp_path / "u-2.admitted").read_text() == "1"
+    assert runs.admit("u-2") == 0 and (tmp_path / "u-2.admitted").read_text() == "1"
 
 
 def test_a_credential_naming_its_proxy_pod_is_refused_at_any_other_pod_saying_which():
@@ -472,7 +527,7 @@ def test_a_credential_naming_its_proxy_pod_is_refused_at_any_other_pod_saying_wh
         verify(bound, KEYS, NOW, pod="coderun-egress-proxy-b")
     assert verify(mint("k1", KEY, grant()), KEYS, NOW, pod="coderun-egress-proxy-b").proxy_pod is None
     words = ["u-1", bound, "api.github.com", "443", "-", "request"]
-    answer = helpers.answer_acl(words, KEYS, (), NOW, lambda n, p: ["140.82.112.5"], PROTECTED,
+    answer = helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["140.82.112.5"], PROTECTED,
                                 pod="coderun-egress-proxy-b")
     assert 'reason="WrongProxyPod"' in answer
     assert helpers.answer_auth(["u-1", bound], KEYS, (), NOW, "coderun-egress-proxy-b").startswith("ERR")

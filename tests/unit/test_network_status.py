@@ -52,6 +52,19 @@ def test_what_a_program_sent_is_shown_printable_and_bounded():
     CodeRunStatus.model_validate({"network": network.summarise([PodAnswer((hostile,))], True)})
 
 
+def test_a_log_short_of_the_requests_its_proxy_admitted_is_never_complete():
+    """The acl helper counts every request as it is asked; the log counts what reached it. A flood whose records
+    squid lost shows both counts and complete: false, even when every pod answered in time."""
+    short = PodAnswer((record(),), requests=10_170, admitted=24_000, dropped=10_169)
+    summary = network.summarise([short, answer(record())], complete=True)
+    assert (summary["requests"], summary["admitted"], summary["complete"]) == (10_171, 24_000, False)
+    CodeRunStatus.model_validate({"network": summary})
+    whole = PodAnswer((record(),), requests=24_000, admitted=24_000, dropped=23_999)  # positive control
+    summary = network.summarise([whole], complete=True)
+    assert (summary["requests"], summary["admitted"], summary["complete"]) == (24_000, 24_000, True)
+    assert network.summarise([whole], complete=False)["complete"] is False  # a pod not asked still counts
+
+
 def test_nothing_asked_is_an_empty_summary():
     assert network.summarise([], complete=True) == {"requests": 0, "allowed": 0, "denied": 0, "bytesSent": 0,
                                                     "bytesReceived": 0, "complete": True}

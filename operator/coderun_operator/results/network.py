@@ -29,12 +29,18 @@ _OVERRIDDEN_BY_BUDGET = {Reason.COMPLETED, Reason.NON_ZERO_EXIT}
 
 @dataclass(frozen=True)
 class PodAnswer:
-    """What one proxy pod said of one run: the records it kept and what it counted (kept or not)."""
+    """What one proxy pod said of one run: the records it kept and what it logged (kept or not), and the requests
+    its acl helper admitted, counted as they were asked: a log short of them lost records."""
     records: tuple[dict, ...] = ()
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     dropped: int = 0
+    admitted: int = 0
+
+    @property
+    def logged_all(self) -> bool:
+        return self.requests >= self.admitted
 
 
 def merged(answers: Sequence[PodAnswer]) -> list[dict]:
@@ -45,7 +51,9 @@ def merged(answers: Sequence[PodAnswer]) -> list[dict]:
 def summarise(answers: Sequence[PodAnswer], complete: bool, log_config_map: str | None = None,
               log_truncated: bool = False, proxy_pod: str | None = None) -> dict[str, Any]:
     """status.network: the counts are the pods' own (they count what they could not keep), the destinations
-    come from the records they kept; the proxy pod the run was pinned to stays named."""
+    come from the records they kept; the proxy pod the run was pinned to stays named. `admitted` is what the pods'
+    acl helpers counted as the requests were asked, beside `requests`, what their logs counted: complete is false
+    when a log fell short of it (records lost before the log daemon wrote them), whatever `complete` says."""
     hosts: dict[tuple[str, int | None], dict[str, Any]] = {}
     allowed = denied = 0
     for record in merged(answers):
@@ -69,7 +77,9 @@ def summarise(answers: Sequence[PodAnswer], complete: bool, log_config_map: str 
         "hosts": [{"host": host, "port": port, **{k: v for k, v in entry.items() if v is not None}}
                   for (host, port), entry in ranked[:MAX_NETWORK_HOSTS]] or None,
         "hostsOmitted": max(0, len(ranked) - MAX_NETWORK_HOSTS) or None,
-        "dropped": dropped or None, "complete": complete, "logConfigMap": log_config_map,
+        "admitted": sum(a.admitted for a in answers) or None,
+        "dropped": dropped or None, "complete": complete and all(a.logged_all for a in answers),
+        "logConfigMap": log_config_map,
         "logTruncated": log_truncated or None, "proxyPod": proxy_pod,
     }
     return {k: v for k, v in summary.items() if v is not None}

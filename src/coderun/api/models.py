@@ -387,7 +387,10 @@ class NetworkHost(ApiModel):
 class NetworkStatus(ApiModel):
     """What the run sent where through the egress proxy, summarised (runs of policies with host rules). Every
     request is in the ConfigMap logConfigMap names, one JSON record a line, owned by the run."""
-    requests: int = Field(0, description="Requests the proxy saw from the run, allowed or refused.")
+    requests: int = Field(0, description="Requests the proxy logged of the run, allowed or refused.")
+    admitted: int | None = Field(None, description=(
+        "Requests the proxy's checks counted as the run asked them (exact). More than requests: records were lost "
+        "before they were logged, and complete is false."))
     allowed: int = Field(0, description="Requests it let through.")
     denied: int = Field(0, description="Requests it refused.")
     bytes_sent: int = Field(0, description="Bytes the program sent through the proxy.")
@@ -398,7 +401,8 @@ class NetworkStatus(ApiModel):
     dropped: int | None = Field(None, description=(
         "Requests counted above whose records the proxy did not keep (a run's log is capped per proxy pod)."))
     complete: bool = Field(True, description=(
-        "False when a proxy replica could not be asked when the run ended: its requests are missing here."))
+        "False when a proxy replica could not be asked when the run ended, or its log had not caught up with the "
+        "requests it admitted (admitted above requests): some requests are missing here."))
     log_config_map: str | None = Field(None, description="The ConfigMap with every request's record (requests.jsonl).")
     log_truncated: bool | None = Field(None, description="The ConfigMap holds only the first records (it is capped).")
     proxy_pod: str | None = Field(None, description=(

@@ -22,7 +22,7 @@ import sys
 import traceback
 from collections import OrderedDict
 from datetime import datetime, timezone
-from typing import BinaryIO, Sequence
+from typing import BinaryIO, Iterator, Sequence
 from urllib.parse import unquote
 
 from .credential import BAD_CREDENTIAL, UID_PATTERN
@@ -34,6 +34,7 @@ INTERNAL = ("stage", "xid", "pair", "hierarchy")  # for pairing lines; not part 
 INTEGERS = {"duration_ms", "port", "status", "bytes_sent", "bytes_received", "xid"}
 MAX_LINE = 64 * 1024
 MAX_PROXY_LOG_BYTES = 32 * 1024 * 1024
+READ_BYTES = 256 * 1024  # of squid's lines at most, per batch
 
 
 def parse(line: str) -> dict | None:
@@ -118,12 +119,15 @@ class ProxyLog:
         self.path, self.max_bytes = path, max_bytes
         self._out = open(path, "a", encoding="utf-8")
 
-    def write(self, line: str) -> None:
-        if self._out.tell() + len(line) > self.max_bytes:
+    def write(self, text: str) -> None:
+        """Whole lines, in one write (a batch's); flush() makes them visible."""
+        if self._out.tell() + len(text) > self.max_bytes:
             self._out.close()
             os.replace(self.path, f"{self.path}.1")
             self._out = open(self.path, "a", encoding="utf-8")
-        self._out.write(line)
+        self._out.write(text)
+
+    def flush(self) -> None:
         self._out.flush()
 
     def reopen(self) -> None:
@@ -134,36 +138,61 @@ class ProxyLog:
         self._out.close()
 
 
+def batches(source: BinaryIO, chunk: int = READ_BYTES) -> Iterator[list[bytes]]:
+    """Squid's lines as they come, in batches: every whole line one read brought (a flood arrives in large reads,
+    a quiet proxy's line alone). A line longer than MAX_LINE is skipped (no line of ours is that long), so what is
+    held in memory is bounded by `chunk` and MAX_LINE."""
+    rest, skipping = b"", False
+    while True:
+        data = source.read1(chunk)  # what is there (one read of the pipe), waiting only when nothing is
+        if not data:
+            return
+        lines = (rest + data).split(b"\n")
+        rest = lines.pop()
+        if skipping and lines:
+            lines.pop(0)  # the end of the overlong line
+            skipping = False
+        if len(rest) > MAX_LINE:
+            rest, skipping = b"", True
+        lines = [line for line in lines if len(line) <= MAX_LINE]
+        if lines:
+            yield lines
+
+
 def serve(log_path: str, stdin: BinaryIO | None = None) -> None:
-    """Squid's logfile daemon: a JSON record per `L` line, flushed as it comes (the log is read while runs are going
-    on), to the proxy's log and, for a run's request, to that run's own (run_logs.py: beside the log, under
-    runs/). R/T/O only reopen the proxy's log: it rotates itself."""
+    """Squid's logfile daemon: a JSON record per `L` line to the proxy's log and, for a run's request, to that run's
+    own (run_logs.py: beside the log, under runs/). Each batch of lines squid handed over is written (and flushed:
+    the logs are read while runs are going on) once it is read, every file once a batch: the daemon must keep up
+    with squid, which drops the lines it cannot hand over (its queue to the daemon is bounded), and what a run's
+    file counts is what the operator waits for at the run's end. R/T/O only reopen the proxy's log: it rotates
+    itself."""
     source = stdin or sys.stdin.buffer
     records = Records()
     out = ProxyLog(log_path)
     runs = RunLogs(runs_dir(os.path.dirname(os.path.abspath(log_path))))
     try:
-        while True:
-            raw = source.readline(MAX_LINE + 1)
-            if not raw:
-                return
-            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
-                while raw and not raw.endswith(b"\n"):
-                    raw = source.readline(MAX_LINE + 1)
-                continue  # no line of ours is this long
-            command, text = raw[:1], raw[1:].decode("utf-8", errors="replace")
-            if command == b"L":
-                try:
-                    entry = records.feed(parse(text))
-                    if entry is not None:
-                        out.write(json.dumps(entry, separators=(",", ":")) + "\n")
-                        if entry["uid"] and UID_PATTERN.match(entry["uid"]):
-                            runs.append(entry["uid"], entry)
-                except Exception:  # noqa: BLE001 - squid stops when its log daemon dies: skip the line instead
-                    traceback.print_exc(limit=4, file=sys.stderr)
-            elif command in (b"R", b"O", b"T"):
-                out.reopen()
+        for lines in batches(source):
+            written = []
+            for raw in lines:
+                command, text = raw[:1], raw[1:].decode("utf-8", errors="replace")
+                if command == b"L":
+                    try:
+                        entry = records.feed(parse(text))
+                        if entry is not None:
+                            written.append(json.dumps(entry, separators=(",", ":")) + "\n")
+                            if entry["uid"] and UID_PATTERN.match(entry["uid"]):
+                                runs.add(entry["uid"], entry)
+                    except Exception:  # noqa: BLE001 - squid stops when its log daemon dies: skip the line instead
+                        traceback.print_exc(limit=4, file=sys.stderr)
+                elif command in (b"R", b"O", b"T"):
+                    out.write("".join(written))
+                    written = []
+                    out.reopen()
+            out.write("".join(written))
+            out.flush()
+            runs.flush()
     finally:
+        runs.close()
         out.close()
 
 

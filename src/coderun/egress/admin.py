@@ -5,8 +5,10 @@ admin`), sharing the state directory with squid.
     POST /runs/<uid>/revoke   {"expires": <the token's exp>}   -> 204; the helpers refuse it within seconds
     GET  /runs/<uid>/log                                      -> 200, the run's JSON lines; X-Coderun-Requests,
                                                                  X-Coderun-Bytes-Sent, X-Coderun-Bytes-Received:
-                                                                 what this pod counted; X-Coderun-Dropped: what it
-                                                                 could not keep (run_logs.py)
+                                                                 what this pod logged; X-Coderun-Dropped: what it
+                                                                 could not keep; X-Coderun-Admitted: the requests
+                                                                 its acl helper counted, which the log is waited
+                                                                 for (LOG_WAIT_SECONDS) to reach (run_logs.py)
 
 Every request needs `Authorization: Bearer <credential.admin_bearer(key)>` for one of the signing keys the proxy
 holds, compared in constant time; bodies are small (MAX_BODY_BYTES), headers are bounded by http.server, and a
@@ -30,6 +32,9 @@ from .run_logs import RunLogs
 
 MAX_BODY_BYTES = 1024
 TIMEOUT_SECONDS = 10
+# How long a log fetch waits for the log daemon to have logged every request the acl helper admitted for the run
+# (its credential is revoked first: the count stops growing); within the operator's END_RUN_SECONDS.
+LOG_WAIT_SECONDS = 5
 # The longest a revocation is kept: a token never lives longer than its run's deadline (at most an hour of
 # program, the start deadline and margins), so an expiry beyond this is a mistake, not a reason to keep it.
 MAX_REVOCATION_SECONDS = 24 * 3600
@@ -78,8 +83,10 @@ def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations,
             uid = self._run("log")
             if uid is None:
                 return
+            admitted, _ = runs.wait_logged(uid, LOG_WAIT_SECONDS)
             lines, usage = runs.read(uid)
             self._answer(200, lines, {"Content-Type": "application/x-ndjson", "X-Coderun-Requests": str(usage.requests),
+                                      "X-Coderun-Admitted": str(admitted),
                                       "X-Coderun-Bytes-Sent": str(usage.bytes_sent),
                                       "X-Coderun-Bytes-Received": str(usage.bytes_received),
                                       "X-Coderun-Dropped": str(usage.dropped)})

@@ -15,6 +15,7 @@ import ipaddress
 import os
 import socket
 import sys
+import threading
 import time
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -25,7 +26,9 @@ from .ranges import Network, protected_networks
 from .run_logs import RunLogs, Usage
 from .squid_helper import reply, serve
 
-Resolve = Callable[[str, int], Sequence[str]]
+Resolve = Callable[[str, int, str], Sequence[str]]  # (name, port, the policy asking) -> addresses
+LOOKUP_SECONDS = 3.0  # one name lookup's time before the request is refused (squid keeps the refusal 5 s)
+LOOKUPS_PER_POLICY = 2  # lookups of one policy's runs in flight at once, per helper process (of 8 workers)
 
 
 def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
@@ -43,30 +46,34 @@ def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collec
     return reply(True)
 
 
-def _over_budget(grant: Grant, usage: Callable[[str], Usage],
-                 admit: Callable[[str, int], int]) -> rules.Verdict | None:
-    """The bytes as the log counted them (what a request moves is known when it ends), then the request counted
-    as it is asked (squid asks this at the policy stage only, before the names: every request of the run's
-    counts, allowed or refused, as its status counts them)."""
+def _over_budget(grant: Grant, usage: Callable[[str], Usage], admit: Callable[[str], int]) -> rules.Verdict | None:
+    """The request counted as it is asked (squid asks this at the policy stage only, before the names: every
+    request of the run's counts, allowed or refused, as its status counts them, budget or none: the count is what
+    the run's log must reach when it ends), then the bytes as the log counted them (what a request moves is known
+    when it ends)."""
+    asked_before = admit(grant.uid)
     budget = grant.budget
     if budget is None:
         return None
     over = rules.decide_budget(grant.policy, usage(grant.uid).bytes, 0, budget.bytes, None)
     if over is None and budget.requests is not None:
-        over = rules.decide_budget(grant.policy, 0, admit(grant.uid, budget.requests), None, budget.requests)
+        over = rules.decide_budget(grant.policy, 0, asked_before, None, budget.requests)
     return over
 
 
 def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
                resolve: Resolve, protected: Sequence[tuple[str, Network]],
                usage: Callable[[str], Usage] = lambda uid: Usage(),
-               admit: Callable[[str, int], int] = lambda uid, limit: 0, pod: str | None = None) -> str:
-    """external_acl_type: `<user> <token> <host> <port> <SNI> <check>`, the check being the acl line's argument:
+               admit: Callable[[str], int] = lambda uid: 0, pod: str | None = None) -> str:
+    """external_acl_type: `<user> <token> <host> <port> <SNI> [<transaction>] <check>`, the check being the acl
+    line's argument (the transaction id only on the budget check's: squid_config says why):
     `request` (http_access: may this run reach this name and port?), `budget` (has it spent what its credential
-    allows? `usage(uid)` is what it moved so far through this pod, `admit(uid, limit)` counts the request: both
+    allows? `usage(uid)` is what it moved so far through this pod, `admit(uid)` counts the request: both
     run_logs.py) or `sni` (ssl_bump step 2: does
     the TLS ClientHello name the CONNECT host?). OK lets the request on; ERR refuses it with a message that names
     the host and the policy (squid's error page shows it)."""
+    if len(words) == 7 and words[6] == "budget":  # the budget check's key ends in the request's transaction id
+        words = [*words[:5], words[6]]
     if len(words) != 6 or words[5] not in ("request", "budget", "sni"):
         return reply(False, message="the egress proxy could not read this request", reason="Malformed")
     user, token, host, port_text, sni, check = words
@@ -88,7 +95,9 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
         return _answer(grant, by_name)
     name = rules.canonical_name(host)
     try:
-        addresses = resolve(name, port)
+        addresses = resolve(name, port, grant.policy)
+    except LookupRefused as refused:
+        return _answer(grant, rules.Verdict(False, rules.UNRESOLVED, f"egress to {name}:{port} refused: {refused}"))
     except OSError:
         addresses = ()
     return _answer(grant, rules.decide_addresses(grant.rules, grant.policy, name, port, by_name, addresses,
@@ -101,7 +110,53 @@ def _answer(grant: Grant, verdict: rules.Verdict) -> str:
                  via_cidr="yes" if verdict.via_cidr else None)
 
 
-def resolver(hosts_file: str | None) -> Resolve:
+class LookupRefused(OSError):
+    """A name lookup not made, or not waited for, to keep one policy's slow names from holding every check."""
+
+
+class BoundedLookups:
+    """Name lookups with a bound on each one's time and on how many one policy has in flight. getaddrinfo blocks
+    and cannot be cut short: a name whose DNS server never answers would hold a helper worker for its whole
+    timeout (and squid's checks of every tenant wait on 4 processes x 8 workers). So each lookup runs in a thread
+    of its own, waited for LOOKUP_SECONDS; a policy's lookups count as in flight until they really end, and a
+    policy with `per_policy` of them in flight is refused its next one at once. A slow wildcard then costs its
+    own policy's requests, never another's."""
+
+    def __init__(self, resolve: Callable[[str, int], Sequence[str]], seconds: float = LOOKUP_SECONDS,
+                 per_policy: int = LOOKUPS_PER_POLICY):
+        self._resolve, self._seconds, self._per_policy = resolve, seconds, per_policy
+        self._in_flight: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, port: int, policy: str) -> Sequence[str]:
+        with self._lock:
+            if self._in_flight.get(policy, 0) >= self._per_policy:
+                raise LookupRefused(f"{self._per_policy} name lookups of CodeRunPolicy {policy}'s runs are still "
+                                    "waiting for DNS; try again in a few seconds")
+            self._in_flight[policy] = self._in_flight.get(policy, 0) + 1
+        done, found = threading.Event(), {}
+
+        def lookup() -> None:
+            try:
+                found["addresses"] = self._resolve(name, port)
+            except OSError as e:
+                found["error"] = e
+            finally:
+                with self._lock:
+                    self._in_flight[policy] -= 1
+                    if not self._in_flight[policy]:
+                        del self._in_flight[policy]
+                done.set()
+
+        threading.Thread(target=lookup, name="coderun-egress-lookup", daemon=True).start()
+        if not done.wait(self._seconds):
+            raise LookupRefused(f"the name did not resolve within {self._seconds:g} s")
+        if "error" in found:
+            raise found["error"]
+        return found["addresses"]
+
+
+def resolver(hosts_file: str | None) -> Callable[[str, int], Sequence[str]]:
     """Addresses as squid finds them: the hosts file squid reads (hosts_file), then DNS for the name as written,
     absolute (squid uses no search list, so neither may we: `mirror.pkgs` must not become a cluster Service)."""
     table = _read_hosts(hosts_file) if hosts_file else {}
@@ -149,10 +204,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.helper == "auth":
         serve(lambda words: answer_auth(words, keys.current(), revocations.current(), time.time(), args.pod))
         return
-    resolve, protected = resolver(args.hosts_file), protected_networks(os.environ)
+    resolve, protected = BoundedLookups(resolver(args.hosts_file)), protected_networks(os.environ)
     runs = RunLogs(args.runs) if args.runs else None
     usage = runs.usage if runs else (lambda uid: Usage())
-    admit = runs.admit if runs else (lambda uid, limit: 0)
+    admit = runs.admit if runs else (lambda uid: 0)
     serve(lambda words: answer_acl(words, keys.current(), revocations.current(), time.time(), resolve,
                                    protected, usage, admit, args.pod), workers=args.workers)
 
