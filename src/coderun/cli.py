@@ -28,12 +28,12 @@ from pydantic import ValidationError
 from . import __version__
 from .api.coderunsession import SESSION_KIND
 from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, Limits
-from .api.reasons import Reason
+from .api.reasons import Reason, SessionReason
 from .api.text import one_line, printable
 from .client import (CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout,
                      file_input)
 from .client.errors import describe_invalid
-from .client.sessions import SessionInfo, session_spec
+from .client.sessions import SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, SessionNotReady, session_spec
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
 from .tools import outcome_line, render_runtimes, touched_line
@@ -62,11 +62,12 @@ EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
      ("get", "logs", "delete", "runtimes", "session")),
     (str(EXIT_USAGE), "bad arguments or an unreadable local file, said before any configuration is read",
      ALL_COMMANDS),
-    (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec)", RESULT_COMMANDS),
+    (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec; run --session: the session "
+                         "ended; session create: its policy refused it)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_PLATFORM), "platform or API failure (PodDeleted, Unschedulable, InternalError; no usable "
                          "kubeconfig, API unreachable or refusing)", API_COMMANDS),
-    (str(EXIT_NOT_FINISHED), "the run had not finished: --wait-timeout ran out (logs: or no --wait)",
-     RESULT_COMMANDS),
+    (str(EXIT_NOT_FINISHED), "the run had not finished: --wait-timeout ran out (logs: or no --wait; session create: "
+                             "the session was not ready)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_OUTPUT_LIMIT), "output flood stopped (OutputLimitExceeded)", RESULT_COMMANDS),
     (str(EXIT_TIMEOUT), "the program's own time limit (--timeout) was hit", RESULT_COMMANDS),
     ("128+N", "killed by signal N", RESULT_COMMANDS),
@@ -427,9 +428,13 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
         refused = refused_at_creation(client.namespace, "PolicyDenied", e.message, e.rule)
     except CodeRunError as e:
-        if e.status != 422:
+        over = client.open_session(args.session).why_over() if args.session else None
+        if over is not None:  # the API server refuses a run naming an ended session: say how it ended
+            refused = refused_at_creation(client.namespace, "SessionEnded", str(over))
+        elif e.status == 422:
+            refused = refused_at_creation(client.namespace, "InvalidSpec", e.message)  # the CRD's schema or CEL rules
+        else:
             raise
-        refused = refused_at_creation(client.namespace, "InvalidSpec", e.message)  # the CRD's schema or CEL rules
     else:
         refused = None
     if refused is not None:
@@ -521,6 +526,20 @@ def cmd_session(client: CodeRunClient, args: argparse.Namespace) -> int:
     """create: print the new session's name as kubectl does; get: its summary; delete: as `delete` for runs."""
     if args.session_command == "create":
         session = client.create_session(args.session_spec, name=args.name)
+        if not args.no_wait:
+            try:
+                session.wait_ready(args.wait_timeout or SESSION_READY_WAIT_SECONDS)
+            except SessionEnded as e:  # refused by its policy, or its sandbox could not start: it takes no runs
+                session.delete()
+                refused = e.info.reason in (SessionReason.POLICY_DENIED, SessionReason.INVALID_SPEC)
+                print(one_line(f"coderun: {SESSION_RESOURCE}/{session.name} "
+                               + ("refused" if refused else "could not start")
+                               + f" ({e.info.reason}): {e.info.message}; it is deleted"), file=sys.stderr)
+                return EXIT_REJECTED if refused else EXIT_PLATFORM
+            except SessionNotReady as e:
+                print(one_line(f"coderun: {e}; it is kept (it may still start): `coderun session get "
+                               f"{session.name}`, or delete it"), file=sys.stderr)
+                return EXIT_NOT_FINISHED
         print(f"{SESSION_RESOURCE}/{one_line(session.name)} created")
         return 0
     if args.session_command == "get":
@@ -689,6 +708,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     create.add_argument("--max-lifetime", type=program_seconds, metavar="DURATION",
                         help="end the session this long after it started, busy or not (default 1h)")
     create.add_argument("--name", help="the session's name (default: session- and a random suffix)")
+    create.add_argument("--wait-timeout", type=wait_seconds, metavar="DURATION",
+                        help="how long to wait for the session to take runs (default 6m, past the operator's own "
+                             "bound on a sandbox that cannot start; exit 5 when it runs out)")
+    create.add_argument("--no-wait", action="store_true",
+                        help="print the name at once, without waiting for the session to be ready (or refused)")
     show = session_commands.add_parser("get", help="show where a session stands")
     show.add_argument("name")
     remove = session_commands.add_parser("delete", help="end sessions now (their pods go with them)")

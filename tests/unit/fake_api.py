@@ -38,6 +38,7 @@ class FakeApiServer:
         self.refuse_create: Callable[[dict[str, Any]], tuple[int, str] | None] = lambda body: None
         # called with each created object (under the lock): a test may give it a status at once
         self.on_create: Callable[[dict[str, Any]], None] = lambda obj: None
+        self.on_create_session: Callable[[dict[str, Any]], None] = lambda obj: None  # the same, for a session
         # An API server that stores a create and then fails to answer it (a 503 from a proxy in front of it):
         # every create of that name keeps getting this status, so a client retries until it gives up.
         self.answer_stored_creates_with: int | None = None
@@ -142,6 +143,7 @@ class FakeApiServer:
                 obj = copy.deepcopy(body)
                 obj["metadata"]["namespace"] = namespace
                 self.sessions[(namespace, obj["metadata"]["name"])] = obj
+                self.on_create_session(obj)
                 return 201, copy.deepcopy(obj)
             if (namespace, name) not in self.sessions:
                 return 404, _status(404, "NotFound", f'{SESSION_PLURAL}.{GROUP} "{name}" not found')

@@ -312,6 +312,64 @@ def test_run_that_gives_up_says_what_the_run_waited_for_in_the_cli_s_words(api, 
     assert api.runs == {}  # as it said
 
 
+# ---- sessions: create waits for the session to take runs, or to be refused (issue 35, item 8)
+DENIED = {"phase": "Ended", "reason": "PolicyDenied",
+          "message": "the built-in policy allows no sessions: apply a CodeRunPolicy with sessions.allowed: true"}
+
+
+def session_status(api, status):
+    def on_create_session(obj):
+        obj["status"] = dict(status)
+    api.on_create_session = on_create_session
+
+
+def test_session_create_refused_by_its_policy_says_why_and_exits_3_not_created(api, capsys):
+    session_status(api, DENIED)
+    code, out, err = coderun(capsys, "session", "create", "--name", "s1")
+    assert (code, out) == (cli.EXIT_REJECTED, "") and "created" not in err
+    assert err == ("coderun: coderunsession.coderun.io/s1 refused (PolicyDenied): the built-in policy allows no "
+                   "sessions: apply a CodeRunPolicy with sessions.allowed: true; it is deleted\n")
+    assert api.sessions == {}
+
+
+def test_session_create_prints_created_once_the_session_takes_runs(api, capsys):
+    session_status(api, {"phase": "Ready", "reason": "Started", "podName": "s1-sandbox"})
+    assert coderun(capsys, "session", "create", "--name", "s1") == (
+        0, "coderunsession.coderun.io/s1 created\n", "")
+    assert list(api.sessions) == [("agents", "s1")]
+
+
+def test_session_create_that_does_not_start_in_time_says_what_it_waits_for_and_exits_5(api, capsys):
+    session_status(api, {"phase": "Pending", "reason": "PodCreated", "message": "sandbox pod s1-sandbox created"})
+    code, out, err = coderun(capsys, "session", "create", "--name", "s1", "--wait-timeout", "300ms")
+    assert (code, out) == (cli.EXIT_NOT_FINISHED, "")
+    assert "not ready after 0s (last seen: Pending: PodCreated, sandbox pod s1-sandbox created); it is kept" in err
+    assert coderun(capsys, "session", "create", "--name", "s2", "--no-wait")[:2] == (
+        0, "coderunsession.coderun.io/s2 created\n")
+
+
+SESSION_ENDED_DENIAL = ('coderuns.coderun.io "r-1" is forbidden: ValidatingAdmissionPolicy \'session.coderun.io\' '
+                        "with binding 'session.coderun.io' denied request: CodeRunSession s1 has ended (PolicyDenied): "
+                        "create a new session (rule session-ended)")
+
+
+def test_a_run_in_a_session_that_ended_names_the_session_s_end_not_rbac(api, capsys):
+    session_status(api, DENIED)
+    coderun(capsys, "session", "create", "--name", "s1", "--no-wait")
+    api.refuse_create = lambda body: (403, SESSION_ENDED_DENIAL)
+    code, out, err = coderun(capsys, "run", "--session", "s1", "-c", "print(1)")
+    assert code == cli.EXIT_REJECTED and "RBAC" not in err, err
+    assert "CodeRunSession agents/s1 has ended (PolicyDenied): the built-in policy allows no sessions" in err
+
+
+def test_an_admission_policy_s_refusal_is_its_own_message_not_an_rbac_hint():
+    from coderun.client.waiting import refuse
+    error = refuse("create CodeRun", 403, SESSION_ENDED_DENIAL)
+    assert str(error) == ("create CodeRun refused: CodeRunSession s1 has ended (PolicyDenied): create a new session "
+                          "(rule session-ended)")
+    assert "RBAC" in str(refuse("create CodeRun", 403, 'coderuns.coderun.io is forbidden: User "bob" cannot create'))
+
+
 ADMISSION_DENIAL = ('admission webhook "validate.coderun.io" denied the request: memory 4Gi is above the '
                     "policy's maximum 1Gi; ask for at most 1Gi [maximums.memory]")
 

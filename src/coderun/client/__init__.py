@@ -10,7 +10,7 @@ from .errors import CodeRunError, PolicyDenied, RunNotFound, RunRejected, RunTim
 from .request import RunRequest, file_input
 from .result import RunResult
 from .runtimes import RuntimeInfo
-from .sessions import SessionEnded, SessionInfo
+from .sessions import SessionEnded, SessionInfo, SessionNotReady
 from .sync import CodeRunClient, Session
 from .waiting import WaitStats
 
@@ -29,4 +29,4 @@ def __getattr__(name: str):
 
 __all__ = ["AsyncCodeRunClient", "CodeRunClient", "CodeRunError", "PolicyDenied", "RunNotFound", "RunRejected",
            "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "Session", "SessionEnded", "SessionInfo",
-           "WaitStats", "file_input"]
+           "SessionNotReady", "WaitStats", "file_input"]

@@ -3,7 +3,8 @@ session's status typed. The sync and async clients do the I/O (sync.Session, aio
 
 The SDK never waits for the session to be Ready before its first run: a run naming a session that is not Ready
 yet waits in the operator's queue (Pending, Queued) and starts once it is, so `run` right after `session(...)`
-costs no extra round trip.
+costs no extra round trip. `Session.wait_ready` waits when a caller wants to know first (the CLI's `session
+create` does: a session its policy refuses is said there, not at the first run).
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from .request import CLIENT_LABEL, CREATE_TOKEN_ANNOTATION, CREATED_AT_ANNOTATIO
     rfc3339_millis
 
 DEFAULT_SESSION_PREFIX = "session-"
+# How long wait_ready waits by default: the operator's own bound on a sandbox that does not start, and a margin.
+SESSION_READY_WAIT_SECONDS = STARTUP_ALLOWANCE_SECONDS
 
 
 class SessionInfo(CodeRunSessionStatus):
@@ -45,6 +48,23 @@ class SessionEnded(CodeRunError):
         self.info = info
         super().__init__(f"CodeRunSession {info.namespace}/{info.name} has ended ({info.reason}): {info.message}; "
                          "create a new session")
+
+
+class SessionNotReady(CodeRunError):
+    """The session did not take runs within the caller's wait; it may still start (its status says what it waits
+    for)."""
+
+    def __init__(self, info: SessionInfo, waited_seconds: float):
+        self.info = info
+        said = ", ".join(filter(None, [info.reason, (info.message or "").strip()[:300]]))
+        super().__init__(f"CodeRunSession {info.namespace}/{info.name} is not ready after {waited_seconds:.0f}s "
+                         f"(last seen: {info.phase or 'no status yet'}" + (f": {said}" if said else "") + ")")
+
+
+def settled(info: SessionInfo) -> bool:
+    """The session takes runs (Ready, Busy) or never will (Ended, its reason and message saying why: the policy
+    refused it, its sandbox could not start)."""
+    return info.phase in (SessionPhase.READY, SessionPhase.BUSY, SessionPhase.ENDED)
 
 
 def why_over(info: SessionInfo | None, namespace: str, name: str) -> CodeRunError | None:

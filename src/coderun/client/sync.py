@@ -20,8 +20,9 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import Create, Delete, Fetch, FetchAll, Get, GetPolicy, OpenWatch, Sleep, Step, drive
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL, CodeRunSessionSpec
-from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
-                       run_in_session_spec, why_over, session_info, session_spec)
+from .sessions import (SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, SessionNotReady, batch_labels,
+                       batch_requests, batch_wait_seconds, build_session_body, refused_as_ended, run_in_session_spec,
+                       settled, why_over, session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
                       default_wait_seconds, fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan,
                       wait_outcome, wait_plan)
@@ -303,6 +304,23 @@ class Session:
     def info(self) -> SessionInfo:
         """Where the session stands: phase, reason, pod, runs done, when it expires."""
         return session_info(self._object())
+
+    def wait_ready(self, timeout: float = SESSION_READY_WAIT_SECONDS, poll_seconds: float = 0.25) -> SessionInfo:
+        """Wait until the session takes runs and return where it stands; SessionEnded when it ended instead (its
+        policy refused it, its sandbox could not start: the reason and message say which), SessionNotReady when
+        `timeout` passed first. The default outlasts the operator's own bound on a sandbox that does not start."""
+        started = time.monotonic()
+        while True:
+            info = self.info()
+            if settled(info):
+                if info.ended:
+                    raise SessionEnded(info)
+                return info
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise SessionNotReady(info, waited)
+            time.sleep(min(poll_seconds, timeout - waited))
+            poll_seconds = min(poll_seconds * 2, 2.0)
 
     def why_over(self) -> CodeRunError | None:
         """Why the session takes no more runs (ended, or deleted), or None while it lives."""

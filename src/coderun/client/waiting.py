@@ -31,6 +31,9 @@ log = logging.getLogger("coderun.client")
 STARTUP_ALLOWANCE_SECONDS = START_DEADLINE_SECONDS + 60
 UNKNOWN_RUN_TIMEOUT_SECONDS = 60
 DEFAULT_WAIT_SECONDS = 300
+# How the API server words a ValidatingAdmissionPolicy's refusal (403, the policy's own message after it): coderun's
+# policies say what to do (a session that ended, another identity's session, approval), and it is not RBAC.
+ADMISSION_POLICY_DENIAL = "denied request:"
 # One watch request lasts at most this long server-side; then the client lists and watches again.
 DEFAULT_WATCH_SECONDS = 60
 API_REQUEST_TIMEOUT = 30
@@ -206,6 +209,8 @@ def refuse(what: str, status: int | None, detail: str) -> CodeRunError:
     """An API refusal as the SDK's error, with what to change when we know it."""
     if ADMISSION_DENIAL in detail:
         return PolicyDenied.at_admission(detail)
+    if status == 403 and ADMISSION_POLICY_DENIAL in detail:
+        return CodeRunError(f"{what} refused: {detail.split(ADMISSION_POLICY_DENIAL, 1)[1].strip()}", status=status)
     hint = {401: "check the kubeconfig credentials",
             403: "the identity lacks RBAC permission on coderuns.coderun.io in this namespace",
             404: "is the CodeRun CRD installed (kubectl get crd coderuns.coderun.io) and the name right?",
