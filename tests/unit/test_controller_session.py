@@ -737,6 +737,20 @@ def test_a_session_whose_sandbox_is_not_started_by_the_start_deadline_ends_then_
     assert "did not start within 300s" in status["message"], status
 
 
+def test_a_pending_session_says_why_its_pod_waits_as_soon_as_the_scheduler_says_it(env):
+    api, clock, ctl = env
+    ctl.on_session(api.add_session(make_session()), deleted=False)
+    assert api.objects[("CodeRunSession", NS, "s1")]["status"]["message"].endswith("waiting for it to start")
+    ctl.on_pod(pending_pod(api, clock.now.strftime("%Y-%m-%dT%H:%M:%SZ"), conditions=[
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: 1 Insufficient cpu."}]), deleted=False)
+    status = api.objects[("CodeRunSession", NS, "s1")]["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "PodCreated"), status
+    assert "not yet scheduled: 0/1 nodes are available: 1 Insufficient cpu. It waits" in status["message"], status
+    assert "up to 300s from its creation, then the session ends StartFailed; lower the session's spec.limits" \
+        in status["message"], status
+
+
 # ---------------------------------------------------------------- a warm pool pod for a session
 WARM_SESSIONS = {**POLICY, "spec": {**POLICY["spec"], "warmPool": {"size": 1, "languages": ["python"],
                                                                    "cpuRequest": "100m"}}}

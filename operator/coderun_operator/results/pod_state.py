@@ -96,15 +96,16 @@ def not_scheduled_because(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def waiting_message(pod_name: str, pod: Mapping[str, Any], start_deadline_seconds: int) -> str:
-    """A Pending run's message while its pod has not started: why it waits, in the scheduler's words when it has
-    spoken, and how long it may wait before the run fails Unschedulable."""
+def waiting_message(pod_name: str, pod: Mapping[str, Any], start_deadline_seconds: int,
+                    ends: str = "the run fails Unschedulable", limits: str = "spec.limits") -> str:
+    """A Pending run's (or session's) message while its pod has not started: why it waits, in the scheduler's
+    words when it has spoken, and how long it may wait before it `ends`."""
     why = not_scheduled_because(pod)
     if why is None:
         return f"sandbox pod {pod_name} created; waiting for it to start"
     return (f"sandbox pod {pod_name} created, not yet scheduled: {why.rstrip('.')}. It waits for room on a node "
-            f"(other sandboxes ending) up to {start_deadline_seconds}s from its start, then fails Unschedulable; "
-            "lower spec.limits or end other runs and sessions to make room")
+            f"(other sandboxes ending) up to {start_deadline_seconds}s from its creation, then {ends}; lower "
+            f"{limits} or end other runs and sessions to make room")
 
 
 def never_fits(pod: Mapping[str, Any], allocatable_by_node: Iterable[Mapping[str, str]]) -> Outcome | None:

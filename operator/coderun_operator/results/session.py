@@ -8,8 +8,9 @@ from typing import Any, Callable, Iterable, Mapping
 from coderun.api.coderunsession import CodeRunSessionStatus
 from coderun.api.identity import CREATED_BY
 from coderun.api.models import CREATED_AT_ANNOTATION as CREATED_AT
+from coderun.api.policy import START_DEADLINE_SECONDS
 from coderun.api.reasons import SessionConditionType, SessionPhase, SessionReason, StartMode, TERMINAL_PHASES
-from .pod_state import is_running, start_verdict, terminated
+from .pod_state import is_running, start_verdict, terminated, waiting_message
 from .status import parse_time, rfc3339, set_condition
 
 
@@ -61,7 +62,8 @@ def ended_status(session: Mapping[str, Any], reason: str, message: str, now: dat
 
 def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | None,
                            runs: Iterable[Mapping[str, Any]], now: datetime,
-                           sending: str | None = None) -> CodeRunSessionStatus | None:
+                           sending: str | None = None,
+                           start_deadline_seconds: int = START_DEADLINE_SECONDS) -> CodeRunSessionStatus | None:
     """The status of an admitted session (it has a pod name) as its pod and runs say now: Pending until the runner
     runs, Ready between runs, Busy while one is in the sandbox, Ended (why) once its pod is gone, ran out of
     memory or ended, its lifetime passed, or it was idle too long. None: not admitted yet, or already Ended
@@ -91,6 +93,9 @@ def compute_session_status(session: Mapping[str, Any], pod: Mapping[str, Any] | 
         return ended_status(session, *ending, now, fields)
     gen = session["metadata"].get("generation")
     if started is None:
+        if pod is not None and status.get("startMode") == StartMode.COLD:  # why its pod waits, as a run's says
+            fields["message"] = waiting_message(status["podName"], pod, start_deadline_seconds,
+                                                "the session ends StartFailed", "the session's spec.limits")
         return CodeRunSessionStatus.model_validate({**status, **fields})
     phase = SessionPhase.BUSY if busy_with is not None else SessionPhase.READY
     message = _busy_message(busy_with) if busy_with is not None else "the sandbox is ready for the next run"

@@ -251,7 +251,7 @@ class Sessions:
             self._end(session, SessionReason.START_FAILED, f"{failed}; create a new session")
             return
         new = compute_session_status(session, pod, self._runs(session), self.now(),
-                                     self._sending.get(session["metadata"]["uid"]))
+                                     self._sending.get(session["metadata"]["uid"]), policy.start_deadline_seconds)
         if new is None:
             return
         wire = to_wire(new)
