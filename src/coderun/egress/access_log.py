@@ -44,7 +44,7 @@ def parse(line: str) -> dict | None:
         return None
     out: dict = {}
     for (key, _), value in zip(FIELDS, values):
-        text = None if value in ("-", "") else unquote(value, errors="replace")
+        text = None if value in ("-", "") else unquote(value, errors="replace") if "%" in value else value
         if key in INTEGERS:
             out[key] = int(text) if text is not None and text.isdigit() and len(text) < 16 else None
         else:
@@ -179,9 +179,10 @@ def serve(log_path: str, stdin: BinaryIO | None = None) -> None:
                     try:
                         entry = records.feed(parse(text))
                         if entry is not None:
-                            written.append(json.dumps(entry, separators=(",", ":")) + "\n")
+                            line = json.dumps(entry, separators=(",", ":")) + "\n"
+                            written.append(line)
                             if entry["uid"] and UID_PATTERN.match(entry["uid"]):
-                                runs.add(entry["uid"], entry)
+                                runs.add(entry["uid"], entry, line)
                     except Exception:  # noqa: BLE001 - squid stops when its log daemon dies: skip the line instead
                         traceback.print_exc(limit=4, file=sys.stderr)
                 elif command in (b"R", b"O", b"T"):

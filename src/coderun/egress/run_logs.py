@@ -72,14 +72,14 @@ class RunLogs:
         self.add(uid, record)
         self.flush()
 
-    def add(self, uid: str, record: dict) -> None:
-        """The log daemon's side: count the record against the run, and keep it while the run's file has room;
-        nothing is written until flush()."""
+    def add(self, uid: str, record: dict, line: str | None = None) -> None:
+        """The log daemon's side: count the record against the run, and keep it (`line`, its JSON line, when the
+        caller has made it already) while the run's file has room; nothing is written until flush()."""
         usage = self._usage.get(uid) or self.usage(uid)
         usage.requests += 1
         usage.bytes_sent += record.get("bytes_sent") or 0
         usage.bytes_received += record.get("bytes_received") or 0
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        line = line or json.dumps(record, separators=(",", ":")) + "\n"
         size = len(line.encode())
         if usage.kept < self.max_records and usage.kept_bytes + size <= self.max_bytes:
             self._pending.setdefault(uid, []).append(line)
