@@ -8,17 +8,18 @@ import os
 import shutil
 import socket
 import stat
+import struct
 import tempfile
 import threading
 import time
 
 import pytest
-from test_audit_summary import CID, HELPER, NS_INIT, PROGRAM, RUNNER, Sandbox
+from test_audit_summary import CID, HELPER, NS_INIT, O_CREAT, O_WRONLY, PROGRAM, RUNNER, Sandbox, inet
 
 from coderun.audit import agent, bearer, oom, session, wire
 from coderun.audit.points import common_pb2, sentry_pb2, syscall_pb2
 from coderun.audit.record import Record
-from coderun.audit.store import Limits, Store
+from coderun.audit.store import MiB, Limits, Store
 
 MT = common_pb2.MessageType
 PAUSE = "a1" * 32  # the pod sandbox's (pause) container, started first on every connection
@@ -229,9 +230,10 @@ def test_the_answer_comes_as_soon_as_the_audit_is_complete():
     evaluated = threading.Event()
 
     class Watched(Store):
-        def _since(self, connection, start):
+        @staticmethod
+        def _look(fold, since_ns):
             evaluated.set()
-            return super()._since(connection, start)
+            return Store._look(fold, since_ns)
 
     store = Watched()
     sandboxes = Sandboxes(agent.Sink(store, "unused"))
@@ -261,9 +263,10 @@ def test_the_look_after_the_first_is_not_held_to_the_pace():
     evaluated = threading.Event()
 
     class Watched(Store):
-        def _since(self, connection, start):
+        @staticmethod
+        def _look(fold, since_ns):
             evaluated.set()
-            return super()._since(connection, start)
+            return Store._look(fold, since_ns)
 
     store = Watched(Limits(pace_s=60))
     sandboxes = Sandboxes(agent.Sink(store, "unused"))
@@ -275,7 +278,10 @@ def test_the_look_after_the_first_is_not_held_to_the_pace():
     with store.lock:  # all of them stored before the question: the look they would wake is not the one tested
         assert store.appeared.wait_for(lambda: CID in store.by_container, WAIT_S)
         connection = store.by_container[CID]
-        assert connection.changed.wait_for(lambda: len(connection.ends) == len(sent), WAIT_S)
+    with connection.lock:  # a waiter of its own, so the points notify it
+        connection.waiting += 1
+        assert connection.changed.wait_for(lambda: connection.points == len(sent), WAIT_S)
+        connection.waiting -= 1
     answers = []
     asking = threading.Thread(target=lambda: answers.append(store.answer(CID, 0, WAIT_S)))
     asking.start()
@@ -395,6 +401,48 @@ def test_an_unknown_container_is_404_after_the_wait(make_agent):
     assert get(port, f"/v1/containers/{PAUSE}")[0] == 200  # the pause container is a container too
 
 
+def test_after_a_restart_a_sandbox_it_never_saw_is_said_untraced_never_an_empty_audit(make_agent):
+    """The agent restarted: runsc's connections went with the old one, so a live sandbox has none here. The answer
+    is a 404 naming the agent's start (the operator makes it an Unavailable audit), and a connection that did come
+    is still answered (the positive control)."""
+    store, sandboxes, port = make_agent()
+    sandboxes.run(pause_start(), finished_run(OTHER).packets)
+    status, body, _ = get(port, f"/v1/containers/{CID}?wait=0")
+    assert status == 404 and "audit" not in body
+    assert time.strftime("%Y-%m-%dT%H:%M", time.gmtime(store.started)) in body["message"]
+    assert "a sandbox created before then is not traced" in body["message"]
+    status, body, _ = get(port, f"/v1/containers/{OTHER}?wait=0")
+    assert status == 200 and body["audit"]["complete"] is True
+
+
+@pytest.mark.parametrize("pod_dir", [
+    "memory/kubepods/besteffort/pod0f1e2d3c-0000-4000-8000-00000000abcd",                  # v1, cgroupfs
+    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0f1e2d3c_0000_4000_8000_00000000abcd.slice",
+])
+def test_a_sandboxs_tenant_is_its_pods_namespace_from_the_cgroup_and_the_pod_log_directory(tmp_path, pod_dir):
+    from coderun.audit import tenant
+    cgroup = tmp_path / "cgroup"
+    (cgroup / pod_dir / PAUSE).mkdir(parents=True)
+    (cgroup / pod_dir.replace("0f1e2d3c", "99999999") / OTHER).mkdir(parents=True)
+    logs = tmp_path / "pods"
+    (logs / "tenant-a_run-1_0f1e2d3c-0000-4000-8000-00000000abcd").mkdir(parents=True)
+    (logs / "tenant-b_run-2_99999999-0000-4000-8000-00000000abcd").mkdir()
+    tenant_of = tenant.resolver(str(cgroup), str(logs))
+    assert tenant_of(PAUSE) == "namespace tenant-a" and tenant_of(OTHER) == "namespace tenant-b"
+    assert tenant_of(CID) is None                                  # no such pod: the connection is its own tenant
+    assert tenant.resolver(str(cgroup), "") is None                # not told where the logs are: no resolver
+
+
+def test_the_agent_logs_the_caps_it_chose_from_its_memory_limit(tmp_path, caplog):
+    (tmp_path / "memory.max").write_text("402653184\n")
+    with caplog.at_level("INFO", logger="coderun.audit.agent"):
+        limits = agent.caps(agent.parse_args(["--own-cgroup", str(tmp_path)]))
+    assert limits.total_bytes == int(384 * 1024 * 1024 * 0.4)
+    said = caplog.text
+    assert "memory limit 384 MiB" in said and "154 MiB in all, 4.0 MiB a sandbox, 25% of it a namespace" in said
+    assert agent.caps(agent.parse_args(["--own-cgroup", str(tmp_path), "--total-mib", "10"])).total_bytes == 10 * MiB
+
+
 @pytest.mark.parametrize("path", [
     f"/v1/containers/{CID.upper()}",
     f"/v1/containers/{CID[:-1]}",
@@ -476,24 +524,153 @@ def test_it_is_ready_only_once_the_key_has_reached_it(tmp_path):
 
 # --- the bounds
 
-def test_packets_past_a_connections_cap_are_lost_but_every_start_is_kept(make_agent):
-    run = finished_run().packets
-    budget = sum(map(len, pause_start())) + sum(map(len, run[:-4]))
-    store, sandboxes, port = make_agent(Limits(connection_bytes=budget))
-    sandboxes.run(pause_start(), run[:-4], run[-4:], Sandbox(OTHER).start().packets)
-    _, answer, _ = get(port, f"/v1/containers/{CID}")
-    assert answer["audit"]["counts"]["pointsLost"] == 4 and answer["audit"]["complete"] is False
-    assert get(port, f"/v1/containers/{OTHER}")[0] == 200  # its start came past the cap, and was kept
+def flood_then_the_things_it_would_hide(opens, container_id=CID, distinct=False):
+    """The issue's program: a flood of open/close on its own /tmp, then /etc/passwd, a marker in the work dir, a
+    connect to the API server's Service address and `sh -c echo`, then its end."""
+    sandbox = Sandbox(container_id).program_started()
+    for number in range(opens):
+        sandbox.open(PROGRAM, f"/tmp/flood-{number % 5000}" if distinct else "/tmp/flood", O_WRONLY | O_CREAT)
+    sandbox.open(PROGRAM, "/etc/passwd")
+    sandbox.open(PROGRAM, "marker.txt", O_WRONLY | O_CREAT)
+    sandbox.socket(PROGRAM).connect(PROGRAM, inet("10.96.0.1", 443), 0)
+    sandbox.clone(PROGRAM, 40).execve(40, ["sh", "-c", "echo"]).exit(40)
+    return sandbox.exit(PROGRAM).exit(NS_INIT).exit(HELPER, code=0).task_exit(RUNNER)
 
 
-def test_the_agents_total_cap_counts_the_loss_for_the_connection_that_made_it(make_agent):
-    first, second = finished_run().packets, finished_run(OTHER).packets
-    store, sandboxes, port = make_agent(Limits(total_bytes=sum(map(len, first)) + len(second[0])))
-    sandboxes.run(first)
-    sandboxes.run(second)
-    assert get(port, f"/v1/containers/{CID}")[1]["audit"]["counts"]["pointsLost"] == 0
-    assert get(port, f"/v1/containers/{OTHER}")[1]["audit"]["counts"]["pointsLost"] == len(second) - 1
-    assert store.total_bytes == sum(map(len, first)) + len(second[0])
+def assert_the_flood_hid_nothing(audit, opens):
+    assert audit["complete"] is True and audit["counts"]["pointsLost"] == 0, audit
+    assert "/etc/passwd" in audit["outsideWorkdir"]["examples"]
+    assert {"path": "marker.txt", "count": 1} in audit["filesWritten"]
+    assert audit["connectAttempts"] == [{"family": "inet", "address": "10.96.0.1", "port": 443,
+                                         "result": "connected", "count": 1}]
+    assert [p["argv"] for p in audit["processes"]] == [["python3", "-u", "main.py"], ["sh", "-c", "echo"]]
+    written = sum(row["count"] for row in audit["filesWritten"] if row["path"].startswith("/tmp/flood"))
+    assert written + audit.get("omitted", {}).get("filesWritten", 0) >= min(opens, 1) and written <= opens
+
+
+@pytest.mark.parametrize("distinct", [False, True], ids=["one-path", "5000-paths"])
+def test_a_flood_of_200k_opens_costs_counts_and_hides_nothing_that_came_after(distinct):
+    store = Store(Limits(connection_bytes=1024 * 1024))
+    connection = store.open()
+    opens = 200_000
+    for packet in pause_start() + flood_then_the_things_it_would_hide(opens, distinct=distinct).packets:
+        store.add(connection, packet)
+    answer = store.answer(CID, 0, 0)
+    audit = answer["audit"]
+    assert_the_flood_hid_nothing(audit, opens)
+    if not distinct:
+        assert {"path": "/tmp/flood", "count": opens} in audit["filesWritten"]  # one row, every open counted
+    else:  # distinct keys past the tracked ones are counted, not kept
+        shown = sum(row["count"] for row in audit["filesWritten"] if row["path"].startswith("/tmp/flood"))
+        assert shown + audit["omitted"]["filesWritten"] >= 5000 - 1000
+    # The record: the routine lines are cut at their share, the reserve's are all there.
+    points = lines(answer)
+    assert {"execve", "exec", "connect", "socket", "clone"} <= {line["point"] for line in points} | {"execve"}
+    assert any(line.get("pathname") == "/etc/passwd" for line in points) or answer["recordCut"]
+    assert any(line["point"] == "exec" and line["argv"] == ["sh", "-c", "echo"] for line in points)
+    assert any(line["point"] == "connect" for line in points) and answer["recordCut"] > 0
+    assert connection.held <= store.limits.connection_bytes
+
+
+def test_without_the_flood_the_same_program_is_recorded_whole():
+    """The positive control: the same assertions hold on the program alone, and its record is not cut."""
+    store = Store()
+    connection = store.open()
+    for packet in pause_start() + flood_then_the_things_it_would_hide(0).packets:
+        store.add(connection, packet)
+    answer = store.answer(CID, 0, 0)
+    assert_the_flood_hid_nothing(answer["audit"], 0) and answer["recordCut"] == 0
+    assert any(line.get("pathname") == "/etc/passwd" for line in lines(answer))
+
+
+def test_a_point_gvisor_dropped_makes_the_audit_incomplete_and_says_from_when(make_agent):
+    store, sandboxes, port = make_agent()
+    sandbox = flood_then_the_things_it_would_hide(10)
+    # The sink's counter as concurrent writers deliver it: out of order, never a wrap.
+    for index, dropped in ((12, 3), (13, 1), (14, 3)):
+        header = struct.unpack_from("<HHI", sandbox.packets[index])
+        sandbox.packets[index] = struct.pack("<HHI", header[0], header[1], dropped) + sandbox.packets[index][8:]
+    sandboxes.run(pause_start(), sandbox.packets)
+    audit = get(port, f"/v1/containers/{CID}")[1]["audit"]
+    assert audit["counts"]["pointsLost"] == 3 and audit["complete"] is False
+    assert "3 trace points were lost" in audit["message"] and "1970-01-01T00:00:00.000Z on" in audit["message"]
+
+
+def test_a_connections_budget_keeps_its_reserve_for_what_routine_points_cannot_spend():
+    """A tiny budget: the flood's distinct keys are soon only counted, the record's routine lines cut; the
+    processes, the connect and the denied open still come through, whole."""
+    store = Store(Limits(connection_bytes=160 * 1024))
+    connection = store.open()
+    sandbox = flood_then_the_things_it_would_hide(20_000, distinct=True)
+    sandbox.packets[-5:-5] = Sandbox().open(PROGRAM, "/tmp/secret", number=13).packets  # denied, after the flood
+    for packet in pause_start() + sandbox.packets:
+        store.add(connection, packet)
+    answer = store.answer(CID, 0, 0)
+    audit = answer["audit"]
+    assert_the_flood_hid_nothing(audit, 20_000)
+    assert audit["filesRead"][0] == {"path": "/tmp/secret", "count": 0, "denied": 1}  # from the reserve, first
+    assert audit["omitted"]["filesWritten"] > 4000
+    assert connection.held <= 160 * 1024
+
+
+def test_a_tenant_cannot_take_more_than_its_share_and_the_others_keep_theirs():
+    limits = Limits(total_bytes=4 * 1024 * 1024, connection_bytes=4 * 1024 * 1024, namespace_share=0.25)
+    store = Store(limits, tenant_of=lambda container: "tenant-a" if container != OTHER else "tenant-b")
+    floods = []
+    for number in range(3):
+        connection = store.open()
+        container = f"{number:x}0" * 32
+        start = Sandbox(container).start(tgid=1, argv=["/pause"]).packets
+        for packet in start + flood_then_the_things_it_would_hide(5000, container, distinct=True).packets:
+            store.add(connection, packet)
+        floods.append(connection)
+    share = limits.total_bytes * limits.namespace_share
+    assert store.tenants["tenant-a"] <= share and sum(c.held for c in floods) <= share
+    victim = store.open()
+    for packet in Sandbox(OTHER).start(tgid=1, argv=["/pause"]).packets + finished_run(OTHER).packets:
+        store.add(victim, packet)
+    audit = store.answer(OTHER, 0, 0)["audit"]
+    assert audit["complete"] is True and audit["filesRead"] == [{"path": "data/visits.csv", "count": 1}]
+    assert store.tenants["tenant-b"] == victim.held and victim.held < share
+    for number, connection in enumerate(floods):  # each flood's own audit still whole
+        assert_the_flood_hid_nothing(store.answer(f"{number:x}0" * 32, 0, 0)["audit"], 5000)
+
+
+def test_the_oldest_closed_connection_makes_room_when_the_agents_budget_is_short():
+    store = Store(Limits(total_bytes=1024 * 1024, connection_bytes=1024 * 1024, namespace_share=1.0))
+    first = store.open()
+    for packet in flood_then_the_things_it_would_hide(3000, distinct=True).packets:
+        store.add(first, packet)
+    store.close(first)
+    second = store.open()
+    for packet in flood_then_the_things_it_would_hide(3000, OTHER, distinct=True).packets:
+        store.add(second, packet)
+    assert store.answer(OTHER, 0, 0)["audit"]["complete"] is True
+    assert first.number not in store.connections and CID not in store.by_container  # it went for the live one
+    assert store.total_bytes == second.held <= 1024 * 1024
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"memory.max": "402653184\n"}, 402653184),                                  # v2, the chart's 384Mi
+    ({"memory.max": "max\n"}, None),                                              # v2, no limit
+    ({"memory/memory.limit_in_bytes": "402653184\n"}, 402653184),                # v1
+    ({"memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),            # v1, no limit
+    ({}, None),
+])
+def test_the_caps_are_sized_from_the_containers_memory_limit(tmp_path, files, expected):
+    from coderun.audit.store import memory_limit
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    limit, _ = memory_limit(tmp_path)
+    assert limit == expected
+    limits = Limits.for_memory(limit)
+    if expected:
+        assert limits.total_bytes == int(expected * 0.4) and limits.connection_bytes == 4 * 1024 * 1024
+        assert limits.total_bytes * limits.namespace_share < expected / 4
+    else:
+        assert limits == Limits()
+    assert Limits.for_memory(64 * 1024 * 1024).connection_bytes == 1024 * 1024  # never below a MiB a sandbox
 
 
 def test_a_closed_connection_is_kept_for_its_retention_then_dropped(make_agent):
@@ -502,7 +679,7 @@ def test_a_closed_connection_is_kept_for_its_retention_then_dropped(make_agent):
     store.expire(time.monotonic() + 59)
     assert get(port, f"/v1/containers/{CID}")[0] == 200
     store.expire(time.monotonic() + 61)
-    assert get(port, f"/v1/containers/{CID}")[0] == 404 and store.total_bytes == 0
+    assert get(port, f"/v1/containers/{CID}")[0] == 404 and store.total_bytes == 0 and not store.tenants
 
 
 def test_past_the_connection_cap_the_oldest_closed_goes_and_with_none_closed_a_sandbox_is_refused():

@@ -177,7 +177,7 @@ def test_a_flood_of_opens_is_bounded_and_says_what_it_left_out():
         sandbox.open(PROGRAM, f"/etc/probe{n}", number=errno.ENOENT)
     audit = sandbox.summary()
     assert len(audit["filesRead"]) == 50 and audit["filesRead"][0] == {"path": "f0.txt", "count": 1}
-    assert audit["omitted"] == {"filesRead": 2950, "outsideWorkdirExamples": 990}
+    assert audit["omitted"] == {"filesRead": 2950, "outsideWorkdirExamples": 2990}
     assert audit["outsideWorkdir"]["reads"] == 3000 and len(audit["outsideWorkdir"]["examples"]) == 10
 
 
@@ -239,7 +239,7 @@ def test_processes_racing_the_exit_are_still_the_programs():
     assert audit["processes"] == [{"argv": ["python3", "-u", "main.py"], "signal": "SIGKILL"},
                                   {"argv": ["sleep", "100"]},         # never seen ending: no exit claimed
                                   {"argv": []}]                       # of unknown origin: the program's
-    assert audit["outsideWorkdir"]["examples"] == ["/etc/hostname", "/etc/passwd"]
+    assert audit["outsideWorkdir"]["examples"] == ["/etc/passwd", "/etc/hostname"]  # the denied one first
     assert audit["counts"]["processes"] == 3
 
 
@@ -326,19 +326,44 @@ def test_a_prestarted_interpreter_is_the_runs_from_its_start_and_says_it_started
     assert not audit["complete"] and sandbox.exit(prestarted).summary(since_ns=since)["complete"]
 
 
-def test_points_lost_on_the_way_are_counted_across_the_counters_wrap():
+def test_points_lost_on_the_way_take_the_largest_counter_seen_and_never_a_decrease_as_a_wrap():
+    """Concurrent writers deliver gVisor's cumulative drop counter out of order: a smaller one is an older packet
+    (the cluster saw 77,309,472,059 lost when 2 ** 32 multiples were added for each decrease)."""
     sandbox = Sandbox().program_started()
-    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="a"),
-                 MT.MESSAGE_SYSCALL_OPEN, dropped=2 ** 32 - 2)
-    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="b"),
-                 MT.MESSAGE_SYSCALL_OPEN, dropped=3)
-    sandbox.packets.append(struct.pack("<HHI", 8, 999, 3))           # a type this schema does not know
+    for dropped in (5, 3, 9, 8, 9, 2):
+        sandbox.send(syscall_pb2.Open(context_data=sandbox.context(PROGRAM), pathname="a"),
+                     MT.MESSAGE_SYSCALL_OPEN, dropped=dropped)
+    sandbox.packets.append(struct.pack("<HHI", 8, 999, 4))           # a type this schema does not know
+    sandbox.exit(PROGRAM).task_exit(RUNNER)
     audit = RunAudit(CID)
     for packet in sandbox.packets:
         audit.add(wire.decode_point(packet))
-    audit.add_lost(7)
-    counts = audit.summary()["counts"]
-    assert counts["pointsLost"] == (2 ** 32 - 2) + 5 + 7 and counts["pointsUnknown"] == 1
+    summary = audit.summary()
+    assert summary["counts"]["pointsLost"] == 9 and summary["counts"]["pointsUnknown"] == 1
+    # Ended, but not whole: never complete, and the message says from when.
+    assert summary["complete"] is False and "9 trace points were lost" in summary["message"]
+    assert "1970-01-01T00:00:00.000Z" in summary["message"]  # the test's clock: 1,000 ns past the epoch
+    audit.add_lost(7)                                                 # the agent's own, on top
+    assert audit.summary()["counts"]["pointsLost"] == 16
+
+
+def test_without_a_loss_the_same_run_is_complete_and_says_nothing_of_losses():
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "a").exit(PROGRAM).task_exit(RUNNER)
+    summary = sandbox.summary()
+    assert summary["complete"] is True and summary["counts"]["pointsLost"] == 0 and "message" not in summary
+
+
+def test_a_loss_before_the_runs_start_is_not_the_runs():
+    sandbox = Sandbox().start()
+    sandbox.send(syscall_pb2.Open(context_data=sandbox.context(RUNNER), pathname="a"), MT.MESSAGE_SYSCALL_OPEN,
+                 dropped=4)
+    since = sandbox.now + 1
+    sandbox.clone(RUNNER, HELPER).clone(HELPER, NS_INIT).clone(NS_INIT, PROGRAM).execve(PROGRAM, ["python3"])
+    sandbox.exit(PROGRAM)
+    assert sandbox.summary()["counts"]["pointsLost"] == 4
+    later = sandbox.summary(since_ns=since)
+    assert later["counts"]["pointsLost"] == 0 and later["complete"] is True
 
 
 def test_execve_calls_without_an_errno_count_as_failed_unless_the_exec_follows():

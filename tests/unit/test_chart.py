@@ -188,7 +188,7 @@ def test_the_audit_agent_reads_the_hosts_cgroups_read_only_and_writes_only_its_s
     agent, = of_component(template(helm), "DaemonSet", "audit-agent")
     spec = agent["spec"]["template"]["spec"]
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"socket-dir": "/run/coderun/audit", "cgroup": "/sys/fs/cgroup"}
+    assert host_paths == {"socket-dir": "/run/coderun/audit", "cgroup": "/sys/fs/cgroup", "pod-logs": "/var/log/pods"}
     container, = spec["containers"]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["cgroup"] == {"name": "cgroup", "mountPath": "/host/sys/fs/cgroup", "readOnly": True,

@@ -20,12 +20,13 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from . import bearer, oom, session, wire
-from .store import MiB, Limits, Store
+from . import bearer, oom, session, tenant, wire
+from .store import MiB, Limits, Store, memory_limit
 
 log = logging.getLogger("coderun.audit.agent")
 
@@ -201,7 +202,10 @@ def respond(target: str, authorization: str | None, has_body: bool, store: Store
         return 400, {"message": "since (ns) and wait (ms) are non-negative integers, each given once"}
     answer = store.answer(container_id, since, min(wait, MAX_WAIT_MS) / 1000)
     if answer is None:
-        return 404, {"message": f"no trace of container {container_id} reached this node's audit agent"}
+        # Never an empty audit: a sandbox created before this agent started (a restart) was traced by none.
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(store.started))
+        return 404, {"message": f"no trace of container {container_id} reached this node's audit agent, running "
+                                f"since {started}: a sandbox created before then is not traced"}
     return 200, answer
 
 
@@ -271,15 +275,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help=f"the host's /sys/fs/cgroup, read-only (e.g. {oom.DEFAULT_CGROUP_ROOT}): a sandbox the "
                              "kernel's OOM killer ended is told apart from one that failed")
     parser.add_argument("--peer-uid", type=int, default=0, help="the only uid that may connect (runsc's)")
+    parser.add_argument("--pods-log-root", default="",
+                        help=f"the kubelet's pod log directory, read-only (e.g. {tenant.DEFAULT_PODS_LOG_ROOT}): with "
+                             "--cgroup-root, a sandbox's namespace, whose share of the agent is bounded")
+    parser.add_argument("--own-cgroup", default="/sys/fs/cgroup",
+                        help="the agent's own cgroup, whose memory limit sizes its caps")
     parser.add_argument("--retention-seconds", type=float, default=limits.retention_s,
-                        help="how long a closed sandbox's record is kept")
-    parser.add_argument("--connection-mib", type=float, default=limits.connection_bytes / MiB,
-                        help="packet bytes kept per sandbox connection")
-    parser.add_argument("--total-mib", type=float, default=limits.total_bytes / MiB,
-                        help="packet bytes kept in all")
-    parser.add_argument("--max-connections", type=int, default=limits.connections,
-                        help="sandbox connections kept (the oldest closed goes first)")
+                        help="how long a closed sandbox's record is kept (less when room is short)")
+    parser.add_argument("--connection-mib", type=float, default=0,
+                        help="what one sandbox connection may hold (default: from the memory limit)")
+    parser.add_argument("--total-mib", type=float, default=0,
+                        help="what all of them may hold (default: from the memory limit)")
+    parser.add_argument("--namespace-share", type=float, default=limits.namespace_share,
+                        help="the share of that one namespace's sandboxes may hold")
+    parser.add_argument("--max-connections", type=int, default=0,
+                        help="sandbox connections kept, the oldest closed going first (default: from the memory "
+                             "limit)")
     return parser.parse_args(argv)
+
+
+def caps(args: argparse.Namespace) -> Limits:
+    """The store's caps, from the container's memory limit unless given, logged: an operator can see them."""
+    limit, source = memory_limit(args.own_cgroup)
+    overrides = {"retention_s": args.retention_seconds, "namespace_share": args.namespace_share}
+    if args.connection_mib:
+        overrides["connection_bytes"] = int(args.connection_mib * MiB)
+    if args.total_mib:
+        overrides["total_bytes"] = int(args.total_mib * MiB)
+    if args.max_connections:
+        overrides["connections"] = args.max_connections
+    limits = Limits.for_memory(limit, **overrides)
+    memory = f"memory limit {limit / MiB:.0f} MiB ({source})" if limit else f"no memory limit found ({source})"
+    tenants = "namespaces" if args.cgroup_root and args.pods_log_root else "sandboxes (no --pods-log-root)"
+    log.info("caps: %s: %s; shares per %s", memory, limits.describe(), tenants)
+    return limits
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -288,8 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.pod_init_config:
         write_atomically(args.pod_init_config,
                          json.dumps(session.pod_init_config(endpoint=args.socket), indent=2) + "\n")
-    store = Store(Limits(connection_bytes=int(args.connection_mib * MiB), total_bytes=int(args.total_mib * MiB),
-                         retention_s=args.retention_seconds, connections=args.max_connections))
+    store = Store(caps(args), tenant.resolver(args.cgroup_root, args.pods_log_root))
     sink = Sink(store, args.socket, args.peer_uid, args.cgroup_root or None)
     sink.listen()
     server = AgentServer(("", args.port), store, KeyFile(args.key_file, args.key_secret))

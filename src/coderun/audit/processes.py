@@ -41,6 +41,8 @@ def is_fork_server(argv: list[str]) -> bool:
     """The argv of the runner's fork server (a prestarted program's bootstrap, marked): its forks inherit it."""
     return len(argv) == 4 and argv[2] == "-c" and PRESTART_MODULE in argv[3] and FORK_SERVER_MARK in argv[3]
 CLONE_THREAD = 0x00010000
+# Processes a table keeps: past it, those that ended are forgotten (counted by side), so a fork flood costs counts.
+MAX_PROCESSES = 1024
 
 
 @dataclass
@@ -74,6 +76,7 @@ class ProcessTable:
         self.processes: dict[int, Process] = {}
         self.runner_root: int | None = None
         self.runner_exited = False
+        self.evicted = {RUNNER: 0, PROGRAM: 0}  # ended processes forgotten past MAX_PROCESSES
 
     def start_container(self, tgid: int, argv: list[str], started_ns: int) -> None:
         self.runner_root = tgid
@@ -109,7 +112,18 @@ class ProcessTable:
         new = self.processes[child] = Process(child, maker.side, parent=creator, started_ns=started_ns,
                                               argv=list(maker.argv))
         self._descend(maker, new)
+        if len(self.processes) > MAX_PROCESSES:
+            self._forget_ended()
         return new
+
+    def _forget_ended(self) -> None:
+        """Forget the older half of the ended processes (never the runner's root): amortised, a flood of forks
+        costs a scan per MAX_PROCESSES / 2 of them."""
+        ended = sorted((p for p in self.processes.values() if p.wait_status is not None and p.tgid != self.runner_root),
+                       key=lambda p: p.ended_ns or 0)
+        for process in ended[:max(len(ended) // 2, len(self.processes) - MAX_PROCESSES)]:
+            del self.processes[process.tgid]
+            self.evicted[process.side] += 1
 
     def execve(self, tgid: int, parent: int, argv: list[str], path: str, from_memfd: bool) -> Process:
         process = self.process(tgid, parent)

@@ -3,7 +3,8 @@
 One line per point, in the order the sink sent them: {"t": time_ns, "tid", "tgid", "ppid", "point": short name,
 then the message's own fields (protobuf's JSON mapping: lowerCamel names, 64-bit integers as strings, bytes as
 base64)}. The context (container, times, ids) is the line's head, not repeated. An execve's environment is
-cleared before the message is turned into JSON: it is the program's secrets, and the record leaves the node."""
+cleared before the message is turned into JSON: it is the program's secrets, and the record leaves the node.
+Routine lines (undenied opens and writes) have a share of it; the rest is kept for what a flood must not hide."""
 
 from __future__ import annotations
 
@@ -61,34 +62,49 @@ def record_line(message: Message) -> str:
 
 
 class Record:
-    """The lines of one container since a time, kept up to max_bytes and cut at a whole line: once one line
-    does not fit, every later one is only counted (the record is a prefix, never a sample)."""
+    """The lines of one container since a time, built as the points arrive, kept up to max_bytes, cut at a whole
+    line. Routine points (opens and writes that were not denied) may fill only `routine_share` of it: the rest is
+    the reserve of processes, connects, sockets and denied opens, so a flood of opens cannot push them out. Past its
+    share each kind is only counted (`cut`). `charge(bytes, reserved)`: the agent's memory budget, False when spent
+    (the line is cut too). `text(since_ns)`: the kept lines from a time on (a warm pod's claim, a session's run)."""
 
-    def __init__(self, container_id: str, since_ns: int = 0, max_bytes: int = MAX_RECORD_BYTES):
+    def __init__(self, container_id: str, since_ns: int = 0, max_bytes: int = MAX_RECORD_BYTES,
+                 routine_share: float = 0.5, charge=None):
         self.container_id, self.since_ns, self.max_bytes = container_id, since_ns, max_bytes
-        self.lines: list[str] = [UNTRACED_LINE]
-        self.size = len(UNTRACED_LINE.encode())
+        self.routine_bytes = int(max_bytes * routine_share)
+        self.charge = charge
+        self.lines: list[tuple[int, str]] = [(0, UNTRACED_LINE)]
+        self.size = self.routine = len(UNTRACED_LINE.encode())
         self.cut = 0
 
-    def add(self, message: Message | None) -> None:
+    def add(self, message: Message | None, reserved: bool = True) -> None:
         if message is None:
             return
         context = message.context_data
         if context.container_id != self.container_id or context.time_ns < self.since_ns:
             return
-        if self.cut:
-            self.cut += 1
+        if self.size >= self.max_bytes or (not reserved and self.routine >= self.routine_bytes):
+            self.cut += 1  # full for its kind: not even turned into JSON
             return
+        time_ns = context.time_ns
         line = record_line(message) + "\n"
         size = len(line.encode())
-        if self.size + size > self.max_bytes:
-            self.cut = 1
+        if (self.size + size > self.max_bytes or (not reserved and self.routine + size > self.routine_bytes)
+                or (self.charge is not None and not self.charge(size + 64, reserved))):
+            # Full for its kind from now on: a flood's later lines are counted without being made.
+            if reserved:
+                self.size = self.max_bytes
+            else:
+                self.routine = self.routine_bytes
+            self.cut += 1
             return
-        self.lines.append(line)
+        self.lines.append((time_ns, line))
         self.size += size
+        if not reserved:
+            self.routine += size
 
-    def text(self) -> str:
-        return "".join(self.lines)
+    def text(self, since_ns: int = 0) -> str:
+        return "".join(line for time_ns, line in self.lines if time_ns >= since_ns or time_ns == 0)
 
 
 # The record's first line: what no point can show. The runner's seccomp filter refuses these before gVisor's

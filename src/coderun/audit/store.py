@@ -1,47 +1,103 @@
-"""The agent's memory: each sandbox connection's raw packets, bounded, and the answer to "what did this container
-do since then", computed from them when asked.
+"""The agent's memory: each sandbox connection's points, folded into each container's bounded audit and record as
+they arrive, and the answer to "what did this container do since then", read from the fold when asked.
 
-A packet is kept as it came, not decoded: a program can make a hundred thousand opens a second, and only the few
-runs the operator asks about need decoding. Only `container/start` is decoded on receipt, to learn which
-containers live on the connection (runsc sends the pause container's, then the run container's). Packets past a
-connection's cap or the agent's are counted as lost for that connection; a container's start is always kept
-(there are a handful per sandbox, and without it the run has no trace at all)."""
+A flood costs counts, not records (summary.py): nothing is kept raw for later decoding, so the program cannot
+choose what fills a cap. What the fold keeps is charged to three budgets: the connection's, its tenant's (the
+namespace of the sandbox's pod when the agent can tell it, else the connection alone) and the agent's, each sized
+from the container's memory limit (`Limits.for_memory`). Routine keys and record lines may spend only part of each
+budget (`1 - reserve_share`): the rest is for processes, connects, sockets and denied opens. When the agent's
+budget is short, closed connections go first, oldest first; a spent budget makes keys counted only and record
+lines cut, never a point lost from the summary. The points the summary misses are gVisor's drops (the sink's
+counter), and a summary that misses any says `complete: false` and from when."""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
-from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from . import wire
+from .points import container_pb2, syscall_pb2
 from .record import Record
-from .summary import RunAudit
+from .summary import DENIED_ERRNOS, Losses, RunAudit
 
 MiB = 1024 * 1024
+# What a connection costs before any point: its objects, a container's fold and process table at their start.
+CONNECTION_BYTES = 16 * 1024
+# The agent's store takes this share of its container's memory limit: the rest is the interpreter, the threads, and
+# the answers in flight (up to a couple of MiB each).
+STORE_SHARE = 0.4
+# Routine points: opens and writes (undenied); everything else is the reserve's.
+ROUTINE_TYPES = (syscall_pb2.Open, syscall_pb2.Write)
 
 
 @dataclass(frozen=True)
 class Limits:
-    connection_bytes: int = 8 * MiB     # packet bytes kept per sandbox connection
-    total_bytes: int = 256 * MiB        # packet bytes kept by the agent
-    retention_s: float = 600.0          # a closed connection's packets are kept this long, for a late question
+    connection_bytes: int = 4 * MiB     # what one sandbox connection's folds and records may hold
+    total_bytes: int = 128 * MiB        # what all of them may hold
+    namespace_share: float = 0.25       # of total_bytes, for the connections of one tenant (a namespace)
+    reserve_share: float = 0.25         # of each budget, that only processes, connects, sockets, denied opens spend
+    retention_s: float = 600.0          # a closed connection's fold is kept this long, for a late question
     connections: int = 4096             # connections kept; past it the oldest closed one goes first
     pace_s: float = 0.05                # a waiting question is evaluated again at most this often
 
+    @classmethod
+    def for_memory(cls, memory_bytes: int | None, **overrides) -> "Limits":
+        """Caps sized from the agent's memory limit (None: the defaults): STORE_SHARE of it in all, 1/32 of that
+        a connection (1 to 4 MiB), and no more connections than 64 KiB each would fit."""
+        limits = cls()
+        if memory_bytes:
+            total = int(memory_bytes * STORE_SHARE)
+            limits = replace(limits, total_bytes=total, connection_bytes=max(MiB, min(4 * MiB, total // 32)),
+                             connections=max(16, min(4096, total // (64 * 1024))))
+        return replace(limits, **overrides)
+
+    def describe(self) -> str:
+        return (f"{self.total_bytes / MiB:.0f} MiB in all, {self.connection_bytes / MiB:.1f} MiB a sandbox, "
+                f"{self.namespace_share:.0%} of it a namespace, {self.reserve_share:.0%} of each held for processes, "
+                f"connects, sockets and denied opens; {self.connections} sandboxes, closed ones kept "
+                f"{self.retention_s:g} s")
+
+
+def memory_limit(root: str | Path = "/sys/fs/cgroup") -> tuple[int | None, str]:
+    """The container's memory limit from its cgroup (v2's memory.max, v1's memory/memory.limit_in_bytes), and where
+    it was read; None when there is none (v2's "max", v1's page-rounded 2**63) or it cannot be read."""
+    root = Path(root)
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max" or not text.isdigit() or int(text) >= 2 ** 60:
+            return None, str(path)
+        return int(text), str(path)
+    return None, str(root)
+
+
+class Fold:
+    """One container's audit and record on a connection, fed as the points arrive."""
+
+    def __init__(self, container_id: str, losses: Losses, charge):
+        self.audit = RunAudit(container_id, losses=losses, charge=lambda size: charge(size, False))
+        self.record = Record(container_id, charge=charge)
+
 
 class Connection:
-    """One sandbox's trace connection: its packets back to back in one buffer (no per-packet object), the end
-    offset of each, and what the store could not keep."""
+    """One sandbox's trace connection: a fold per container, what it holds, and what it lost."""
 
-    def __init__(self, number: int, lock: threading.Lock):
-        self.number = number
-        self.changed = threading.Condition(lock)  # the store's lock: a packet, a loss or the close wakes waiters
+    def __init__(self, number: int, tenant: str):
+        self.number, self.tenant = number, tenant
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)  # a point, a loss or the close wakes waiters
+        self.version = 0
+        self.waiting = 0  # questions waiting on `changed`: only then is a point worth a notify
         self.containers: list[str] = []
-        self.data = bytearray()
-        self.ends = array("Q")
-        self.lost = 0
+        self.folds: dict[str, Fold] = {}
+        self.losses = Losses()
+        self.points = 0
+        self.held = 0  # bytes charged to the budgets
         self.error: str | None = None
         self.closed_at: float | None = None
         self.oom_killed: bool | None = None  # the pod's memory cgroup, read at the close (None: not known)
@@ -53,60 +109,52 @@ class Connection:
     def describe(self) -> str:
         ended = f"; ended by: {self.error}" if self.error else ""
         memory = {None: "", True: "; the kernel OOM-killed it", False: "; no OOM kill"}[self.oom_killed]
-        return (f"containers {', '.join(self.containers) or 'none'}; {len(self.ends)} packets "
-                f"({len(self.data)} bytes), {self.lost} lost{ended}{memory}")
-
-
-class RunView:
-    """One container's audit and record on one connection, fed the connection's packets in order, a batch at a
-    time (a question that waits decodes each packet once)."""
-
-    def __init__(self, container_id: str, since_ns: int):
-        self.audit = RunAudit(container_id, since_ns=since_ns)
-        self.record = Record(container_id, since_ns)
-        self.fed = 0
-        self.lost_counted = 0
-        self.error: str | None = None
-
-    def feed(self, packets: list[bytes]) -> None:
-        for packet in packets:
-            try:
-                point = wire.decode_point(packet)
-            except wire.WireError as error:
-                # Nothing past a packet that does not parse can be trusted: the connection ends there.
-                self.error = str(error)
-                return
-            self.audit.add(point)
-            self.record.add(point.message)  # last: it clears the message's context and environment
-            self.fed += 1
-
-    def summary(self, lost: int) -> dict:
-        self.audit.add_lost(lost - self.lost_counted)
-        self.lost_counted = lost
-        return self.audit.summary()
-
-    def answer(self, summary: dict, closed: bool, error: str | None, oom_killed: bool | None = None) -> dict:
-        connection = {"closed": closed}
-        if error:
-            connection["error"] = error
-        if oom_killed is not None:
-            connection["oomKilled"] = oom_killed
-        return {"audit": summary, "record": self.record.text(), "recordCut": self.record.cut,
-                "connection": connection}
+        return (f"containers {', '.join(self.containers) or 'none'}; {self.points} points, {self.held} bytes held, "
+                f"{self.losses.total} lost{ended}{memory}")
 
 
 APPEAR_WAIT_S = 0.2
 
 
 class Store:
-    def __init__(self, limits: Limits = Limits()):
+    def __init__(self, limits: Limits = Limits(), tenant_of=None):
+        """tenant_of(container_id) -> str | None: the namespace of the pod a sandbox's first container belongs to
+        (None: unknown, the connection is its own tenant)."""
         self.limits = limits
+        self.tenant_of = tenant_of
         self.lock = threading.Lock()
         self.appeared = threading.Condition(self.lock)  # a container's start arrived
         self.connections: dict[int, Connection] = {}    # in the order they opened
         self.by_container: dict[str, Connection] = {}
         self.total_bytes = 0
+        self.tenants: dict[str, int] = {}               # tenant -> bytes held
+        self.started = time.time()
         self._numbers = itertools.count(1)
+
+    # --- the budgets
+
+    def charge(self, connection: Connection, size: int, reserved: bool) -> bool:
+        """Hold size bytes for the connection if its budget, its tenant's and the agent's allow (routine: up to
+        1 - reserve_share of each); the oldest closed connections make room in the agent's."""
+        limits = self.limits
+        share = 1.0 if reserved else 1.0 - limits.reserve_share
+        with self.lock:
+            if connection.held + size > limits.connection_bytes * share:
+                return False
+            if self.tenants.get(connection.tenant, 0) + size > limits.total_bytes * limits.namespace_share * share:
+                return False
+            while self.total_bytes + size > limits.total_bytes * share:
+                closed = [c for c in self.connections.values() if c.closed and c is not connection]
+                if not closed:
+                    return False
+                self._drop(min(closed, key=lambda c: c.closed_at))
+            self._hold(connection, size)
+            return True
+
+    def _hold(self, connection: Connection, size: int) -> None:
+        connection.held += size
+        self.total_bytes += size
+        self.tenants[connection.tenant] = self.tenants.get(connection.tenant, 0) + size
 
     # --- the sink's side
 
@@ -119,39 +167,68 @@ class Store:
                 if not closed:
                     return None
                 self._drop(min(closed, key=lambda c: c.closed_at))
-            connection = Connection(next(self._numbers), self.lock)
-            self.connections[connection.number] = connection
+            number = next(self._numbers)
+            connection = Connection(number, f"connection {number}")
+            self.connections[number] = connection
+            self._hold(connection, CONNECTION_BYTES)
             return connection
 
     def add(self, connection: Connection, packet: bytes | memoryview) -> None:
-        """Keep one packet, reading only its header (WireError: the connection cannot be trusted further)."""
-        _, message_type, _ = wire.read_header(packet)
-        container = None
-        if message_type == wire.MessageType.MESSAGE_CONTAINER_START:
-            container = wire.decode_point(bytes(packet)).message.id
-        size = len(packet)
-        with self.lock:
+        """Fold one packet (WireError: the connection cannot be trusted further)."""
+        point = wire.decode_point(bytes(packet))
+        message = point.message
+        if isinstance(message, container_pb2.Start) and not connection.containers and self.tenant_of is not None:
+            tenant = self.tenant_of(message.id)  # the pod's pause container: outside the locks (it reads files)
+            if tenant:
+                self._move(connection, tenant)
+        with connection.lock:
             if connection.error:
                 raise wire.WireError(connection.error)
-            fits = (len(connection.data) + size <= self.limits.connection_bytes
-                    and self.total_bytes + size <= self.limits.total_bytes)
-            if fits or container is not None:
-                connection.data += packet
-                connection.ends.append(len(connection.data))
-                self.total_bytes += size
+            connection.points += 1
+            if message is None:
+                connection.losses.saw(point.dropped_count, 0)
+                for fold in connection.folds.values():
+                    fold.audit.add(point)  # counted as unknown
             else:
-                connection.lost += 1
-            if container is not None:
-                connection.containers.append(container)
-                self.by_container[container] = connection
-                self.appeared.notify_all()
-            connection.changed.notify_all()
+                if isinstance(message, container_pb2.Start) and message.id not in connection.folds:
+                    self._start(connection, message.id)
+                fold = connection.folds.get(message.context_data.container_id)
+                if fold is None:
+                    connection.losses.saw(point.dropped_count, message.context_data.time_ns)
+                else:
+                    fold.audit.add(point)
+                    reserved = not isinstance(message, ROUTINE_TYPES) or message.exit.errorno in DENIED_ERRNOS
+                    fold.record.add(message, reserved)  # last: it clears the message's context and environment
+            connection.version += 1
+            if connection.waiting:
+                connection.changed.notify_all()
+
+    def _start(self, connection: Connection, container_id: str) -> None:
+        """A container's fold: always made (a handful a sandbox, and without it the run has no trace at all)."""
+        connection.folds[container_id] = Fold(container_id, connection.losses,
+                                              lambda size, reserved: self.charge(connection, size, reserved))
+        connection.containers.append(container_id)
+        with self.lock:
+            self._hold(connection, CONNECTION_BYTES)
+            self.by_container[container_id] = connection
+            self.appeared.notify_all()
+
+    def _move(self, connection: Connection, tenant: str) -> None:
+        with self.lock:
+            self.tenants[connection.tenant] -= connection.held
+            if not self.tenants[connection.tenant]:
+                del self.tenants[connection.tenant]
+            connection.tenant = tenant
+            self.tenants[tenant] = self.tenants.get(tenant, 0) + connection.held
 
     def close(self, connection: Connection, error: str | None = None, oom_killed: bool | None = None) -> None:
-        with self.lock:
+        with connection.lock:
             connection.error = connection.error or error
             connection.oom_killed = oom_killed
             connection.closed_at = time.monotonic()
+            for fold in connection.folds.values():
+                fold.audit.compact()
+            connection.version += 1
             connection.changed.notify_all()
 
     # --- housekeeping
@@ -167,7 +244,11 @@ class Store:
 
     def _drop(self, connection: Connection) -> None:
         del self.connections[connection.number]
-        self.total_bytes -= len(connection.data)
+        self.total_bytes -= connection.held
+        self.tenants[connection.tenant] -= connection.held
+        if not self.tenants[connection.tenant]:
+            del self.tenants[connection.tenant]
+        connection.held = 0
         for container in connection.containers:
             if self.by_container.get(container) is connection:
                 del self.by_container[container]
@@ -186,39 +267,38 @@ class Store:
                                                 timeout=min(wait_s, APPEAR_WAIT_S))
         if connection is None:
             return None
-        view = RunView(container_id, since_ns)
         for evaluation in itertools.count():
             evaluated = time.monotonic()
-            packets, lost, closed, error = self._since(connection, view.fed)
-            view.feed(packets)
-            if view.error and not error:
-                error = view.error
-                self._fail(connection, error)
-            summary = view.summary(lost)
-            remaining = deadline - time.monotonic()
-            if summary["complete"] or closed or error or remaining <= 0:
-                return view.answer(summary, closed, error, connection.oom_killed if closed else None)
-            with self.lock:
-                connection.changed.wait_for(lambda: len(connection.ends) > view.fed or connection.closed,
-                                            timeout=remaining)
+            with connection.lock:
+                fold = connection.folds[container_id]
+                summary = self._look(fold, since_ns)
+                closed, error = connection.closed, connection.error
+                remaining = deadline - time.monotonic()
+                if summary["complete"] or closed or error or remaining <= 0:
+                    return self._answer(fold, since_ns, summary, connection)
+                seen = connection.version
+                connection.waiting += 1
+                try:
+                    connection.changed.wait_for(lambda: connection.version != seen or connection.closed,
+                                                timeout=remaining)
+                finally:
+                    connection.waiting -= 1
             # A flood of points wakes this on every packet: evaluate again no more often than pace_s. Not after the
             # first look, though: the point it missed (the program's exit, still in the socket) is usually the next.
             pause = min(evaluated + self.limits.pace_s - time.monotonic(), deadline - time.monotonic())
             if pause > 0 and evaluation > 0:
                 time.sleep(pause)
 
-    def _since(self, connection: Connection, start: int) -> tuple[list[bytes], int, bool, str | None]:
-        """The packets from index start on, copied under the lock, and the connection's state with them."""
-        with self.lock:
-            ends = connection.ends[start:]
-            first = connection.ends[start - 1] if start else 0
-            chunk = bytes(connection.data[first:ends[-1]]) if ends else b""
-            lost, closed, error = connection.lost, connection.closed, connection.error
-        offsets = [first, *ends]
-        packets = [chunk[a - first:b - first] for a, b in zip(offsets, offsets[1:])]
-        return packets, lost, closed, error
+    @staticmethod
+    def _look(fold: Fold, since_ns: int) -> dict:
+        return fold.audit.summary(since_ns)
 
-    def _fail(self, connection: Connection, error: str) -> None:
-        with self.lock:
-            connection.error = connection.error or error
-            connection.changed.notify_all()
+    @staticmethod
+    def _answer(fold: Fold, since_ns: int, summary: dict, connection: Connection) -> dict:
+        state = {"closed": connection.closed}
+        if connection.error:
+            state["error"] = connection.error
+        if connection.closed and connection.oom_killed is not None:
+            state["oomKilled"] = connection.oom_killed
+        return {"audit": summary, "record": fold.record.text(since_ns), "recordCut": fold.record.cut,
+                "connection": state}
