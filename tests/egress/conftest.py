@@ -187,7 +187,8 @@ def proxy(squid_installed, origin) -> Proxy:
     settings = squid_config.Settings(
         listen=listen, tls_stage_port=free_port(), state_dir=str(state), launchers=str(root / "bin"),
         keys_dir=str(keys), revocations=str(root / "revoked"), error_dir=str(root / "errors"),
-        hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={}, pod_name=POD_NAME)
+        hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={}, pod_name=POD_NAME,
+        relay_port=free_port())
     # The proxy's own ports on its loopback, which no run's CIDR rule opens (the pod refuses its whole loopback:
     # squid_config.PROXY_ITSELF; the tier's origins share this one).
     settings = dataclasses.replace(settings, proxy_itself_ports=(int(listen.rsplit(":", 1)[1]),
@@ -203,8 +204,11 @@ def proxy(squid_installed, origin) -> Proxy:
     with open(root / "squid.stderr", "wb") as stderr:
         squid = subprocess.Popen([*as_proxy, "squid", "-N", "-f", config], stdout=subprocess.DEVNULL,
                                  stderr=stderr, env={"PATH": "/usr/sbin:/usr/bin:/bin"})
-    # The admin endpoint as the pod's second container runs it, in this process (the test reads and revokes).
-    endpoint = admin.make_server("127.0.0.1:0", lambda: {KEY_ID: KEY}, settings.revocations, settings.runs_dir)
+    # The admin endpoint and the tunnel relay as the pod's second container runs them, in this process (the test
+    # reads and revokes).
+    relay = proxy_start.start_relay(settings, lambda: {KEY_ID: KEY})
+    endpoint = admin.make_server("127.0.0.1:0", lambda: {KEY_ID: KEY}, settings.revocations, settings.runs_dir,
+                                 relay.revoke)
     threading.Thread(target=endpoint.serve_forever, daemon=True).start()
     started = Proxy(listen, root, settings, admin="%s:%d" % endpoint.server_address)
     try:

@@ -63,7 +63,7 @@ verify_egress_rootfs() {
     local rootfs=$1 parsed as_proxy=(chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i
         PATH=/usr/sbin:/usr/bin:/bin HOME=/tmp CODERUN_EGRESS_STATE=/tmp/verify)
     verify_precompiled "${as_proxy[@]}" PYTHONPATH=$EGRESS_ROOT python3 -- \
-        coderun.egress.helpers coderun.egress.access_log coderun.egress.proxy coderun.egress.admin
+        coderun.egress.helpers coderun.egress.access_log coderun.egress.proxy coderun.egress.admin coderun.egress.relay
     "${as_proxy[@]}" python3 -I -c "import os, sys
 sys.path.insert(0, '$EGRESS_ROOT')
 from coderun.egress.proxy import prepare, settings_from

@@ -2,7 +2,8 @@
 fetches what this pod logged of the run. A second container of the proxy pod runs it (`coderun-egress-proxy
 admin`), sharing the state directory with squid.
 
-    POST /runs/<uid>/revoke   {"expires": <the token's exp>}   -> 204; the helpers refuse it within seconds
+    POST /runs/<uid>/revoke   {"expires": <the token's exp>}   -> 204; the helpers refuse it on its next request,
+                                                                 the tunnel relay closes its open tunnels
     GET  /runs/<uid>/log                                      -> 200, the run's JSON lines; X-Coderun-Requests,
                                                                  X-Coderun-Bytes-Sent, X-Coderun-Bytes-Received:
                                                                  what this pod logged; X-Coderun-Dropped: what it
@@ -71,8 +72,9 @@ def authorised(header: str | None, keys: Mapping[str, bytes]) -> bool:
     return any([hmac.compare_digest(offered, admin_bearer(key).encode()) for key in keys.values()])
 
 
-def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations,
-            runs: RunLogs) -> type[BaseHTTPRequestHandler]:
+def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations, runs: RunLogs,
+            revoked: Callable[[str], None] = lambda uid: None) -> type[BaseHTTPRequestHandler]:
+    """`revoked(uid)` is told of each revocation once it is written (the tunnel relay closes the run's tunnels)."""
     class Admin(BaseHTTPRequestHandler):
         timeout = TIMEOUT_SECONDS
         protocol_version = "HTTP/1.1"
@@ -107,6 +109,7 @@ def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations,
                 self._answer(400, b'the body is {"expires": <seconds since the epoch>}\n')
                 return
             revocations.revoke(uid, expires, time.time())
+            revoked(uid)
             self._answer(204, b"")
 
         def _run(self, action: str) -> str | None:
@@ -135,10 +138,10 @@ def handler(keys: Callable[[], Mapping[str, bytes]], revocations: Revocations,
 
 
 def make_server(listen: str, keys: Callable[[], Mapping[str, bytes]], revocations_path: str,
-                runs_directory: str) -> ThreadingHTTPServer:
+                runs_directory: str, revoked: Callable[[str], None] = lambda uid: None) -> ThreadingHTTPServer:
     """The admin server on `listen` (host:port), bound and not yet serving (serve_forever)."""
     host, _, port = listen.rpartition(":")
     server = ThreadingHTTPServer((host.strip("[]") or "0.0.0.0", int(port)),
-                                 handler(keys, Revocations(revocations_path), RunLogs(runs_directory)))
+                                 handler(keys, Revocations(revocations_path), RunLogs(runs_directory), revoked))
     server.daemon_threads = True
     return server

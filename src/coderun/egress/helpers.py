@@ -23,6 +23,7 @@ from . import rules
 from .credential import CredentialRefused, Grant, verify
 from .files import keys_in, revocations_in
 from .ranges import Network, protected_networks
+from .relay import with_relayed
 from .run_logs import RunLogs, Usage
 from .squid_helper import reply, serve
 
@@ -206,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     resolve, protected = BoundedLookups(resolver(args.hosts_file)), protected_networks(os.environ)
     runs = RunLogs(args.runs) if args.runs else None
-    usage = runs.usage if runs else (lambda uid: Usage())
+    usage = with_relayed(runs.usage, args.runs) if runs else (lambda uid: Usage())
     admit = runs.admit if runs else (lambda uid: 0)
     serve(lambda words: answer_acl(words, keys.current(), revocations.current(), time.time(), resolve,
                                    protected, usage, admit, args.pod), workers=args.workers)

@@ -3,7 +3,8 @@ test tier calls to start squid the same way.
 
     coderun-egress-proxy start   render squid.conf from the environment, make the TLS pair, exec squid
     coderun-egress-proxy ready   exit 0 once both of squid's stages answer (the readiness probe)
-    coderun-egress-proxy admin   the operator's admin endpoint (admin.py), the pod's second container
+    coderun-egress-proxy admin   the operator's admin endpoint (admin.py) and the tunnel relay (relay.py), the
+                                 pod's second container
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from . import admin
-from .files import keys_in
+from .files import keys_in, revocations_in
+from .relay import Relay
+from .run_logs import RunLogs
 from .squid_config import WARMUP_HOST, Settings, render
 
 # The pod's paths (the chart mounts these; see docs/egress.md).
@@ -28,6 +31,7 @@ DEFAULTS = {
     "CODERUN_EGRESS_KEYS": "/etc/coderun-egress/keys",         # Secret
     "CODERUN_EGRESS_REVOCATIONS": "/run/coderun-egress/revoked",  # written by the admin container
     "CODERUN_EGRESS_ADMIN_LISTEN": "0.0.0.0:3130",
+    "CODERUN_EGRESS_RELAY_PORT": "3131",  # on 127.0.0.1: the tunnel relay, in the admin container
     "CODERUN_EGRESS_LAUNCHERS": "/usr/local/lib/coderun-egress/bin",
     "CODERUN_EGRESS_ERRORS": "/usr/local/lib/coderun-egress/errors",
     "CODERUN_EGRESS_POD_NAME": "",  # the downward API's metadata.name: credentials name the pod they are for
@@ -43,7 +47,8 @@ def settings_from(env: Mapping[str, str]) -> Settings:
                     state_dir=value["CODERUN_EGRESS_STATE"], launchers=value["CODERUN_EGRESS_LAUNCHERS"],
                     keys_dir=value["CODERUN_EGRESS_KEYS"], revocations=value["CODERUN_EGRESS_REVOCATIONS"],
                     error_dir=value["CODERUN_EGRESS_ERRORS"], admin_listen=value["CODERUN_EGRESS_ADMIN_LISTEN"],
-                    env=dict(env), pod_name=value["CODERUN_EGRESS_POD_NAME"])
+                    env=dict(env), pod_name=value["CODERUN_EGRESS_POD_NAME"],
+                    relay_port=int(value["CODERUN_EGRESS_RELAY_PORT"]))
 
 
 def prepare(s: Settings) -> str:
@@ -106,6 +111,15 @@ def not_ready(s: Settings) -> str | None:
     return None
 
 
+def start_relay(s: Settings, keys: Callable[[], Mapping[str, bytes]]) -> Relay:
+    """The tunnel relay between squid's two stages, serving in a thread of its own."""
+    runs = RunLogs(s.runs_dir)
+    tunnels = Relay(("127.0.0.1", s.tls_stage_port), keys, revocations_in(s.revocations, interval=0.0).current,
+                    s.runs_dir, s.pod_name or None, runs.usage)
+    tunnels.start(("127.0.0.1", s.relay_port))
+    return tunnels
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     settings = settings_from(os.environ)
@@ -116,8 +130,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         why = not_ready(settings)
         sys.exit(f"not ready: {why}" if why else 0)
     elif args == ["admin"]:
-        keys = keys_in(settings.keys_dir)
-        admin.make_server(settings.admin_listen, keys.current, settings.revocations, settings.runs_dir).serve_forever()
+        admin.make_server(settings.admin_listen, keys.current, settings.revocations, settings.runs_dir,
+                          start_relay(settings, keys.current).revoke).serve_forever()
     else:
         sys.exit("usage: coderun-egress-proxy start|ready|admin")
 

@@ -6,7 +6,8 @@ client connection to show its error page inside TLS: the client sees "200 Connec
 certificate it cannot trust, never the refusal. So:
 - the policy stage (`listen`, what runs use) peeks at nothing: it checks the credential, the name, the port and
   the addresses, and refuses with a plain 403 whose body and X-Coderun-Refused header name the host and the
-  policy; an allowed CONNECT goes on to
+  policy; an allowed CONNECT goes on, through coderun's tunnel relay (relay.py: a run's byte budget and its
+  credential's revocation cut its tunnels), to
 - the TLS stage (a loopback port of the same squid, as its parent peer), which checks everything again (cache
   hits), peeks at the ClientHello (never decrypts), splices the tunnel if its server name (SNI) is the CONNECT
   host and closes it otherwise, and is the one that connects.
@@ -95,6 +96,7 @@ class Settings:
     env: Mapping[str, str] = field(default_factory=dict)  # the cluster's ranges (ranges.py)
     admin_listen: str = "127.0.0.1:0"  # the admin endpoint's (admin.py), in its own container
     helper_workers: int = 8
+    relay_port: int = 3131      # the tunnel relay's (relay.py), on 127.0.0.1: the policy stage's parent peer
     pod_name: str = ""  # this proxy pod's (the downward API): the helpers refuse a credential for another pod
     # The ports at which the proxy's own addresses (PROXY_ITSELF) are refused; none: every port (the pod, whose
     # loopback is the proxy's alone). The test tier, whose origins share the proxy's loopback, names its own.
@@ -156,8 +158,10 @@ def render(s: Settings) -> str:
         "acl stage_tls annotate_transaction stage=tls",
         f"acl warmup_host dstdomain {WARMUP_HOST}",
         "acl warmup all-of localhost warmup_host",
-        # The TLS stage is this squid's own parent: login=PASS hands it the run's credential (it checks it again).
-        f"cache_peer 127.0.0.1 parent {s.tls_stage_port} 0 no-query no-digest no-netdb-exchange login=PASS "
+        # The TLS stage is this squid's own parent, through the tunnel relay (relay.py: it counts a tunnel's bytes
+        # against the run's budget as they flow, and closes it when the run's credential is revoked): login=PASS
+        # hands both the run's credential (the TLS stage checks it again).
+        f"cache_peer 127.0.0.1 parent {s.relay_port} 0 no-query no-digest no-netdb-exchange login=PASS "
         "name=tls_stage",
         "cache_peer_access tls_stage allow at_policy CONNECT",
         "cache_peer_access tls_stage allow at_policy warmup",

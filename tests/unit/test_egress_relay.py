@@ -1,0 +1,169 @@
+"""The tunnel relay's bounds (coderun/egress/relay.py) on loopback, with a stand-in for squid's TLS stage: what a
+hostile program could drive it to hold. The budget cut and revocation through the real squid: tests/egress."""
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import socketserver
+import threading
+import time
+
+import pytest
+
+from coderun.egress import relay as relay_module
+from coderun.egress.credential import Budget, Grant, mint
+from coderun.egress.relay import Relay, relayed_bytes
+from coderun.egress.run_logs import Usage
+
+KEY = os.urandom(32)
+
+
+class TlsStage(socketserver.BaseRequestHandler):
+    """Answers a CONNECT with 200, then sends back whatever it is sent (an echo in place of the origin)."""
+    heads: list[bytes] = []
+
+    def handle(self):
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.request.recv(65536)
+            if not chunk:
+                return
+            head += chunk
+        TlsStage.heads.append(head)
+        self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        while chunk := self.request.recv(65536):
+            self.request.sendall(chunk)
+
+
+@pytest.fixture()
+def stage():
+    TlsStage.heads = []
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), TlsStage)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture()
+def revoked() -> set[str]:
+    return set()
+
+
+@pytest.fixture()
+def relay(stage, revoked, tmp_path) -> Relay:
+    started = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0")
+    started.start(("127.0.0.1", 0))
+    return started
+
+
+def head(uid: str, budget: int | None = None, expires_in: int = 600) -> bytes:
+    token = mint("k1", KEY, Grant("ns", uid, uid, "p", (), int(time.time()) + expires_in,
+                                  Budget(bytes=budget) if budget else None, "proxy-0"))
+    credentials = base64.b64encode(f"{uid}:{token}".encode()).decode()
+    return (f"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\nProxy-Authorization: Basic "
+            f"{credentials}\r\n\r\n").encode()
+
+
+def opened(relay: Relay, request: bytes) -> tuple[socket.socket, bytes]:
+    """A connection to the relay that sent `request`, and the head it was answered."""
+    sock = socket.create_connection(relay.address, timeout=5)
+    sock.sendall(request)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return sock, answer
+
+
+def echoed(sock: socket.socket, data: bytes) -> bytes:
+    sock.sendall(data)
+    got = b""
+    while len(got) < len(data):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def wait_for(predicate, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_connect_of_a_valid_credential_is_relayed_and_counted(relay):
+    sock, answer = opened(relay, head("run-a"))
+    assert answer.startswith(b"HTTP/1.1 200") and echoed(sock, b"x" * 1000) == b"x" * 1000
+    assert wait_for(lambda: relay.runs["run-a"].relayed == 2000)  # both ways
+    sock.close()
+
+
+def test_a_head_beyond_its_bound_is_closed_before_the_tls_stage_sees_it(relay):
+    sock, answer = opened(relay, b"CONNECT a:1 HTTP/1.1\r\nX: " + b"a" * (relay_module.MAX_HEAD_BYTES + 10))
+    assert answer == b"" and TlsStage.heads == []
+    sock.close()
+    control, answer = opened(relay, head("run-a"))  # an ordinary head, on the same relay, reaches it
+    assert answer.startswith(b"HTTP/1.1 200") and len(TlsStage.heads) == 1
+    control.close()
+
+
+def test_a_revoked_or_forged_credential_is_refused_by_the_relay(relay, revoked):
+    revoked.add("run-r")
+    for request in (head("run-r"), head("run-f").replace(b"Basic ", b"Basic eA")):
+        sock, answer = opened(relay, request)
+        assert answer.startswith(b"HTTP/1.1 403") and TlsStage.heads == []
+        sock.close()
+
+
+def test_one_run_holds_at_most_its_share_of_tunnels(relay, monkeypatch):
+    monkeypatch.setattr(relay_module, "MAX_TUNNELS_PER_RUN", 2)
+    held = [opened(relay, head("run-many"))[0] for _ in range(2)]
+    sock, answer = opened(relay, head("run-many"))
+    assert answer.startswith(b"HTTP/1.1 503") and b"has 2 tunnels open" in answer
+    sock.close()
+    other, answer = opened(relay, head("run-other"))  # another run is not held up
+    assert answer.startswith(b"HTTP/1.1 200")
+    for s in [*held, other]:
+        s.close()
+
+
+def test_a_tunnel_idle_both_ways_is_closed_and_an_active_one_kept(relay, monkeypatch):
+    idle, _ = opened(relay, head("run-idle"))
+    busy, _ = opened(relay, head("run-busy"))
+    assert wait_for(lambda: len(relay.tunnels) == 2)
+    for tunnel in relay.tunnels:
+        if tunnel.run.uid == "run-idle":
+            tunnel.active -= relay_module.IDLE_SECONDS + 1
+    assert wait_for(lambda: idle.recv(1) == b"")  # the watcher closed it
+    assert echoed(busy, b"still here") == b"still here"
+    for s in (idle, busy):
+        s.close()
+
+
+def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(stage, revoked, tmp_path):
+    first = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0")
+    first.start(("127.0.0.1", 0))
+    sock, _ = opened(first, head("run-b", budget=5000))
+    sock.sendall(b"y" * 4000)
+    assert wait_for(lambda: relayed_bytes(str(tmp_path), "run-b") > 5000)  # over: cut
+    assert wait_for(lambda: sock.recv(65536) == b"")
+    sock.close()
+    # A relay started again (the admin container restarted) starts from the count, not from zero.
+    again = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0",
+                  usage=lambda uid: Usage(bytes_sent=100))
+    again.start(("127.0.0.1", 0))
+    sock, answer = opened(again, head("run-b", budget=5000))
+    assert answer.startswith(b"HTTP/1.1 403") and b"spec.egressBudget.bytes: 5000" in answer
+    sock.close()
+    control, answer = opened(again, head("run-c", budget=5000))
+    assert answer.startswith(b"HTTP/1.1 200")
+    control.close()
