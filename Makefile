@@ -215,9 +215,11 @@ bench-egress: up
 	$(PY) e2e/bench/egress.py
 
 # The audit's cost: the same programs on gVisor with the trace session and without it (RuntimeClass
-# gvisor-untraced), cold, alternating.
+# gvisor-untraced), cold, alternating; then the agent's cost a point, and its memory under 9 concurrent floods.
 bench-audit: up
 	$(PY) e2e/bench/audit.py
+	$(PY) e2e/bench/audit_flood.py --fold
+	$(PY) e2e/bench/audit_flood.py
 
 # The async SDK's concurrency curve: N concurrent run("print(1)") from one AsyncCodeRunClient, on the cluster.
 bench-concurrency: up

@@ -650,6 +650,30 @@ def test_the_oldest_closed_connection_makes_room_when_the_agents_budget_is_short
     assert store.total_bytes == second.held <= 1024 * 1024
 
 
+def test_a_sessions_later_run_is_answered_from_the_fold_without_the_earlier_runs_counts():
+    """The fold cannot know a run's start in advance: it splits its counters at quiet gaps, and a question from a
+    time in the gap before a session's next run adds up only what came after (the process table is exact)."""
+    store = Store()
+    connection = store.open()
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "first.csv").open(PROGRAM, "shared.csv").exit(PROGRAM)
+    sandbox.now += 200_000_000                                         # the operator's round trip: a quiet gap
+    since = sandbox.now - 100_000_000
+    second = PROGRAM + 10
+    sandbox.clone(NS_INIT, second).execve(second, ["python3", "-u", "main.py"])
+    sandbox.open(second, "shared.csv").open(second, "/etc/hosts").exit(second)
+    for packet in sandbox.packets:
+        store.add(connection, packet)
+    later = store.answer(CID, since, 0)["audit"]
+    assert later["filesRead"] == [{"path": "shared.csv", "count": 1}] and later["complete"] is True
+    assert [p["argv"] for p in later["processes"]] == [["python3", "-u", "main.py"]]
+    assert later["outsideWorkdir"]["examples"] == ["/etc/hosts"]
+    assert store.answer(CID, sandbox.now + 1, 0)["audit"]["filesRead"] == []  # a start after every point
+    whole = store.answer(CID, 0, 0)["audit"]                           # the positive control: both runs
+    assert {f["path"]: f["count"] for f in whole["filesRead"]} == {"first.csv": 1, "shared.csv": 2}
+    assert whole["counts"]["processes"] == 2
+
+
 @pytest.mark.parametrize("files, expected", [
     ({"memory.max": "402653184\n"}, 402653184),                                  # v2, the chart's 384Mi
     ({"memory.max": "max\n"}, None),                                              # v2, no limit

@@ -175,7 +175,7 @@ class _Segment:
     """The run's counters over a stretch of the sandbox's time without a quiet gap."""
 
     def __init__(self, start_ns: int, rooms: dict[str, _Room], charge: Callable[[int], bool] | None):
-        self.start_ns = start_ns
+        self.start_ns = self.last_ns = start_ns  # its first point's time, and its latest's
         self.read = _Keyed(rooms["read"], charge)
         self.written = _Keyed(rooms["written"], charge)
         self.connects = _Keyed(rooms["connects"])  # their own rooms: the reserve of connects and sockets
@@ -210,11 +210,11 @@ def _errno(message) -> int:
 
 
 def _added_up(segments: list[_Segment]) -> _Segment:
-    """One segment with the counts of all of them (theirs unchanged: the fold goes on)."""
+    """One segment with the counts of all of them (theirs unchanged: the fold goes on); none: an empty one."""
     if len(segments) == 1:
         return segments[0]
     unbounded = _Room(2 ** 62)
-    total = _Segment(segments[0].start_ns, dict.fromkeys(("read", "written", "connects", "sockets"), unbounded), None)
+    total = _Segment(segments[0].start_ns if segments else 0, dict.fromkeys(("read", "written", "connects", "sockets"), unbounded), None)
     for segment in segments:
         for name in ("read", "written", "connects", "sockets"):
             mine, theirs = getattr(total, name), getattr(segment, name)
@@ -276,6 +276,7 @@ class RunAudit:
         if self.last_ns and time_ns - self.last_ns >= self.bounds.segment_gap_ns:
             self._new_segment(time_ns)
         self.last_ns = max(self.last_ns, time_ns)
+        self.segment.last_ns = max(self.segment.last_ns, time_ns)
         if isinstance(message, container_pb2.Start):
             self.started = True
             self.table.start_container(context.thread_group_id, list(message.args), context.time_ns)
@@ -290,7 +291,9 @@ class RunAudit:
         self.segments.append(_Segment(start_ns, self.rooms, self.charge))
         self._opens.clear()
         if len(self.segments) > self.bounds.segments:
-            self.segments[1].absorb(self.segments.pop(2))
+            merged = self.segments.pop(2)
+            self.segments[1].absorb(merged)
+            self.segments[1].last_ns = merged.last_ns
 
     def compact(self) -> None:
         """The sandbox ended: what only later points would have needed goes."""
@@ -484,7 +487,9 @@ class RunAudit:
                     "message": "no trace of this container reached the audit agent"}
         since = self.since_ns if since_ns is None else max(since_ns, self.since_ns)
         bounds = self.bounds
-        first = max((i for i, segment in enumerate(self.segments) if segment.start_ns <= since), default=0)
+        # From the first segment with a point at or after the run's start: one the start falls in counts whole.
+        first = next((i for i, segment in enumerate(self.segments) if segment.last_ns >= since),
+                     len(self.segments))
         run = _added_up(self.segments[first:])
         program = self.table.program(since)
         omitted = {}
