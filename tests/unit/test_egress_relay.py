@@ -6,6 +6,8 @@ import base64
 import os
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
 import time
 
@@ -167,3 +169,35 @@ def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(stage,
     control, answer = opened(again, head("run-c", budget=5000))
     assert answer.startswith(b"HTTP/1.1 200")
     control.close()
+
+
+def test_the_admin_container_s_command_serves_the_admin_endpoint_and_the_relay(tmp_path):
+    """`coderun-egress-proxy admin`, as the chart runs it: both listen (the admin endpoint asks for its bearer)."""
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    admin_port, relay_port = free_port(), free_port()
+    (tmp_path / "keys").mkdir()
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.path.join(os.path.dirname(__file__), "../../src"),
+           "CODERUN_EGRESS_STATE": str(tmp_path), "CODERUN_EGRESS_KEYS": str(tmp_path / "keys"),
+           "CODERUN_EGRESS_REVOCATIONS": str(tmp_path / "revoked"),
+           "CODERUN_EGRESS_ADMIN_LISTEN": f"127.0.0.1:{admin_port}", "CODERUN_EGRESS_RELAY_PORT": str(relay_port)}
+    admin = subprocess.Popen([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                              "from coderun.egress.proxy import main; main(['admin'])", env["PYTHONPATH"]],
+                             env=env, stderr=subprocess.PIPE)
+    try:
+        def answers() -> bytes:
+            try:
+                with socket.create_connection(("127.0.0.1", admin_port), timeout=2) as s:
+                    s.sendall(b"GET /runs/x/log HTTP/1.1\r\nHost: x\r\n\r\n")
+                    return s.recv(64)
+            except OSError:
+                return b""
+
+        assert wait_for(lambda: answers().startswith(b"HTTP/1.1 401"), 20), admin.stderr.read1(4000)
+        socket.create_connection(("127.0.0.1", relay_port), timeout=2).close()
+    finally:
+        admin.kill()
+        admin.wait()

@@ -130,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         why = not_ready(settings)
         sys.exit(f"not ready: {why}" if why else 0)
     elif args == ["admin"]:
+        keys = keys_in(settings.keys_dir)
         admin.make_server(settings.admin_listen, keys.current, settings.revocations, settings.runs_dir,
                           start_relay(settings, keys.current).revoke).serve_forever()
     else:
