@@ -210,9 +210,10 @@ bench-memory: up
 	$(PY) e2e/bench/memory.py
 
 # The egress proxy's cost (the chart's proxy): runs with egress and without, a run's end to its status.network,
-# and the proxy's added latency per request inside a run.
+# and the proxy's added latency per request inside a run; then its log's lag under 1, 2 and 4 concurrent floods.
 bench-egress: up
 	$(PY) e2e/bench/egress.py
+	$(PY) e2e/bench/egress_flood.py
 
 # The audit's cost: the same programs on gVisor with the trace session and without it (RuntimeClass
 # gvisor-untraced), cold, alternating; then the agent's cost a point, and its memory under 9 concurrent floods.
