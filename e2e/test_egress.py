@@ -334,6 +334,8 @@ def test_a_warm_pool_serves_a_policy_with_egress_and_routes_only_that_policy_s_p
                  files=[{"path": "ca.pem", "content": dest.ca}], limits=timeout)["status"]
     facts = facts_of(opened)
     assert opened["startMode"] == "Warm", opened
+    # Its proxy settings are not a start-up variable of Python's: the pool's prestarted interpreter ran it.
+    assert opened["metrics"].get("interpreterPrestarted") is True, opened["metrics"]
     assert facts["tls"][:2] == [200, f"hello from {dest.name('web')}:8443"] and facts["refused"][0] == 403, facts
     # The policy's cidr rule: a route of its own, in force from the pod's start; only to the port it names.
     assert facts["direct"] == "open" and facts["elsewhere"] not in BREACH, facts
@@ -377,11 +379,43 @@ def test_a_session_s_runs_reach_the_allowed_names_each_with_a_credential_that_en
         '''))
     facts = facts_of(second)
     assert second["phase"] == "Succeeded" and second["podName"] == first["podName"], second
+    assert [r["metrics"].get("interpreterPrestarted") for r in (first, second)] == [True, True], (first, second)
     # Refused on its first use after the run that held it ended: 403 from the check squid asks every request, or
     # 407 once squid's 5 s memory of the credential has gone (the egress tier pins down the first).
     assert facts["stale"] in (403, 407) and facts["mine"] == [200, f"hello from {dest.name('web')}:8443"], facts
     # Its own status holds its own request only: the stale credential's was no one's.
     assert second["network"]["requests"] == 1 and second["network"]["proxyPod"], second["network"]
+
+
+def test_a_keep_state_session_under_egress_keeps_its_variables_runs_prestarted_and_each_run_has_its_credential(
+        operator, destinations, namespace):
+    """keepState under a policy with egress (issue 35, item 6: every such run ended InvalidSpec, the proxy settings
+    holding Node's start-up switch): one interpreter for both runs, each with its own credential in os.environ."""
+    dest = destinations
+    apply_policy(operator, namespace, egress_policy(dest, sessions={"allowed": True},
+                                                    defaults={"cpu": "250m", "memory": "256Mi"}))
+    session = create_session(operator, namespace, keepState=True)
+    wait_session(operator, namespace, session)
+    # An opener built per request: urlopen's default one keeps the proxy settings of the run that first used it.
+    get = f'''
+        import os, urllib.request
+        def get(path):
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler())
+            with opener.open("http://{dest.name('web')}:8080" + path, timeout=15) as response:
+                return response.status
+        '''
+    first = run_in(operator, namespace, session, python(get, '''
+        kept = {"credential": os.environ["HTTPS_PROXY"], "status": get("/one")}
+        report(status=kept["status"])
+        '''))
+    second = run_in(operator, namespace, session, python(get, '''
+        report(kept=kept["status"], status=get("/two"), fresh=kept["credential"] != os.environ["HTTPS_PROXY"])
+        '''))
+    for ran in (first, second):
+        assert (ran["phase"], ran["startMode"], ran["metrics"].get("interpreterPrestarted")) == (
+            "Succeeded", "Session", True), ran
+    assert facts_of(first) == {"status": 200} and facts_of(second) == {"kept": 200, "status": 200, "fresh": True}
+    assert second["network"]["requests"] == 1, second["network"]
 
 
 def test_a_run_without_egress_has_no_proxy_and_no_route_to_it(operator, destinations, namespace):
