@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/bench/ (its neighbours)
+sys.path.insert(2, str(Path(__file__).resolve().parents[2] / "tests"))  # what e2e's modules import (pytest's pythonpath)
 from latency import Stopwatch, new_namespace, summary  # noqa: E402
 from conftest import Cluster, wait_for  # noqa: E402
 from test_egress import FETCH, PYTHON_IMAGE, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
