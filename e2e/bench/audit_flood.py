@@ -113,7 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=9, help="concurrent floods")
     parser.add_argument("--flood", type=int, default=90_000, help="open/close calls a flood makes")
-    parser.add_argument("--cpu", default="200m", help="each flood's CPU")
+    parser.add_argument("--cpu", default="100m", help="each flood's CPU (9 x 100m and the overhead fit the 2-core node)")
     parser.add_argument("--fold", action="store_true", help="no cluster: the agent's cost a point")
     args = parser.parse_args()
     if args.fold:

@@ -27,8 +27,8 @@ def test_the_pod_init_config_is_one_default_session_with_the_remote_sink():
     trace = config["trace_session"]
     assert trace["name"] == "Default"
     assert trace["sinks"] == [{"name": "remote", "ignore_setup_error": True,
-                               "config": {"endpoint": "/run/x.sock", "retries": 8, "backoff": "25us",
-                                          "backoff_max": "5ms"}}]
+                               "config": {"endpoint": "/run/x.sock", "retries": 16, "backoff": "25us",
+                                          "backoff_max": "20ms"}}]
 
 
 def test_every_point_is_read_by_the_summary_and_names_its_container_and_process():

@@ -313,6 +313,9 @@ def caps(args: argparse.Namespace) -> Limits:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # A sink thread that waits for the interpreter lock while runsc's socket fills makes the program wait, then
+    # gVisor drop points: hand the lock over every 0.5 ms rather than Python's 5 ms.
+    sys.setswitchinterval(0.0005)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.pod_init_config:
         write_atomically(args.pod_init_config,
