@@ -84,7 +84,7 @@ def last_seen(last: RunResult | None) -> str:
     queued behind the policy's cap, waiting for an approver, its pod not scheduled and why)."""
     if last is None or not last.phase:
         return "no status yet"
-    said = ", ".join(filter(None, [last.reason, (last.message or "").strip()[:300]]))
+    said = ", ".join(filter(None, [last.reason, (last.message or "").strip()[:600]]))
     return f"{last.phase}: {said}" if said else last.phase
 
 

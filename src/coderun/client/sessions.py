@@ -56,7 +56,7 @@ class SessionNotReady(CodeRunError):
 
     def __init__(self, info: SessionInfo, waited_seconds: float):
         self.info = info
-        said = ", ".join(filter(None, [info.reason, (info.message or "").strip()[:300]]))
+        said = ", ".join(filter(None, [info.reason, (info.message or "").strip()[:600]]))
         super().__init__(f"CodeRunSession {info.namespace}/{info.name} is not ready after {waited_seconds:.0f}s "
                          f"(last seen: {info.phase or 'no status yet'}" + (f": {said}" if said else "") + ")")
 
