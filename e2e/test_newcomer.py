@@ -1,7 +1,8 @@
 """Promises a newcomer found broken (issue 35, item 8), kept on the real cluster: an MCP conversation its client
 ends over streamable HTTP takes its CodeRunSession and pod with it, and `coderun session create` says when the
 namespace's policy refuses the session (the built-in baseline allows none) instead of printing `created`, as the
-first `run --session` then says how the session ended rather than giving an RBAC hint.
+first `run --session` then says how the session ended rather than giving an RBAC hint; a run no node has room
+for says why in its status as soon as the scheduler does.
 
 Synchronisation is always a polled predicate with a deadline."""
 from __future__ import annotations
@@ -95,3 +96,13 @@ def test_session_create_says_the_built_in_baseline_refuses_sessions_and_a_run_in
     assert (created.returncode, created.stdout) == (0, "coderunsession.coderun.io/allowed created\n"), created.stderr
     ran = coderun(namespace, "run", "--session", "allowed", "-c", "print(6*7)")
     assert (ran.returncode, ran.stdout) == (0, "42\n"), ran.stderr
+
+
+def test_a_run_no_node_has_room_for_says_the_scheduler_s_words_at_once_and_the_cli_quotes_them(operator, namespace):
+    """1.9 CPU fits the node (2 allocatable, so it is not refused at once) but not beside what runs there: the
+    run's status says so as soon as the scheduler does, and the CLI's give-up quotes it, naming its own flag."""
+    waited = coderun(namespace, "run", "-c", "print(1)", "--cpu", "1900m", "--wait-timeout", "8s")
+    assert waited.returncode == 5, (waited.returncode, waited.stdout, waited.stderr)
+    assert "(last seen: Pending: PodCreated, sandbox pod " in waited.stderr, waited.stderr
+    assert "not yet scheduled: 0/1 nodes are available: 1 Insufficient cpu" in waited.stderr, waited.stderr
+    assert "--wait-timeout to wait longer; it is deleted" in waited.stderr and "wait(timeout" not in waited.stderr
