@@ -252,7 +252,8 @@ def test_a_pending_run_says_why_its_pod_waits_as_soon_as_the_scheduler_says_it(e
     clock.now += timedelta(seconds=301)
     ctl.tick()
     status = api.run(NS, "demo")["status"]
-    assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable") and "Insufficient cpu" in status["message"]
+    assert (status["phase"], status["reason"]) == ("Failed", "Unschedulable")
+    assert "Insufficient cpu" in status["message"]
 
 
 def test_a_pod_placed_after_waiting_for_room_says_it_waits_to_start_again(env):

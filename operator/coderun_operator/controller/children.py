@@ -79,7 +79,8 @@ def input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decisio
     if egress is None:
         return build_input_configmap(run, spec, decision)
     expires = expiry or credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, now)
-    return build_input_configmap(run, spec, decision, run_environment(egress, run, decision.policy, decision.runtime, expires))
+    return build_input_configmap(run, spec, decision,
+                                 run_environment(egress, run, decision.policy, decision.runtime, expires))
 
 
 def store_network_log(api, run: Mapping[str, Any], jsonl: str) -> str | None:

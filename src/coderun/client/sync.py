@@ -65,7 +65,8 @@ class CodeRunClient:
             on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         """Run `code` and return its result. `timeout` is the program's own limit in seconds (reason Timeout
         when exceeded); `wait_timeout` bounds the caller's wait (RunTimeout when exceeded; default: the
-        program's limit plus 360 s, past the operator's own bound on a sandbox that cannot start). `files` maps sandbox paths to text or bytes. wait=False returns at once."""
+        program's limit plus 360 s, past the operator's own bound on a sandbox that cannot start). `files` maps
+        sandbox paths to text or bytes. wait=False returns at once."""
         request = RunRequest(code=code, language=language, files=files, stdin=stdin, timeout=timeout)
         return self.submit(request, limits=limits, wait=wait, wait_timeout=wait_timeout, namespace=namespace,
                            labels=labels, on_update=on_update)
