@@ -364,6 +364,10 @@ def test_the_log_daemon_writes_each_run_s_file_once_a_batch_and_counts_before_a_
     assert RunLogs(str(tmp_path)).usage("u-1").requests == 3 and len(runs.read("u-1")[0].splitlines()) == 3
     runs.append("u-1", {"n": 3})
     assert RunLogs(str(tmp_path)).wait_logged("u-1", 0) == (0, runs.usage("u-1"))  # nothing admitted: at once
+    runs.append("u-1", {"method": "CONNECT", "bytes_sent": 10, "bytes_received": 20})  # a tunnel's bytes apart
+    runs.append("u-1", {"method": "GET", "bytes_received": 5})
+    usage = RunLogs(str(tmp_path)).usage("u-1")
+    assert (usage.bytes, usage.tunnel_bytes) == (38, 30)
     runs.close()
 
 

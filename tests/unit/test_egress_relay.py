@@ -15,7 +15,7 @@ import pytest
 
 from coderun.egress import relay as relay_module
 from coderun.egress.credential import Budget, Grant, mint
-from coderun.egress.relay import Relay, relayed_bytes
+from coderun.egress.relay import Relay, relayed_bytes, with_relayed
 from coderun.egress.run_logs import Usage
 
 KEY = os.urandom(32)
@@ -169,6 +169,36 @@ def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(stage,
     control, answer = opened(again, head("run-c", budget=5000))
     assert answer.startswith(b"HTTP/1.1 200")
     control.close()
+
+
+def test_an_open_tunnel_s_bytes_and_plain_bytes_are_summed_against_the_budget(stage, revoked, tmp_path):
+    """Tunnel bytes and plain bytes add up (not the more of the two): 20,000 bytes on an open tunnel beside 85,000
+    of plain HTTP are past a budget of 100,000, for the relay and for the helpers' budget check alike."""
+    plain = {"run-sum": 75_000, "run-under": 60_000}
+    relay = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0",
+                  usage=lambda uid: Usage(bytes_received=plain[uid]))
+    relay.start(("127.0.0.1", 0))
+    counted = with_relayed(lambda uid: Usage(bytes_received=plain[uid]), str(tmp_path))
+    held = []
+    for uid in plain:
+        sock, answer = opened(relay, head(uid, budget=100_000))
+        assert answer.startswith(b"HTTP/1.1 200") and echoed(sock, b"z" * 10_000) == b"z" * 10_000
+        held.append(sock)
+        assert wait_for(lambda: relay.runs[uid].open == 20_000)  # both ways, the tunnel still open
+    plain["run-sum"] = 85_000  # a plain GET of 10,000 bytes logged: 105,000 with the open tunnel
+    sock, answer = opened(relay, head("run-sum", budget=100_000))  # so a new tunnel cannot open
+    assert answer.startswith(b"HTTP/1.1 403") and b"spec.egressBudget.bytes: 100000" in answer
+    sock.close()
+    sock, answer = opened(relay, head("run-under", budget=100_000))  # 80,000: it can
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert counted("run-sum").bytes == 105_000 and counted("run-under").bytes == 80_000  # the helpers' check too
+    for s in [sock, *held]:
+        s.close()
+    # Once a tunnel closes, its bytes count as closed until the log counts it, and never twice after that.
+    assert wait_for(lambda: relay.runs["run-under"].tunnels == set())
+    assert relay.runs["run-under"].closed == 20_000 and counted("run-under").bytes == 80_000
+    logged = Usage(bytes_received=80_000, tunnel_bytes=20_000)
+    assert with_relayed(lambda uid: logged, str(tmp_path))("run-under").bytes == 80_000
 
 
 def test_the_admin_container_s_command_serves_the_admin_endpoint_and_the_relay(tmp_path):

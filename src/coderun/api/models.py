@@ -289,7 +289,9 @@ class EgressBudget(ApiModel):
     A request counts as the proxy is asked it, allowed or refused; its bytes when it ends, so the last request
     allowed may go over a byte budget by its own size."""
     bytes: int | None = Field(None, ge=1, le=1 << 50, description=(
-        "Bytes the program sends and receives through the proxy, all requests together."))
+        "Bytes the program sends and receives through the proxy, all requests together. An https:// tunnel is cut "
+        "where its bytes flow, one 16 KiB chunk past the budget; a plain http:// response is counted only when it "
+        "ends, so for plain HTTP the budget refuses the next request, it does not limit a response's size."))
     requests: int | None = Field(None, ge=1, le=10_000_000, description=(
         "Requests the program makes through the proxy, allowed or refused."))
 

@@ -9,12 +9,13 @@ to the TLS stage (squid_config.py) and relays its tunnel:
     program ──CONNECT──► policy stage ──CONNECT, login=PASS──► relay ──► TLS stage ──► origin
 
 The relay reads the CONNECT's head (the run's credential rides along), verifies the credential as the helpers do,
-and counts every tunnel byte after the TLS stage's answer, both ways, against the run: one count per run across
-all its tunnels, on top of what the log had counted of the run before its first tunnel here (plain HTTP), and
-never below the log's count. The chunk that takes a run past its byte budget is the last one relayed: every
-tunnel of the run is then cut, and a new one refused (403, BudgetExceeded). What the relay counted is written to
-`runs/<uid>.relayed`, which the budget check (helpers.py) reads beside the log's count, so the run's next plain
-request is refused as well. A run whose credential is revoked (the admin endpoint tells the relay at once, and
+and counts every tunnel byte after the TLS stage's answer, both ways, against the run. A run's spent bytes are a
+sum (spent_bytes): what the log counted of its plain requests, plus its closed tunnels (the log's count of them or
+the relay's, whichever is more: the log counts a tunnel only when it closes), plus the bytes on its tunnels still
+open. The chunk that takes a run past its byte budget is the last one relayed: every tunnel of the run is then
+cut, and a new one refused (403, BudgetExceeded). What the relay counted (closed and open tunnels) is written to
+`runs/<uid>.relayed`, which the budget check (helpers.py) adds up with the log's count the same way, so the run's
+next plain request is refused as well. A run whose credential is revoked (the admin endpoint tells the relay at once, and
 the revocation list is looked at every WATCH_SECONDS) or expires has its tunnels closed: a kept socket cannot
 carry one run's tunnel into the next run of a session.
 
@@ -36,6 +37,7 @@ from typing import Callable, Collection, Mapping
 
 from . import rules
 from .credential import CredentialRefused, Grant, UID_PATTERN, verify
+from .files import write_atomically
 from .run_logs import Usage
 
 MAX_TUNNELS = 512
@@ -54,24 +56,38 @@ RELAYED_SUFFIX = "relayed"
 RELAY_REFUSED = "X-Coderun-Refused"
 
 
-def relayed_bytes(runs_dir: str, uid: str) -> int:
-    """What the relay counted a run to have moved (0: nothing, or not a run uid): the budget check's second count."""
+def relayed_counts(runs_dir: str, uid: str) -> tuple[int, int]:
+    """What the relay counted a run's tunnels to have moved, (closed, still open); (0, 0): nothing, or not a uid."""
     if not UID_PATTERN.match(uid):
-        return 0
+        return 0, 0
     try:
         with open(os.path.join(runs_dir, f"{uid}.{RELAYED_SUFFIX}"), "rb") as f:
-            text = f.read(32)
+            words = f.read(64).split()
     except OSError:
-        return 0
-    return int(text) if text.isdigit() else 0
+        return 0, 0
+    if not 1 <= len(words) <= 2 or not all(w.isdigit() for w in words):
+        return 0, 0
+    return int(words[0]), int(words[1]) if len(words) == 2 else 0  # one count: written before open ones were apart
+
+
+def relayed_bytes(runs_dir: str, uid: str) -> int:
+    """Every tunnel byte the relay counted of a run, closed tunnels and open ones."""
+    return sum(relayed_counts(runs_dir, uid))
+
+
+def spent_bytes(logged: Usage, closed: int, open_: int) -> int:
+    """A run's bytes, summed: its plain requests as the log counted them, its closed tunnels as the log or the relay
+    counted them (the more of the two: the log counts a tunnel when it closes, and a moment later), and its open
+    tunnels as the relay counts them (the log has none of those)."""
+    return logged.bytes - logged.tunnel_bytes + max(logged.tunnel_bytes, closed) + open_
 
 
 def with_relayed(usage: Callable[[str], Usage], runs_dir: str) -> Callable[[str], Usage]:
-    """A run's usage as the log counted it, its bytes never below what the relay counted (open tunnels included,
-    which the log counts only when they close): the budget check's count."""
+    """A run's usage as the log counted it, its bytes summed with what the relay counted (spent_bytes): the budget
+    check's count."""
     def counted(uid: str) -> Usage:
         logged = usage(uid)
-        missing = relayed_bytes(runs_dir, uid) - logged.bytes
+        missing = spent_bytes(logged, *relayed_counts(runs_dir, uid)) - logged.bytes
         if missing > 0:
             logged = replace(logged, bytes_received=logged.bytes_received + missing)
         return logged
@@ -86,16 +102,23 @@ class RunSpend:
     budget: int | None
     expires: int
     policy: str
-    baseline: int  # the log's count when the relay first saw the run (its plain requests before)
-    relayed: int = 0
-    logged: int = 0  # the log's latest count, read at most every USAGE_SECONDS
+    closed: int = 0  # bytes relayed on the run's tunnels that have closed (here, or at a relay before a restart)
+    logged: Usage = field(default_factory=Usage)  # the log's latest count, read at most every USAGE_SECONDS
     logged_at: float = float("-inf")
-    written: int = -1
+    written: tuple[int, int] = (-1, -1)
     tunnels: set = field(default_factory=set)
 
     @property
+    def open(self) -> int:
+        return sum(t.relayed for t in self.tunnels)
+
+    @property
+    def relayed(self) -> int:
+        return self.closed + self.open
+
+    @property
     def spent(self) -> int:
-        return max(self.baseline + self.relayed, self.logged)
+        return spent_bytes(self.logged, self.closed, self.open)
 
     @property
     def over(self) -> bool:
@@ -109,6 +132,7 @@ class Tunnel:
     client: asyncio.StreamWriter
     upstream: asyncio.StreamWriter | None = None
     active: float = field(default_factory=time.monotonic)  # when a byte last went through, either way
+    relayed: int = 0  # its bytes counted against the run, both ways
 
     def close(self) -> None:
         for writer in (self.client, self.upstream):
@@ -197,7 +221,7 @@ class Relay:
         tunnel.active = time.monotonic()
         run = tunnel.run
         if run is not None:
-            run.relayed += len(chunk)
+            tunnel.relayed += len(chunk)
             self._read_log(run)
             if run.over:
                 await self._cut(run, tunnel, writer)
@@ -228,9 +252,9 @@ class Relay:
         if run is None:
             if len(self.runs) >= MAX_RUNS:
                 self._evict()
-            usage = self.usage(grant.uid).bytes
+            # A relay started again: the tunnels its predecessor counted have all closed.
             run = RunSpend(grant.uid, grant.budget.bytes if grant.budget else None, grant.expires, grant.policy,
-                           baseline=usage, relayed=max(0, relayed_bytes(self.runs_dir, grant.uid) - usage))
+                           closed=relayed_bytes(self.runs_dir, grant.uid))
             self.runs[grant.uid] = run
         return run
 
@@ -243,19 +267,16 @@ class Relay:
     def _read_log(self, run: RunSpend, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - run.logged_at >= USAGE_SECONDS:
-            run.logged, run.logged_at = self.usage(run.uid).bytes, now
+            run.logged, run.logged_at = self.usage(run.uid), now
             self._write_relayed(run)
 
     def _write_relayed(self, run: RunSpend) -> None:
-        if run.written == run.spent:
+        counts = (run.closed, run.open)
+        if run.written == counts:
             return
-        try:
-            fd = os.open(os.path.join(self.runs_dir, f"{run.uid}.{RELAYED_SUFFIX}"), os.O_WRONLY | os.O_CREAT, 0o644)
-            try:  # the count only grows: written over in place, its digits never fewer
-                os.pwrite(fd, str(run.spent).encode(), 0)
-            finally:
-                os.close(fd)
-            run.written = run.spent
+        try:  # replaced whole (a rename): the two counts are read together
+            write_atomically(os.path.join(self.runs_dir, f"{run.uid}.{RELAYED_SUFFIX}"), "%d %d" % counts)
+            run.written = counts
         except OSError as e:
             _say(f"cannot write run {run.uid}'s count: {e}")
 
@@ -270,8 +291,9 @@ class Relay:
 
     def _forget(self, tunnel: Tunnel) -> None:
         self.tunnels.discard(tunnel)
-        if tunnel.run is not None:
+        if tunnel.run is not None and tunnel in tunnel.run.tunnels:
             tunnel.run.tunnels.discard(tunnel)
+            tunnel.run.closed += tunnel.relayed
             self._write_relayed(tunnel.run)
 
     def close_run(self, uid: str, why: str) -> None:

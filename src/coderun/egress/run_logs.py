@@ -42,6 +42,7 @@ class Usage:
     kept: int = 0
     kept_bytes: int = 0
     dropped: int = 0
+    tunnel_bytes: int = 0     # of the above, what CONNECT tunnels moved (the relay counts these while they flow)
 
     @property
     def bytes(self) -> int:
@@ -79,6 +80,8 @@ class RunLogs:
         usage.requests += 1
         usage.bytes_sent += record.get("bytes_sent") or 0
         usage.bytes_received += record.get("bytes_received") or 0
+        if record.get("method") == "CONNECT":
+            usage.tunnel_bytes += (record.get("bytes_sent") or 0) + (record.get("bytes_received") or 0)
         line = line or json.dumps(record, separators=(",", ":")) + "\n"
         size = len(line.encode())
         if usage.kept < self.max_records and usage.kept_bytes + size <= self.max_bytes:
