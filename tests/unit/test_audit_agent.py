@@ -1,5 +1,6 @@
 """The node audit agent on real sockets: runsc's side is a SOCK_SEQPACKET peer sending the packets the remote sink
 sends (built with gVisor's classes, as test_audit_summary builds them), the operator's side a real HTTP client."""
+import errno
 import hashlib
 import hmac
 import http.client
@@ -611,6 +612,46 @@ def test_a_connections_budget_keeps_its_reserve_for_what_routine_points_cannot_s
     assert audit["filesRead"][0] == {"path": "/tmp/secret", "count": 0, "denied": 1}  # from the reserve, first
     assert audit["omitted"]["filesWritten"] > 4000
     assert connection.held <= 160 * 1024
+
+
+def test_what_a_connection_holds_is_bounded_by_its_budget_however_long_its_paths_and_argv():
+    """The review's hostile program: 1,100 denied opens in /tmp and 1,100 failed ones outside it, of 4 KB paths,
+    then 1,000 ended `sh -c <60 KB>` execs. Every key, example and process is charged, paths and argv are cut
+    where they are kept: the memory it grows by is its budget and a constant (it was 67 MiB against 1 MiB)."""
+    import gc
+    import tracemalloc
+    store = Store(Limits(connection_bytes=MiB))
+    connection = store.open()
+    for packet in pause_start():
+        store.add(connection, packet)
+    sandbox = Sandbox(CID).program_started()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+
+        def send(_sandbox):
+            for packet in sandbox.packets:
+                store.add(connection, packet)
+            sandbox.packets.clear()
+
+        long = "d/" * 1990
+        for number in range(1100):
+            send(sandbox.open(PROGRAM, f"/tmp/{long}{number}", number=errno.EACCES))
+        for number in range(1100):
+            send(sandbox.open(PROGRAM, f"/nope/{long}{number}", number=errno.ENOENT))
+        for number in range(1000):
+            send(sandbox.clone(PROGRAM, 1000 + number).execve(1000 + number, ["sh", "-c", "x" * 60000])
+                 .exit(1000 + number))
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert connection.held <= MiB and grown <= MiB + 256 * 1024, grown
+    audit = store.answer(CID, 0, 0)["audit"]
+    assert audit["counts"]["processes"] == 1001 and audit["counts"]["syscallsDenied"] == 1100
+    assert audit["outsideWorkdir"]["reads"] == 1100 and len(audit["outsideWorkdir"]["examples"][0]) == 512
+    kept = [row for row in audit["processes"] if row["argv"]]
+    assert kept and all(row["argv"][2] == "x" * 255 + "…" and "argvOmitted" not in row for row in kept[1:])
 
 
 def test_a_tenant_cannot_take_more_than_its_share_and_the_others_keep_theirs():

@@ -10,6 +10,8 @@ from coderun.api.text import one_line
 AT_FDCWD = -100
 # Longer paths are cut (the count of them is not affected).
 MAX_SHOWN_CHARS = 512
+# The fold keeps no more of a path than this (shown relative to the work dir, a kept path still fills a shown one).
+MAX_KEPT_CHARS = 2 * MAX_SHOWN_CHARS
 # Reads every interpreter makes: counted outside the work dir, never shown as examples. (Node reads /proc/meminfo
 # as it starts, and looks for the package.json of its working dir up to /package.json.)
 ROUTINE_PREFIXES = ("/usr/", "/lib/", "/lib64/", "/opt/", "/proc/self/", "/sys/devices/system/cpu/",
@@ -25,6 +27,11 @@ def escape(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     characters with a trailing '…'."""
     shown = one_line(text.replace("\\", "\\\\"))
     return shown if len(shown) <= limit else shown[:limit - 1] + "…"
+
+
+def capped(path: str) -> str:
+    """A path as the fold keeps it: cut at MAX_KEPT_CHARS with a trailing '…' (more is never shown)."""
+    return path if len(path) <= MAX_KEPT_CHARS else path[:MAX_KEPT_CHARS - 1] + "…"
 
 
 def resolve(pathname: str, dir_path: str, dir_fd: int, cwd: str) -> str:

@@ -29,10 +29,9 @@ FORK_SERVER, FORK_MIRROR, FORK_INIT = "server", "mirror", "init"
 NEXT_FORK_STAGE = {FORK_SERVER: FORK_MIRROR, FORK_MIRROR: FORK_INIT}
 
 
-def is_prestarted(process: "Process") -> bool:
+def is_prestarted(argv: list[str]) -> bool:
     """An interpreter the runner started before a run came (its argv: python3 -u -c <bootstrap>, or
-    node -r <the runner's preload> FILE.js)."""
-    argv = process.argv
+    node -r <the runner's preload> FILE.js). Told from the whole argv at the exec: only a cut one is kept."""
     return len(argv) == 4 and ((argv[2] == "-c" and PRESTART_MODULE in argv[3])
                                or (argv[1] == "-r" and argv[2].endswith("/" + NODE_PRESTART_FILE)))
 
@@ -43,6 +42,14 @@ def is_fork_server(argv: list[str]) -> bool:
 CLONE_THREAD = 0x00010000
 # Processes a table keeps: past it, those that ended are forgotten (counted by side), so a fork flood costs counts.
 MAX_PROCESSES = 1024
+# What of an argv a process keeps (an exec's may be megabytes): its first items, each cut, and how many there were.
+ARGV_ITEMS, ARGV_CHARS = 16, 256
+# What a process costs the agent's memory besides its argv's characters, roughly: charged to its budget.
+PROCESS_BYTES = 400
+
+
+def cut_argv(argv) -> list[str]:
+    return [arg if len(arg) <= ARGV_CHARS else arg[:ARGV_CHARS - 1] + "…" for arg in argv[:ARGV_ITEMS]]
 
 
 @dataclass
@@ -51,7 +58,9 @@ class Process:
     side: str
     parent: int = 0
     started_ns: int = 0
-    argv: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)  # cut_argv's: its first items, each cut
+    argv_count: int = 0                              # how many items the whole argv had
+    prestarted: bool = False                         # is_prestarted(the whole argv), told at the exec
     exec_path: str = ""
     from_memfd: bool = False
     wait_status: int | None = None  # as wait(2) reports it
@@ -72,7 +81,11 @@ class Process:
 
 
 class ProcessTable:
-    def __init__(self) -> None:
+    def __init__(self, charge=None) -> None:
+        """charge(bytes) -> bool: the agent's memory budget for a process and its argv (None: no budget); when it
+        is spent, a new process keeps no argv (only its count) and every ended process is forgotten (counted), so
+        what is held past the budget is the live processes alone."""
+        self.charge = charge
         self.processes: dict[int, Process] = {}
         self.runner_root: int | None = None
         self.runner_exited = False
@@ -80,7 +93,16 @@ class ProcessTable:
 
     def start_container(self, tgid: int, argv: list[str], started_ns: int) -> None:
         self.runner_root = tgid
-        self.processes[tgid] = Process(tgid, RUNNER, argv=list(argv), started_ns=started_ns)
+        self.processes[tgid] = self._new(Process(tgid, RUNNER, started_ns=started_ns), argv)
+
+    def _new(self, process: Process, argv, prestarted: bool = False) -> Process:
+        """The process with its argv cut and charged (kept only if the budget allows)."""
+        kept = cut_argv(argv)
+        if self.charge is not None and not self.charge(PROCESS_BYTES + sum(len(arg) for arg in kept)):
+            kept = []
+            self._forget_ended(everyone=True)
+        process.argv, process.argv_count, process.prestarted = kept, len(argv), prestarted
+        return process
 
     def side(self, tgid: int, parent: int = 0) -> str:
         return self.process(tgid, parent).side
@@ -91,7 +113,8 @@ class ProcessTable:
         known = self.processes.get(tgid)
         if known is None:
             maker = self.processes.get(parent)
-            known = self.processes[tgid] = Process(tgid, maker.side if maker is not None else PROGRAM, parent=parent)
+            known = self.processes[tgid] = self._new(
+                Process(tgid, maker.side if maker is not None else PROGRAM, parent=parent), [])
             if maker is not None:
                 self._descend(maker, known)
         return known
@@ -109,31 +132,35 @@ class ProcessTable:
         if flags & CLONE_THREAD or child == creator:
             return None
         # A recycled id starts afresh: nothing of the old process carries over.
-        new = self.processes[child] = Process(child, maker.side, parent=creator, started_ns=started_ns,
-                                              argv=list(maker.argv))
+        new = self.processes[child] = self._new(Process(child, maker.side, parent=creator, started_ns=started_ns),
+                                                maker.argv, maker.prestarted)
+        new.argv_count = maker.argv_count
         self._descend(maker, new)
         if len(self.processes) > MAX_PROCESSES:
             self._forget_ended()
         return new
 
-    def _forget_ended(self) -> None:
-        """Forget the older half of the ended processes (never the runner's root): amortised, a flood of forks
-        costs a scan per MAX_PROCESSES / 2 of them."""
+    def _forget_ended(self, everyone: bool = False) -> None:
+        """Forget the older half of the ended processes, or all of them (never the runner's root): amortised, a
+        flood of forks costs a scan per MAX_PROCESSES / 2 of them."""
         ended = sorted((p for p in self.processes.values() if p.wait_status is not None and p.tgid != self.runner_root),
                        key=lambda p: p.ended_ns or 0)
-        for process in ended[:max(len(ended) // 2, len(self.processes) - MAX_PROCESSES)]:
+        for process in ended if everyone else ended[:max(len(ended) // 2, len(self.processes) - MAX_PROCESSES)]:
             del self.processes[process.tgid]
             self.evicted[process.side] += 1
 
     def execve(self, tgid: int, parent: int, argv: list[str], path: str, from_memfd: bool) -> Process:
         process = self.process(tgid, parent)
+        path = path if len(path) <= ARGV_CHARS else path[:ARGV_CHARS - 1] + "…"
         if process.side == RUNNER and tgid != self.runner_root:
             if process.parent == self.runner_root and not process.fork_stage and is_fork_server(argv):
-                process.argv, process.exec_path, process.fork_stage = list(argv), path, FORK_SERVER
+                self._new(process, argv, is_prestarted(argv))
+                process.exec_path, process.fork_stage = path, FORK_SERVER
                 return process
             process.side = PROGRAM
             process.fork_stage = ""
-        process.argv, process.exec_path, process.from_memfd = list(argv), path, from_memfd
+        self._new(process, argv, is_prestarted(argv))
+        process.exec_path, process.from_memfd = path, from_memfd
         return process
 
     def program(self, since_ns: int = 0) -> list[Process]:
@@ -147,7 +174,7 @@ class ProcessTable:
         if not roots or roots[0].ended_ns is None:
             return seen
         first_ended = roots[0].ended_ns
-        later = {p.tgid for p in roots[1:] if p.started_ns >= first_ended and is_prestarted(p)}
+        later = {p.tgid for p in roots[1:] if p.started_ns >= first_ended and p.prestarted}
         return [p for p in seen if p.tgid not in later]
 
     def is_root(self, process: Process) -> bool:

@@ -80,7 +80,7 @@ class Fold:
     """One container's audit and record on a connection, fed as the points arrive."""
 
     def __init__(self, container_id: str, losses: Losses, charge):
-        self.audit = RunAudit(container_id, losses=losses, charge=lambda size: charge(size, False))
+        self.audit = RunAudit(container_id, losses=losses, charge=charge)
         self.record = Record(container_id, charge=charge)
 
 

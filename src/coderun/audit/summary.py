@@ -20,7 +20,7 @@ from typing import Callable
 
 from . import paths, sockaddr
 from .points import container_pb2, sentry_pb2, syscall_pb2
-from .processes import PROGRAM, RUNNER, ProcessTable, is_prestarted
+from .processes import ARGV_CHARS, ARGV_ITEMS, PROGRAM, RUNNER, ProcessTable
 from .wire import Point
 
 SOURCE = "gvisor-trace"
@@ -32,8 +32,11 @@ CONNECT_RESULTS = {0: "connected", errno.EINPROGRESS: "inProgress", errno.ECONNR
 # Raw points (syscall/sysno/N/exit) for what has no schema: addressed sends, and openat2, whose path gVisor does
 # not record (only that it happened and what it returned).
 SENDTO, SENDMSG, SENDMMSG, OPENAT2 = 44, 46, 307, 437
-# What a routine key costs the agent's memory, roughly (the key, its entry, the dict's slot): charged to its budget.
+# What a key costs the agent's memory, roughly (its entry, the dict's slot), besides its characters: charged to its
+# budget (a routine key's to the routine share, any other's to the whole).
 KEY_BYTES = 160
+# Opens whose fields are longer in all are not remembered for their repeats (the cache stays small).
+CACHED_CHARS = 512
 # Example priority: a denied open first, then one that succeeded, then one that failed (a flood of missing paths
 # cannot push a real read out of the examples).
 DENIED, OPENED, FAILED = 0, 1, 2
@@ -51,8 +54,8 @@ class Bounds:
     sockets: int = 20          # socketsOpened entries
     tracked: int = 1000        # distinct keys remembered per list (all segments): past it, only counted
     reserve: int = 100         # more keys for denied opens, past tracked: a flood of routine paths cannot spend them
-    argv_items: int = 16
-    argv_chars: int = 256
+    argv_items: int = ARGV_ITEMS  # what the process table keeps of an argv (processes.py)
+    argv_chars: int = ARGV_CHARS
     segment_gap_ns: int = 50_000_000  # a quiet gap this long starts a new segment (a run's start is after one)
     segments: int = 8          # segments kept; past it the two oldest after the first are merged
 
@@ -135,7 +138,7 @@ class _Keyed:
     """A bounded map from key to entry: the first keys up to its room, then the LATEST most recent ones (a flood
     cannot hide what comes after it); keys pushed out of those are only counted in `untracked`."""
     room: _Room
-    charge: Callable[[int], bool] | None = None  # the agent's memory budget for a routine key (None: no budget)
+    charge: Callable[[int, bool], bool] | None = None  # the agent's memory budget (bytes, reserved) (None: none)
     entries: dict = field(default_factory=dict)
     latest: dict = field(default_factory=dict)
     untracked: int = 0
@@ -144,10 +147,12 @@ class _Keyed:
         entry = self.entries.get(key) or self.latest.get(key)
         if entry is None:
             room = self.room
-            if room.left > 0 and (reserved or self.charge is None or self.charge(KEY_BYTES)):
-                room.left -= 1
-            elif reserved and room.reserve > 0:
-                room.reserve -= 1
+            if ((room.left > 0 or (reserved and room.reserve > 0))
+                    and (self.charge is None or self.charge(KEY_BYTES + _chars(key), reserved))):
+                if room.left > 0:
+                    room.left -= 1
+                else:
+                    room.reserve -= 1
             else:
                 if len(self.latest) >= LATEST:
                     oldest = self.latest.pop(next(iter(self.latest)))
@@ -174,12 +179,12 @@ class _Keyed:
 class _Segment:
     """The run's counters over a stretch of the sandbox's time without a quiet gap."""
 
-    def __init__(self, start_ns: int, rooms: dict[str, _Room], charge: Callable[[int], bool] | None):
+    def __init__(self, start_ns: int, rooms: dict[str, _Room], charge: Callable[[int, bool], bool] | None):
         self.start_ns = self.last_ns = start_ns  # its first point's time, and its latest's
         self.read = _Keyed(rooms["read"], charge)
         self.written = _Keyed(rooms["written"], charge)
-        self.connects = _Keyed(rooms["connects"])  # their own rooms: the reserve of connects and sockets
-        self.sockets = _Keyed(rooms["sockets"])
+        self.connects = _Keyed(rooms["connects"], charge)  # their own rooms: the reserve of connects and sockets
+        self.sockets = _Keyed(rooms["sockets"], charge)
         self.outside = {"reads": 0, "writes": 0, "denied": 0}
         self.examples: dict[str, int] = {}  # path -> priority, in the order first seen
         self.examples_latest: dict[str, int] = {}  # past the room, the latest paths
@@ -202,6 +207,11 @@ class _Segment:
             self.examples_latest[path] = min(priority, self.examples_latest.get(path, priority))
         self.examples_untracked += other.examples_untracked
         self.failed_execs += other.failed_execs
+
+
+def _chars(key) -> int:
+    """The characters a key holds (a path, or a tuple of fields)."""
+    return len(key) if isinstance(key, str) else sum(len(part) for part in key if isinstance(part, str))
 
 
 def _errno(message) -> int:
@@ -237,13 +247,14 @@ def _added_up(segments: list[_Segment]) -> _Segment:
 class RunAudit:
     def __init__(self, container_id: str, workdir: str = "/tmp/work", own_dirs: tuple[str, ...] = ("/tmp",),
                  since_ns: int = 0, bounds: Bounds = Bounds(), losses: Losses | None = None,
-                 charge: Callable[[int], bool] | None = None):
+                 charge: Callable[[int, bool], bool] | None = None):
         """since_ns: points before it are not folded at all (a question's start known in advance). losses: the
-        connection's, when several containers share it. charge(bytes): the agent's memory budget for routine keys
-        and segments, False when spent (the key is then only counted)."""
+        connection's, when several containers share it. charge(bytes, reserved): the agent's memory budget for
+        every key, example, process and segment, False when spent (the key is then only counted, the process keeps
+        no argv); routine keys and segments spend only its routine share (reserved False)."""
         self.container_id, self.workdir, self.own_dirs = container_id, workdir, own_dirs
         self.since_ns, self.bounds = since_ns, bounds
-        self.table = ProcessTable()
+        self.table = ProcessTable(None if charge is None else lambda size: charge(size, True))
         self.started = False
         self.losses = losses if losses is not None else Losses()
         self.charge = charge
@@ -286,7 +297,7 @@ class RunAudit:
             handler(self, message, context)
 
     def _new_segment(self, start_ns: int) -> None:
-        if self.charge is not None and not self.charge(KEY_BYTES * 4):
+        if self.charge is not None and not self.charge(KEY_BYTES * 4, False):
             return  # no room for another: the current one goes on (a later start counts a little more before it)
         self.segments.append(_Segment(start_ns, self.rooms, self.charge))
         self._opens.clear()
@@ -361,6 +372,9 @@ class RunAudit:
         if not self._in_run(context):
             return
         flags, number = message.flags, _errno(message)
+        if len(message.pathname) + len(message.fd_path) + len(context.cwd) > CACHED_CHARS:
+            self._open_first(message, context, flags, number)  # too long to remember: folded in full every time
+            return
         key = (context.thread_group_id, context.parent_thread_group_id, message.pathname, message.fd,
                message.fd_path, context.cwd, flags, number)
         known = self._opens.get(key, _UNKNOWN)
@@ -391,7 +405,7 @@ class RunAudit:
 
     def _open_first(self, message: syscall_pb2.Open, context, flags: int, number: int) -> "_Entry | _Keyed | str | None":
         """Fold an open; what a repeat of it would come to (see _open)."""
-        path = paths.resolve(message.pathname, message.fd_path, message.fd, context.cwd)
+        path = paths.capped(paths.resolve(message.pathname, message.fd_path, message.fd, context.cwd))
         writes = flags & O_ACCMODE in (O_WRONLY, O_RDWR) or flags & (O_CREAT | O_TRUNC)
         segment = self.segment
         if self._side(context) == RUNNER:
@@ -419,13 +433,15 @@ class RunAudit:
         if known is not None:
             segment.examples[path] = min(known, priority)
             return
-        # Not charged to the routine budget: a path outside the run's own dirs that is not an interpreter's
-        # routine read is what the examples are for (bounded by their own room).
+        # Charged to the whole budget, not the routine share: a path outside the run's own dirs that is not an
+        # interpreter's routine read is what the examples are for (bounded by their own room).
         room = self.rooms["examples"]
-        if room.left > 0:
-            room.left -= 1
-        elif priority == DENIED and room.reserve > 0:
-            room.reserve -= 1
+        if ((room.left > 0 or (priority == DENIED and room.reserve > 0))
+                and (self.charge is None or self.charge(KEY_BYTES + len(path), True))):
+            if room.left > 0:
+                room.left -= 1
+            else:
+                room.reserve -= 1
         else:
             latest = segment.examples_latest
             if path not in latest and len(latest) >= LATEST:
@@ -441,7 +457,7 @@ class RunAudit:
         if number or not self._in_run(context) or self._side(context) == RUNNER:
             return
         if message.fd_path.startswith("/") and any(paths.is_under(message.fd_path, d) for d in self.own_dirs):
-            entry = self.segment.written.get(message.fd_path)
+            entry = self.segment.written.get(paths.capped(message.fd_path))
             if entry is not None:
                 entry.bytes += max(message.exit.result, 0)
 
@@ -527,11 +543,11 @@ class RunAudit:
         processes = []
         for process in program:
             row = {"argv": [paths.escape(arg, bounds.argv_chars) for arg in process.argv[:bounds.argv_items]]}
-            if len(process.argv) > bounds.argv_items:
-                row["argvOmitted"] = len(process.argv) - bounds.argv_items
+            if process.argv_count > len(row["argv"]):
+                row["argvOmitted"] = process.argv_count - len(row["argv"])
             if process.from_memfd:
                 row["fromMemfd"] = True
-            if self.table.is_root(process) and is_prestarted(process):
+            if self.table.is_root(process) and process.prestarted:
                 # The run's prestarted interpreter: its start was not the run's. Told by what it is (the runner's
                 # side started it with the bootstrap), not by comparing its start with the run's: the operator's
                 # clock and the Sentry's differ by more than a back-to-back session's gap.
