@@ -27,9 +27,9 @@ from .relay import with_relayed
 from .run_logs import RunLogs, Usage
 from .squid_helper import reply, serve
 
-Resolve = Callable[[str, int, str], Sequence[str]]  # (name, port, the policy asking) -> addresses
+Resolve = Callable[[str, int, tuple[str, str]], Sequence[str]]  # (name, port, (policy, namespace)) -> addresses
 LOOKUP_SECONDS = 3.0  # one name lookup's time before the request is refused (squid keeps the refusal 5 s)
-LOOKUPS_PER_POLICY = 2  # lookups of one policy's runs in flight at once, per helper process (of 8 workers)
+LOOKUPS_PER_TENANT = 2  # lookups of one policy's runs in one namespace in flight at once, per helper process
 
 
 def answer_auth(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collection[str], now: float,
@@ -96,7 +96,7 @@ def answer_acl(words: Sequence[str], keys: Mapping[str, bytes], revoked: Collect
         return _answer(grant, by_name)
     name = rules.canonical_name(host)
     try:
-        addresses = resolve(name, port, grant.policy)
+        addresses = resolve(name, port, (grant.policy, grant.namespace))
     except LookupRefused as refused:
         return _answer(grant, rules.Verdict(False, rules.UNRESOLVED, f"egress to {name}:{port} refused: {refused}"))
     except OSError:
@@ -112,29 +112,34 @@ def _answer(grant: Grant, verdict: rules.Verdict) -> str:
 
 
 class LookupRefused(OSError):
-    """A name lookup not made, or not waited for, to keep one policy's slow names from holding every check."""
+    """A name lookup not made, or not waited for, to keep one tenant's slow names from holding every check."""
 
 
 class BoundedLookups:
-    """Name lookups with a bound on each one's time and on how many one policy has in flight. getaddrinfo blocks
-    and cannot be cut short: a name whose DNS server never answers would hold a helper worker for its whole
-    timeout (and squid's checks of every tenant wait on 4 processes x 8 workers). So each lookup runs in a thread
-    of its own, waited for LOOKUP_SECONDS; a policy's lookups count as in flight until they really end, and a
-    policy with `per_policy` of them in flight is refused its next one at once. A slow wildcard then costs its
-    own policy's requests, never another's."""
+    """Name lookups with a bound on each one's time and on how many one tenant of a policy (its runs in one
+    namespace) has in flight. getaddrinfo blocks and cannot be cut short: a name whose DNS server never answers
+    would hold a helper worker for its whole timeout (and squid's checks of every tenant wait on 4 processes x 8
+    workers). So each lookup runs in a thread of its own; a tenant's lookups count as in flight until they really
+    end, and a tenant with `per_tenant` of them in flight waits for a slot. The wait for a slot and the lookup
+    together last at most `seconds`, then the request is refused. A slow wildcard then costs its own tenant's
+    requests, never another namespace's under the same policy, nor another policy's; names merely slow to
+    resolve (a run fetching many new hosts at once) wait their turn instead of being refused."""
 
     def __init__(self, resolve: Callable[[str, int], Sequence[str]], seconds: float = LOOKUP_SECONDS,
-                 per_policy: int = LOOKUPS_PER_POLICY):
-        self._resolve, self._seconds, self._per_policy = resolve, seconds, per_policy
-        self._in_flight: dict[str, int] = {}
-        self._lock = threading.Lock()
+                 per_tenant: int = LOOKUPS_PER_TENANT):
+        self._resolve, self._seconds, self._per_tenant = resolve, seconds, per_tenant
+        self._in_flight: dict[tuple[str, str], int] = {}
+        self._slots = threading.Condition()
 
-    def __call__(self, name: str, port: int, policy: str) -> Sequence[str]:
-        with self._lock:
-            if self._in_flight.get(policy, 0) >= self._per_policy:
-                raise LookupRefused(f"{self._per_policy} name lookups of CodeRunPolicy {policy}'s runs are still "
-                                    "waiting for DNS; try again in a few seconds")
-            self._in_flight[policy] = self._in_flight.get(policy, 0) + 1
+    def __call__(self, name: str, port: int, tenant: tuple[str, str]) -> Sequence[str]:
+        deadline = time.monotonic() + self._seconds
+        with self._slots:
+            if not self._slots.wait_for(lambda: self._in_flight.get(tenant, 0) < self._per_tenant, self._seconds):
+                policy, namespace = tenant
+                raise LookupRefused(f"{self._per_tenant} name lookups of CodeRunPolicy {policy}'s runs in namespace "
+                                    f"{namespace} were still waiting for DNS after {self._seconds:g} s; try again "
+                                    "in a few seconds")
+            self._in_flight[tenant] = self._in_flight.get(tenant, 0) + 1
         done, found = threading.Event(), {}
 
         def lookup() -> None:
@@ -143,14 +148,15 @@ class BoundedLookups:
             except OSError as e:
                 found["error"] = e
             finally:
-                with self._lock:
-                    self._in_flight[policy] -= 1
-                    if not self._in_flight[policy]:
-                        del self._in_flight[policy]
+                with self._slots:
+                    self._in_flight[tenant] -= 1
+                    if not self._in_flight[tenant]:
+                        del self._in_flight[tenant]
+                    self._slots.notify_all()
                 done.set()
 
         threading.Thread(target=lookup, name="coderun-egress-lookup", daemon=True).start()
-        if not done.wait(self._seconds):
+        if not done.wait(max(0.0, deadline - time.monotonic())):
             raise LookupRefused(f"the name did not resolve within {self._seconds:g} s")
         if "error" in found:
             raise found["error"]
