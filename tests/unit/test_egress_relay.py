@@ -61,8 +61,8 @@ def relay(stage, revoked, tmp_path) -> Relay:
     return started
 
 
-def head(uid: str, budget: int | None = None, expires_in: int = 600) -> bytes:
-    token = mint("k1", KEY, Grant("ns", uid, uid, "p", (), int(time.time()) + expires_in,
+def head(uid: str, budget: int | None = None, expires_in: int = 600, namespace: str = "ns") -> bytes:
+    token = mint("k1", KEY, Grant(namespace, uid, uid, "p", (), int(time.time()) + expires_in,
                                   Budget(bytes=budget) if budget else None, "proxy-0"))
     credentials = base64.b64encode(f"{uid}:{token}".encode()).decode()
     return (f"CONNECT allowed.test:443 HTTP/1.1\r\nHost: allowed.test:443\r\nProxy-Authorization: Basic "
@@ -135,6 +135,22 @@ def test_one_run_holds_at_most_its_share_of_tunnels(relay, monkeypatch):
     other, answer = opened(relay, head("run-other"))  # another run is not held up
     assert answer.startswith(b"HTTP/1.1 200")
     for s in [*held, other]:
+        s.close()
+
+
+def test_one_namespace_holds_at_most_its_share_of_tunnels_whatever_its_runs(relay, monkeypatch):
+    monkeypatch.setattr(relay_module, "MAX_TUNNELS_PER_NAMESPACE", 3)
+    held = [opened(relay, head(f"run-a{i}", namespace="tenant-a"))[0] for i in range(3)]  # three runs, one each
+    sock, answer = opened(relay, head("run-a9", namespace="tenant-a"))  # a fourth run of that namespace cannot
+    assert answer.startswith(b"HTTP/1.1 503") and b"namespace tenant-a have 3 tunnels open" in answer
+    sock.close()
+    other, answer = opened(relay, head("run-b", namespace="tenant-b"))  # another namespace's run can
+    assert answer.startswith(b"HTTP/1.1 200")
+    held[0].close()  # a tunnel of the namespace closes: its share has room again
+    assert wait_for(lambda: relay.by_namespace.get("tenant-a") == 2)
+    again, answer = opened(relay, head("run-a9", namespace="tenant-a"))
+    assert answer.startswith(b"HTTP/1.1 200")
+    for s in [*held[1:], other, again]:
         s.close()
 
 

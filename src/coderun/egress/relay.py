@@ -15,11 +15,12 @@ the relay's, whichever is more: the log counts a tunnel only when it closes), pl
 open. The chunk that takes a run past its byte budget is the last one relayed: every tunnel of the run is then
 cut, and a new one refused (403, BudgetExceeded). What the relay counted (closed and open tunnels) is written to
 `runs/<uid>.relayed`, which the budget check (helpers.py) adds up with the log's count the same way, so the run's
-next plain request is refused as well. A run whose credential is revoked (the admin endpoint tells the relay at once, and
-the revocation list is looked at every WATCH_SECONDS) or expires has its tunnels closed: a kept socket cannot
-carry one run's tunnel into the next run of a session.
+next plain request is refused as well. A run whose credential is revoked (the admin endpoint tells the relay at
+once, and the revocation list is looked at every WATCH_SECONDS) or expires has its tunnels closed: a kept socket
+cannot carry one run's tunnel into the next run of a session.
 
-Bounded for a hostile program: at most MAX_TUNNELS tunnels (MAX_TUNNELS_PER_RUN a run), CHUNK_BYTES read at a
+Bounded for a hostile program: at most MAX_TUNNELS tunnels (MAX_TUNNELS_PER_NAMESPACE a namespace, whatever
+its runs, and MAX_TUNNELS_PER_RUN a run), CHUNK_BYTES read at a
 time and at most WRITE_BUFFER_BYTES waiting each way, a head within MAX_HEAD_BYTES and HEAD_SECONDS, a tunnel
 idle both ways for IDLE_SECONDS closed, and per-run state for at most MAX_RUNS runs.
 """
@@ -41,6 +42,7 @@ from .files import write_atomically
 from .run_logs import Usage
 
 MAX_TUNNELS = 512
+MAX_TUNNELS_PER_NAMESPACE = MAX_TUNNELS // 4  # so one tenant's runs cannot hold every tunnel of the pod
 MAX_TUNNELS_PER_RUN = 64  # squid's own cap on one client's connections (squid_config.MAX_CONNECTIONS_PER_CLIENT)
 MAX_RUNS = 4096
 CHUNK_BYTES = 16 * 1024
@@ -102,6 +104,7 @@ class RunSpend:
     budget: int | None
     expires: int
     policy: str
+    namespace: str
     closed: int = 0  # bytes relayed on the run's tunnels that have closed (here, or at a relay before a restart)
     logged: Usage = field(default_factory=Usage)  # the log's latest count, read at most every USAGE_SECONDS
     logged_at: float = float("-inf")
@@ -148,6 +151,7 @@ class Relay:
         self.usage, self.clock = usage, clock
         self.runs: dict[str, RunSpend] = {}
         self.tunnels: set[Tunnel] = set()
+        self.by_namespace: dict[str, int] = {}  # open tunnels
         self.loop: asyncio.AbstractEventLoop | None = None
         self.address: tuple[str, int] | None = None  # where it listens, once serving
 
@@ -203,6 +207,9 @@ class Relay:
             return _refusal(403, self._budget_message(run)), None
         if len(run.tunnels) >= MAX_TUNNELS_PER_RUN:
             return _refusal(503, f"run {grant.run} has {MAX_TUNNELS_PER_RUN} tunnels open already"), None
+        if self.by_namespace.get(run.namespace, 0) >= MAX_TUNNELS_PER_NAMESPACE:
+            return _refusal(503, f"the runs of namespace {run.namespace} have {MAX_TUNNELS_PER_NAMESPACE} tunnels "
+                                 "open already on this proxy pod: try again later"), None
         return None, run
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tunnel: Tunnel) -> None:
@@ -254,7 +261,7 @@ class Relay:
                 self._evict()
             # A relay started again: the tunnels its predecessor counted have all closed.
             run = RunSpend(grant.uid, grant.budget.bytes if grant.budget else None, grant.expires, grant.policy,
-                           closed=relayed_bytes(self.runs_dir, grant.uid))
+                           grant.namespace, closed=relayed_bytes(self.runs_dir, grant.uid))
             self.runs[grant.uid] = run
         return run
 
@@ -288,12 +295,17 @@ class Relay:
         self.tunnels.add(tunnel)
         if tunnel.run is not None:
             tunnel.run.tunnels.add(tunnel)
+            self.by_namespace[tunnel.run.namespace] = self.by_namespace.get(tunnel.run.namespace, 0) + 1
 
     def _forget(self, tunnel: Tunnel) -> None:
         self.tunnels.discard(tunnel)
         if tunnel.run is not None and tunnel in tunnel.run.tunnels:
             tunnel.run.tunnels.discard(tunnel)
             tunnel.run.closed += tunnel.relayed
+            namespace = tunnel.run.namespace
+            self.by_namespace[namespace] -= 1
+            if not self.by_namespace[namespace]:
+                del self.by_namespace[namespace]
             self._write_relayed(tunnel.run)
 
     def close_run(self, uid: str, why: str) -> None:
