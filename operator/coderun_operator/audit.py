@@ -80,6 +80,14 @@ class AgentAnswer:
     oom_killed: bool = False
 
 
+def _with_error(summary: dict, error: str) -> dict:
+    """The summary with why the agent ended the sandbox's trace connection in its message (the audit says why it
+    is incomplete, not only that it is)."""
+    ended = f"the node's audit agent ended this sandbox's trace connection ({error[:300]}): what came after is missing"
+    said = summary.get("message")
+    return {**summary, "message": f"{said}; {ended}" if isinstance(said, str) and said else ended}
+
+
 def from_environment(api, env: Mapping[str, str]) -> "AuditAgent | None":
     """The agent the chart installed, or None."""
     settings = AuditSettings.from_env(env)
@@ -183,7 +191,9 @@ class AuditAgent:
             return self._unavailable(name, f"the audit agent on node {node} answered HTTP {status}"
                                            f"{': ' + str(said)[:200] if said else ' without a summary'}")
         record, cut, connection = document.get("record"), document.get("recordCut"), document.get("connection")
-        return AgentAnswer(document["audit"], record if isinstance(record, str) else "",
+        error = connection.get("error") if isinstance(connection, dict) else None
+        summary = _with_error(document["audit"], error) if isinstance(error, str) and error else document["audit"]
+        return AgentAnswer(summary, record if isinstance(record, str) else "",
                            cut if isinstance(cut, int) and not isinstance(cut, bool) and cut > 0 else 0,
                            isinstance(connection, dict) and connection.get("oomKilled") is True)
 

@@ -164,6 +164,25 @@ def test_a_packet_that_does_not_parse_ends_the_connection_and_the_answer_says_wh
     assert len(lines(answer)) == len(Sandbox().program_started().packets)  # the record stops where it broke
 
 
+@pytest.mark.parametrize("oversized", [True, False], ids=["a-70-KB-point", "none"])
+def test_a_packet_longer_than_the_agent_takes_is_one_lost_point_said_plainly_and_the_rest_is_folded(
+        make_agent, oversized):
+    """SOCK_SEQPACKET throws a long packet's rest away and stays aligned: the agent counts it lost, from the latest
+    point's time, and folds what follows (without it, the same run is complete and says nothing of losses)."""
+    store, sandboxes, port = make_agent()
+    packets = finished_run().packets
+    started = len(Sandbox().program_started().packets)
+    if oversized:  # an exec's argv may be megabytes
+        packets[started:started] = [wire.HEADER.pack(8, MT.MESSAGE_SENTRY_EXEC, 0) + b"x" * 70_000]
+    sandboxes.run(pause_start(), packets)
+    status, answer, _ = get(port, f"/v1/containers/{CID}")
+    audit = answer["audit"]
+    assert status == 200 and "error" not in answer["connection"]
+    assert audit["filesRead"] == [{"path": "data/visits.csv", "count": 1}]  # folded after the long one
+    assert audit["counts"]["pointsLost"] == int(oversized) and audit["complete"] is not oversized
+    assert ("1 trace points were lost" in audit["message"]) if oversized else "message" not in audit
+
+
 # --- the question
 
 def test_each_container_of_a_connection_gets_its_own_audit_and_record(make_agent):

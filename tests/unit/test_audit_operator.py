@@ -353,6 +353,23 @@ def test_the_nodes_oom_word_is_taken_only_as_a_boolean_true():
     assert answer.oom_killed is True
 
 
+@pytest.mark.parametrize("said", [None, "3 trace points were lost"])
+def test_why_the_agent_ended_a_sandboxs_connection_is_in_the_audits_message(env, said):
+    api, _, ctl, transport = env
+    summary = {**SUMMARY, "complete": False, **({"message": said} if said else {})}
+    transport.answer = (200, {"audit": summary, "record": RECORD,
+                              "connection": {"closed": True, "error": "a header size 4 (at least 8)"}})
+    audit = finish_cold(api, ctl)["audit"]
+    assert audit["complete"] is False and "ended this sandbox's trace connection (a header size 4" in audit["message"]
+    assert audit["message"].startswith(said or "the node's audit agent")
+
+
+def test_a_connection_that_ended_without_an_error_adds_nothing_to_the_message():
+    answer = AuditAgent(FakeK8s(), SETTINGS)._answer("p", "node-1", CONTAINER, 200, json.dumps(
+        {"audit": SUMMARY, "connection": {"closed": True}}).encode())
+    assert answer.summary == SUMMARY
+
+
 def test_without_an_agent_installed_the_audit_says_so(api):
     ctl = Controller(api=api, clock=Clock())
     status = finish_cold(api, ctl)

@@ -343,7 +343,7 @@ def test_points_lost_on_the_way_take_the_largest_counter_seen_and_never_a_decrea
     # Ended, but not whole: never complete, and the message says from when.
     assert summary["complete"] is False and "9 trace points were lost" in summary["message"]
     assert "1970-01-01T00:00:00.000Z" in summary["message"]  # the test's clock: 1,000 ns past the epoch
-    audit.add_lost(7)                                                 # the agent's own, on top
+    audit.losses.add(7)                                               # the agent's own, on top
     assert audit.summary()["counts"]["pointsLost"] == 16
 
 

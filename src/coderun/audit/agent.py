@@ -32,7 +32,8 @@ log = logging.getLogger("coderun.audit.agent")
 
 DEFAULT_PORT = 9090
 DEFAULT_KEY_FILE = "/etc/coderun/audit-key/key"
-# A point is a few KiB at most; a longer packet is refused (MSG_TRUNC), never silently cut.
+# A point is a few KiB at most; a longer packet (an exec's argv may be megabytes) is counted as a lost point, never
+# silently cut (MSG_TRUNC), and the connection goes on.
 MAX_PACKET_BYTES = 64 * 1024
 # runsc sends its handshake as soon as it connects.
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -50,12 +51,13 @@ def peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", pid_uid_gid)[1]
 
 
-def receive(sock: socket.socket, buffer: bytearray) -> memoryview:
-    """One packet, in `buffer` (empty when runsc closed the connection: the sandbox ended). Into one buffer per
+def receive(sock: socket.socket, buffer: bytearray) -> memoryview | None:
+    """One packet, in `buffer` (empty when runsc closed the connection: the sandbox ended; None when it was longer
+    than the buffer: SOCK_SEQPACKET has thrown its rest away, and the next packet comes whole). Into one buffer per
     connection: a flood of points is received at the agent's pace, and each packet allocated anew halved it."""
     size, _, flags, _ = sock.recvmsg_into([buffer])
     if flags & socket.MSG_TRUNC:
-        raise wire.WireError(f"a packet longer than {MAX_PACKET_BYTES} bytes")
+        return None
     return memoryview(buffer)[:size]
 
 
@@ -102,7 +104,10 @@ class Sink:
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT_S)
             buffer = bytearray(MAX_PACKET_BYTES)
-            wire.read_handshake(bytes(receive(sock, buffer)))
+            handshake = receive(sock, buffer)
+            if handshake is None:
+                raise wire.WireError(f"a handshake longer than {MAX_PACKET_BYTES} bytes")
+            wire.read_handshake(bytes(handshake))
             sock.send(wire.handshake_reply())
             sock.settimeout(None)
             connection = self.store.open()
@@ -110,8 +115,11 @@ class Sink:
                 log.error("refused a sandbox: %d connections kept and none closed", self.store.limits.connections)
                 return
             log.info("sandbox connection %d opened", connection.number)
-            while packet := receive(sock, buffer):
-                self.store.add(connection, packet)
+            while (packet := receive(sock, buffer)) is None or packet:
+                if packet is None:
+                    self.store.lose(connection, 1)  # the point is lost, plainly, from its time on; the rest is not
+                else:
+                    self.store.add(connection, packet)
         except wire.WireError as failure:
             error, dropped = str(failure), True  # the agent ends the connection: the sandbox may run on
         except OSError as failure:

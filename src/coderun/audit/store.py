@@ -203,6 +203,16 @@ class Store:
             if connection.waiting:
                 connection.changed.notify_all()
 
+    def lose(self, connection: Connection, count: int) -> None:
+        """Points the agent received but could not fold (a packet longer than it takes): lost from the latest
+        point's time on, so the audits say so."""
+        with connection.lock:
+            connection.points += count
+            connection.losses.add(count)
+            connection.version += 1
+            if connection.waiting:
+                connection.changed.notify_all()
+
     def _start(self, connection: Connection, container_id: str) -> None:
         """A container's fold: always made (a handful a sandbox, and without it the run has no trace at all)."""
         connection.folds[container_id] = Fold(container_id, connection.losses,

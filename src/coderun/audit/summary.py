@@ -310,10 +310,6 @@ class RunAudit:
         """The sandbox ended: what only later points would have needed goes."""
         self._exec_calls.clear()
 
-    def add_lost(self, count: int) -> None:
-        """Points the agent itself could not fold."""
-        self.losses.add(count, self.last_ns)
-
     def _side(self, context) -> str:
         return self.table.side(context.thread_group_id, context.parent_thread_group_id)
 
