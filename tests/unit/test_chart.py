@@ -197,6 +197,17 @@ def test_the_audit_agent_reads_the_hosts_cgroups_read_only_and_writes_only_its_s
     assert not spec.get("hostPID") and container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
+def test_both_egress_proxy_containers_know_their_pod_s_name(helm):
+    """Squid's helpers and the tunnel relay (the admin container's) each refuse a credential pinned to another pod."""
+    proxy, = of_component(template(helm), "Deployment", "egress-proxy")
+    containers = proxy["spec"]["template"]["spec"]["containers"]
+    assert {c["name"] for c in containers} == {"squid", "admin"}
+    for container in containers:
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env.get("CODERUN_EGRESS_POD_NAME", {}).get("valueFrom") == {
+            "fieldRef": {"fieldPath": "metadata.name"}}, container["name"]
+
+
 @pytest.mark.parametrize("typo, says", [
     (["--set", "replicaCont=3"], "replicaCont"),
     (["--set", "webhook.failurePolicy=Maybe"], "failurePolicy"),
