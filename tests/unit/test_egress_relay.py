@@ -6,6 +6,7 @@ import base64
 import os
 import socket
 import socketserver
+import struct
 import subprocess
 import sys
 import threading
@@ -55,10 +56,25 @@ def revoked() -> set[str]:
 
 
 @pytest.fixture()
-def relay(stage, revoked, tmp_path) -> Relay:
-    started = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0")
-    started.start(("127.0.0.1", 0))
-    return started
+def start_relay(stage, revoked, tmp_path):
+    """Relays started on loopback, each stopped (its loop and thread ended) when the test ends."""
+    started = []
+
+    def start(**options) -> Relay:
+        relay = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0", **options)
+        started.append((relay, relay.start(("127.0.0.1", 0))))
+        return relay
+
+    yield start
+    for relay, thread in started:
+        relay.stop()
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+@pytest.fixture()
+def relay(start_relay) -> Relay:
+    return start_relay()
 
 
 def head(uid: str, budget: int | None = None, expires_in: int = 600, namespace: str = "ns") -> bytes:
@@ -93,6 +109,17 @@ def echoed(sock: socket.socket, data: bytes) -> bytes:
     return got
 
 
+def closed(sock: socket.socket) -> bool:
+    """The relay closed the connection: an end of file, or a reset (a cut aborts every side but the last); a recv
+    that times out is a connection still open."""
+    try:
+        return sock.recv(65536) == b""
+    except TimeoutError:
+        return False  # nothing yet: still open
+    except OSError:
+        return True
+
+
 def wait_for(predicate, seconds: float = 5.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -100,6 +127,19 @@ def wait_for(predicate, seconds: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
+
+
+def test_a_reset_reads_as_closed_and_a_quiet_connection_as_open():
+    """The predicates above retry rather than error when the relay's cut resets the client's side."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        reset, quiet = (socket.create_connection(server.getsockname(), timeout=0.05) for _ in range(2))
+        peer, _ = server.accept()
+        other, _ = server.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.close()  # a reset, as transport.abort() sends
+        assert closed(reset) and not closed(quiet)
+        for s in (reset, quiet, other):
+            s.close()
 
 
 def test_a_connect_of_a_valid_credential_is_relayed_and_counted(relay):
@@ -161,24 +201,22 @@ def test_a_tunnel_idle_both_ways_is_closed_and_an_active_one_kept(relay, monkeyp
     for tunnel in relay.tunnels:
         if tunnel.run.uid == "run-idle":
             tunnel.active -= relay_module.IDLE_SECONDS + 1
-    assert wait_for(lambda: idle.recv(1) == b"")  # the watcher closed it
+    idle.settimeout(0.2)
+    assert wait_for(lambda: closed(idle))  # the watcher closed it
     assert echoed(busy, b"still here") == b"still here"
     for s in (idle, busy):
         s.close()
 
 
-def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(stage, revoked, tmp_path):
-    first = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0")
-    first.start(("127.0.0.1", 0))
+def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(start_relay, tmp_path):
+    first = start_relay()
     sock, _ = opened(first, head("run-b", budget=5000))
     sock.sendall(b"y" * 4000)
     assert wait_for(lambda: relayed_bytes(str(tmp_path), "run-b") > 5000)  # over: cut
-    assert wait_for(lambda: sock.recv(65536) == b"")
+    assert wait_for(lambda: closed(sock))
     sock.close()
     # A relay started again (the admin container restarted) starts from the count, not from zero.
-    again = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0",
-                  usage=lambda uid: Usage(bytes_sent=100))
-    again.start(("127.0.0.1", 0))
+    again = start_relay(usage=lambda uid: Usage(bytes_sent=100))
     sock, answer = opened(again, head("run-b", budget=5000))
     assert answer.startswith(b"HTTP/1.1 403") and b"spec.egressBudget.bytes: 5000" in answer
     sock.close()
@@ -187,13 +225,11 @@ def test_a_run_s_count_outlives_the_relay_and_a_spent_run_opens_no_tunnel(stage,
     control.close()
 
 
-def test_an_open_tunnel_s_bytes_and_plain_bytes_are_summed_against_the_budget(stage, revoked, tmp_path):
+def test_an_open_tunnel_s_bytes_and_plain_bytes_are_summed_against_the_budget(start_relay, tmp_path):
     """Tunnel bytes and plain bytes add up (not the more of the two): 20,000 bytes on an open tunnel beside 85,000
     of plain HTTP are past a budget of 100,000, for the relay and for the helpers' budget check alike."""
     plain = {"run-sum": 75_000, "run-under": 60_000}
-    relay = Relay(stage, lambda: {"k1": KEY}, lambda: revoked, str(tmp_path), pod="proxy-0",
-                  usage=lambda uid: Usage(bytes_received=plain[uid]))
-    relay.start(("127.0.0.1", 0))
+    relay = start_relay(usage=lambda uid: Usage(bytes_received=plain[uid]))
     counted = with_relayed(lambda uid: Usage(bytes_received=plain[uid]), str(tmp_path))
     held = []
     for uid in plain:

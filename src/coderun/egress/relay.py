@@ -153,6 +153,7 @@ class Relay:
         self.tunnels: set[Tunnel] = set()
         self.by_namespace: dict[str, int] = {}  # open tunnels
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._serving: asyncio.Task | None = None
         self.address: tuple[str, int] | None = None  # where it listens, once serving
 
     # -- the tunnels
@@ -338,7 +339,7 @@ class Relay:
             tunnel.close()
 
     async def serve(self, listen: tuple[str, int], started: threading.Event | None = None) -> None:
-        self.loop = asyncio.get_running_loop()
+        self.loop, self._serving = asyncio.get_running_loop(), asyncio.current_task()
         server = await asyncio.start_server(self.handle, *listen, limit=CHUNK_BYTES, backlog=128)
         self.address = server.sockets[0].getsockname()[:2]
         if started is not None:
@@ -349,12 +350,24 @@ class Relay:
     def start(self, listen: tuple[str, int]) -> threading.Thread:
         """Serve in a thread of its own (the admin process's), once listening."""
         started = threading.Event()
-        thread = threading.Thread(target=asyncio.run, args=(self.serve(listen, started),), name="coderun-relay",
-                                  daemon=True)
+
+        def run() -> None:
+            try:
+                asyncio.run(self.serve(listen, started))
+            except asyncio.CancelledError:
+                pass  # stop()
+
+        thread = threading.Thread(target=run, name="coderun-relay", daemon=True)
         thread.start()
         if not started.wait(10):
             raise RuntimeError(f"the tunnel relay did not start listening on {listen}")
         return thread
+
+
+    def stop(self) -> None:
+        """From another thread: stop serving, its tunnels closed (the thread start() returned then ends)."""
+        if self.loop is not None and self._serving is not None:
+            self.loop.call_soon_threadsafe(self._serving.cancel)
 
 
 def _bounded(writer: asyncio.StreamWriter) -> None:
