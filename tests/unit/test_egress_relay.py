@@ -2,6 +2,7 @@
 hostile program could drive it to hold. The budget cut and revocation through the real squid: tests/egress."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import socket
@@ -251,6 +252,28 @@ def test_an_open_tunnel_s_bytes_and_plain_bytes_are_summed_against_the_budget(st
     assert relay.runs["run-under"].closed == 20_000 and counted("run-under").bytes == 80_000
     logged = Usage(bytes_received=80_000, tunnel_bytes=20_000)
     assert with_relayed(lambda uid: logged, str(tmp_path))("run-under").bytes == 80_000
+
+
+def test_when_one_direction_of_a_tunnel_raises_the_other_is_ended_not_left_running():
+    """A cut raises in one direction; the other, still waiting to read, is cancelled and awaited with it (a plain
+    gather left it running, its exception never retrieved)."""
+    other_ran_to = []
+
+    async def cut():
+        raise relay_module._Cut()
+
+    async def waiting():
+        try:
+            await asyncio.Event().wait()
+        finally:
+            other_ran_to.append("cancelled")
+
+    async def tunnel():
+        with pytest.raises(relay_module._Cut):
+            await relay_module._both(waiting(), cut())
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(tunnel()) == [] and other_ran_to == ["cancelled"]
 
 
 def test_the_admin_container_s_command_serves_the_admin_endpoint_and_the_relay(tmp_path):

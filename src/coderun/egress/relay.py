@@ -178,7 +178,7 @@ class Relay:
             writer.write(answer)
             if late:
                 await self._relay(late, writer, tunnel)
-            await asyncio.gather(self._pipe(reader, tunnel.upstream, tunnel), self._pipe(up_reader, writer, tunnel))
+            await _both(self._pipe(reader, tunnel.upstream, tunnel), self._pipe(up_reader, writer, tunnel))
         except (OSError, EOFError, asyncio.TimeoutError, _Cut):
             pass
         finally:
@@ -368,6 +368,18 @@ class Relay:
         """From another thread: stop serving, its tunnels closed (the thread start() returned then ends)."""
         if self.loop is not None and self._serving is not None:
             self.loop.call_soon_threadsafe(self._serving.cancel)
+
+
+async def _both(*coroutines) -> None:
+    """Run the two directions of a tunnel; when one raises (a cut, a reset), the other is cancelled and awaited,
+    never left running with an exception nobody retrieves."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _bounded(writer: asyncio.StreamWriter) -> None:
