@@ -696,6 +696,34 @@ def test_a_tenant_cannot_take_more_than_its_share_and_the_others_keep_theirs():
         assert_the_flood_hid_nothing(store.answer(f"{number:x}0" * 32, 0, 0)["audit"], 5000)
 
 
+def test_a_tenants_share_is_freed_by_its_own_oldest_closed_connection_never_anothers():
+    """A namespace whose share its closed floods hold: its next run evicts its own oldest one and is kept whole;
+    another tenant's closed connection (older still) stays."""
+    limits = Limits(total_bytes=8 * MiB, connection_bytes=MiB, namespace_share=0.25)
+    tenants = {}
+    store = Store(limits, tenant_of=lambda container: tenants[container])
+
+    def run(container, tenant, opens):
+        tenants[container] = tenant
+        connection = store.open()
+        start = Sandbox(container).start(tgid=1, argv=["/pause"]).packets
+        for packet in start + flood_then_the_things_it_would_hide(opens, container, distinct=True).packets:
+            store.add(connection, packet)
+        store.close(connection)
+        return connection
+
+    other = run("e0" * 32, "tenant-b", 100)
+    floods = [run(f"{number:x}0" * 32, "tenant-a", 5000) for number in range(2)]
+    routine_share = limits.total_bytes * limits.namespace_share * (1 - limits.reserve_share)
+    assert store.tenants["tenant-a"] > routine_share - 64 * 1024  # full, but for less than the next run needs
+    later = run(OTHER, "tenant-a", 900)
+    assert floods[0].number not in store.connections and floods[1].number in store.connections
+    assert other.number in store.connections and later.number in store.connections
+    answer = store.answer(OTHER, 0, 0)
+    assert_the_flood_hid_nothing(answer["audit"], 900)
+    assert answer["recordCut"] == 0  # its routine record lines were kept, not cut for the closed floods' sake
+
+
 def test_the_oldest_closed_connection_makes_room_when_the_agents_budget_is_short():
     store = Store(Limits(total_bytes=1024 * 1024, connection_bytes=1024 * 1024, namespace_share=1.0))
     first = store.open()

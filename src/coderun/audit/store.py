@@ -6,8 +6,8 @@ choose what fills a cap. What the fold keeps is charged to three budgets: the co
 namespace of the sandbox's pod when the agent can tell it, else the connection alone) and the agent's, each sized
 from the container's memory limit (`Limits.for_memory`). Routine keys and record lines may spend only part of each
 budget (`1 - reserve_share`): the rest is for processes, connects, sockets and denied opens. When the agent's
-budget is short, closed connections go first, oldest first; a spent budget makes keys counted only and record
-lines cut, never a point lost from the summary. The points the summary misses are gVisor's drops (the sink's
+budget or a tenant's share is short, closed connections go first (for a share, the tenant's own), oldest first; a
+spent budget makes keys counted only and record lines cut, never a point lost from the summary. The points the summary misses are gVisor's drops (the sink's
 counter), and a summary that misses any says `complete: false` and from when."""
 
 from __future__ import annotations
@@ -135,21 +135,32 @@ class Store:
 
     def charge(self, connection: Connection, size: int, reserved: bool) -> bool:
         """Hold size bytes for the connection if its budget, its tenant's and the agent's allow (routine: up to
-        1 - reserve_share of each); the oldest closed connections make room in the agent's."""
+        1 - reserve_share of each); the oldest closed connections make room: the tenant's own in its share, any in
+        the agent's."""
         limits = self.limits
         share = 1.0 if reserved else 1.0 - limits.reserve_share
         with self.lock:
             if connection.held + size > limits.connection_bytes * share:
                 return False
-            if self.tenants.get(connection.tenant, 0) + size > limits.total_bytes * limits.namespace_share * share:
+            tenant = connection.tenant
+            if not self._room(lambda: self.tenants.get(tenant, 0) + size
+                              <= limits.total_bytes * limits.namespace_share * share,
+                              lambda c: c.tenant == tenant, connection):
                 return False
-            while self.total_bytes + size > limits.total_bytes * share:
-                closed = [c for c in self.connections.values() if c.closed and c is not connection]
-                if not closed:
-                    return False
-                self._drop(min(closed, key=lambda c: c.closed_at))
+            if not self._room(lambda: self.total_bytes + size <= limits.total_bytes * share, None, connection):
+                return False
             self._hold(connection, size)
             return True
+
+    def _room(self, fits, whose, connection: Connection) -> bool:
+        """Drop the oldest closed connections (whose(c): those that count) until fits(); False if it never does."""
+        while not fits():
+            closed = [c for c in self.connections.values()
+                      if c.closed and c is not connection and (whose is None or whose(c))]
+            if not closed:
+                return False
+            self._drop(min(closed, key=lambda c: c.closed_at))
+        return True
 
     def _hold(self, connection: Connection, size: int) -> None:
         connection.held += size
