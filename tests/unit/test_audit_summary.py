@@ -466,3 +466,24 @@ def test_a_fork_servers_program_whose_clone_was_lost_is_still_the_programs():
     sandbox.open(PROGRAM, "data.csv")
     audit = sandbox.summary(since_ns=since)
     assert audit["filesRead"] == [{"path": "data.csv", "count": 1}], audit
+
+
+@pytest.mark.parametrize("routine_spent", [False, True], ids=["room", "routine-share-spent"])
+def test_a_session_run_asked_after_the_fold_counts_none_of_an_earlier_runs_files_even_with_the_budget_spent(
+        routine_spent):
+    """The agent folds with no start known (since 0) and is asked later from a run's start: the quiet gap between
+    a session's runs starts a segment, also when the sandbox's routine share is spent (a segment refused for room
+    made a later run count every earlier run's files)."""
+    sandbox = Sandbox().program_started()
+    sandbox.open(PROGRAM, "data/in.txt").exit(PROGRAM)
+    sandbox.now += 2_000_000_000                                              # between two runs of the session
+    since = sandbox.now + 1
+    second = PROGRAM + 10
+    sandbox.clone(NS_INIT, second).execve(second, ["python3", "-u", "main.py"]).open(second, "other.txt")
+    charged = []
+    audit = RunAudit(CID, charge=lambda size, reserved: charged.append(reserved) or reserved or not routine_spent)
+    for packet in sandbox.packets:
+        audit.add(wire.decode_point(packet))
+    assert audit.summary(since)["filesRead"] == [{"path": "other.txt", "count": 1}]
+    assert audit.summary(0)["filesRead"] == [{"path": "data/in.txt", "count": 1}, {"path": "other.txt", "count": 1}]
+    assert False in charged  # the routine share was asked (and, in the second case, refused)

@@ -251,7 +251,7 @@ class RunAudit:
         """since_ns: points before it are not folded at all (a question's start known in advance). losses: the
         connection's, when several containers share it. charge(bytes, reserved): the agent's memory budget for
         every key, example, process and segment, False when spent (the key is then only counted, the process keeps
-        no argv); routine keys and segments spend only its routine share (reserved False)."""
+        no argv); routine keys spend only its routine share (reserved False); a segment is never refused."""
         self.container_id, self.workdir, self.own_dirs = container_id, workdir, own_dirs
         self.since_ns, self.bounds = since_ns, bounds
         self.table = ProcessTable(None if charge is None else lambda size: charge(size, True))
@@ -297,8 +297,10 @@ class RunAudit:
             handler(self, message, context)
 
     def _new_segment(self, start_ns: int) -> None:
-        if self.charge is not None and not self.charge(KEY_BYTES * 4, False):
-            return  # no room for another: the current one goes on (a later start counts a little more before it)
+        # Never refused for want of room: a segment is what keeps a session's runs apart (refused, a later run
+        # counted every earlier run's files), and there are at most bounds.segments + 1 of them.
+        if self.charge is not None:
+            self.charge(KEY_BYTES * 4, True)
         self.segments.append(_Segment(start_ns, self.rooms, self.charge))
         self._opens.clear()
         if len(self.segments) > self.bounds.segments:
