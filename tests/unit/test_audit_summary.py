@@ -487,3 +487,37 @@ def test_a_session_run_asked_after_the_fold_counts_none_of_an_earlier_runs_files
     assert audit.summary(since)["filesRead"] == [{"path": "other.txt", "count": 1}]
     assert audit.summary(0)["filesRead"] == [{"path": "data/in.txt", "count": 1}, {"path": "other.txt", "count": 1}]
     assert False in charged  # the routine share was asked (and, in the second case, refused)
+
+
+@pytest.mark.parametrize("with_marker", [True, False], ids=["run-json", "no-marker"])
+def test_a_long_quiet_session_run_never_blurs_its_start_with_the_earlier_runs(with_marker):
+    """A session run that spins (no points of its own) while the runner looks at /proc every 200 ms makes a segment
+    a look: past the cap the oldest merge, and a run's start merged into an earlier run's counted that run's files
+    (e2e test_session's timeout run read data/in.txt). The runner's run.json starts each run's segment, which no
+    merge folds into the one before it."""
+    sandbox = Sandbox().program_started()
+    sandbox.exit(PROGRAM)
+    sandbox.now += 1_000_000_000
+    earlier = PROGRAM + 5                                                       # an earlier run of the session
+    sandbox.clone(NS_INIT, earlier).execve(earlier, ["python3", "-u", "main.py"])
+    sandbox.open(earlier, "data/in.txt").exit(earlier)
+    for _ in range(3):                                                          # its quiet stretches
+        sandbox.now += 300_000_000
+        sandbox.open(RUNNER, "/proc/2/stat", cwd="/")
+    sandbox.now += 2_000_000_000
+    since = sandbox.now + 1
+    if with_marker:
+        sandbox.open(RUNNER, "/coderun/input/run.json", flags=O_WRONLY | O_CREAT, cwd="/")
+    second = PROGRAM + 10
+    sandbox.clone(NS_INIT, second).execve(second, ["python3", "-u", "main.py"]).open(second, "main.py")
+    for _ in range(12):                                                         # while True: pass, for 2.4 s
+        sandbox.now += 200_000_000
+        sandbox.open(RUNNER, "/proc/2/stat", cwd="/")
+    audit = RunAudit(CID)
+    for packet in sandbox.packets:
+        audit.add(wire.decode_point(packet))
+    read = audit.summary(since)["filesRead"]
+    if with_marker:
+        assert read == [{"path": "main.py", "count": 1}], read
+    else:  # the positive control: without the runner's mark the merge blurs the start, as it did
+        assert {"path": "data/in.txt", "count": 1} in read, read

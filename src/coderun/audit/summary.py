@@ -25,6 +25,7 @@ from .wire import Point
 
 SOURCE = "gvisor-trace"
 O_ACCMODE, O_WRONLY, O_RDWR, O_CREAT, O_TRUNC = 0o3, 0o1, 0o2, 0o100, 0o1000
+RUN_INPUT = "/coderun/input/run.json"  # the runner writes it first for every run (sandbox/runner)
 DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 CONNECT_RESULTS = {0: "connected", errno.EINPROGRESS: "inProgress", errno.ECONNREFUSED: "refused",
                    errno.ETIMEDOUT: "timedOut", errno.ENETUNREACH: "unreachable", errno.EHOSTUNREACH: "unreachable",
@@ -181,6 +182,7 @@ class _Segment:
 
     def __init__(self, start_ns: int, rooms: dict[str, _Room], charge: Callable[[int, bool], bool] | None):
         self.start_ns = self.last_ns = start_ns  # its first point's time, and its latest's
+        self.run_start = False  # begun by the runner's run.json for a run: where a session's or warm pod's run starts
         self.read = _Keyed(rooms["read"], charge)
         self.written = _Keyed(rooms["written"], charge)
         self.connects = _Keyed(rooms["connects"], charge)  # their own rooms: the reserve of connects and sockets
@@ -284,7 +286,9 @@ class RunAudit:
         context = message.context_data
         if context.container_id != self.container_id:
             return
-        if self.last_ns and time_ns - self.last_ns >= self.bounds.segment_gap_ns:
+        if self._starts_a_run(message, context):
+            self._new_segment(time_ns, run_start=True)
+        elif self.last_ns and time_ns - self.last_ns >= self.bounds.segment_gap_ns:
             self._new_segment(time_ns)
         self.last_ns = max(self.last_ns, time_ns)
         self.segment.last_ns = max(self.segment.last_ns, time_ns)
@@ -296,17 +300,28 @@ class RunAudit:
         if handler is not None:
             handler(self, message, context)
 
-    def _new_segment(self, start_ns: int) -> None:
+    def _starts_a_run(self, message, context) -> bool:
+        # The runner lays out each run's input, run.json first, before the run's program is given it (the mount is
+        # read-only to the program, and the side is the runner's: a program cannot make one).
+        return (isinstance(message, syscall_pb2.Open) and message.pathname == RUN_INPUT
+                and bool(message.flags & O_CREAT) and not _errno(message)
+                and self._side(context) == RUNNER)
+
+    def _new_segment(self, start_ns: int, run_start: bool = False) -> None:
         # Never refused for want of room: a segment is what keeps a session's runs apart (refused, a later run
         # counted every earlier run's files), and there are at most bounds.segments + 1 of them.
         if self.charge is not None:
             self.charge(KEY_BYTES * 4, True)
         self.segments.append(_Segment(start_ns, self.rooms, self.charge))
+        self.segment.run_start = run_start
         self._opens.clear()
         if len(self.segments) > self.bounds.segments:
-            merged = self.segments.pop(2)
-            self.segments[1].absorb(merged)
-            self.segments[1].last_ns = merged.last_ns
+            # The oldest segment past the first that no run started goes into the one before it, so that a long
+            # run's quiet gaps never blur its start with an earlier run's; past that, the oldest runs blur together.
+            index = next((i for i in range(2, len(self.segments) - 1) if not self.segments[i].run_start), 2)
+            merged = self.segments.pop(index)
+            self.segments[index - 1].absorb(merged)
+            self.segments[index - 1].last_ns = max(self.segments[index - 1].last_ns, merged.last_ns)
 
     def compact(self) -> None:
         """The sandbox ended: what only later points would have needed goes."""
@@ -501,9 +516,13 @@ class RunAudit:
                     "message": "no trace of this container reached the audit agent"}
         since = self.since_ns if since_ns is None else max(since_ns, self.since_ns)
         bounds = self.bounds
-        # From the first segment with a point at or after the run's start: one the start falls in counts whole.
-        first = next((i for i, segment in enumerate(self.segments) if segment.last_ns >= since),
-                     len(self.segments))
+        # From the run's own start (the first segment a run started at or after since); without one, from the
+        # first segment with a point at or after since: one the start falls in counts whole.
+        first = next((i for i, segment in enumerate(self.segments) if segment.run_start and segment.start_ns >= since),
+                     None) if since else None
+        if first is None:
+            first = next((i for i, segment in enumerate(self.segments) if segment.last_ns >= since),
+                         len(self.segments))
         run = _added_up(self.segments[first:])
         program = self.table.program(since)
         omitted = {}
