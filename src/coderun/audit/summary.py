@@ -7,8 +7,10 @@ with a count, distinct keys past `tracked` are only counted, and processes, conn
 a reserve that routine points (the program's opens of its own dirs) cannot spend. Points of other containers (the
 pod's pause container) are skipped; the process table is kept from the container's start, but activity before a
 run's start (a warm pod's claim, a session's earlier runs, on the sandbox's clock) is not the run's: the fold keeps
-its counters in segments split at quiet gaps, and `summary(since_ns)` adds up the segments from the one the run's
-start falls in (a gap's worth of earlier activity at most is counted with it, never the run's hidden). Points lost
+its counters in segments split at quiet gaps and at the runner's run.json (written first for every run, and never
+merged into an earlier segment), and `summary(since_ns)` adds up the segments from the run's own start (without
+one, from the one the start falls in: a gap's worth of earlier activity at most is counted with it, never the
+run's hidden). Points lost
 on the way (gVisor's drop counter) make the summary `complete: false`, saying how many and from when."""
 
 from __future__ import annotations
