@@ -2,6 +2,7 @@
 the policy-shaped tool list, structured results, an image artifact, progress through a long run, and a cancelled
 call's run deleted. (No kubeconfig and a dead API server are tests/unit/test_mcp_server.py's: no cluster needed.)"""
 import base64
+import contextlib
 import os
 import socket
 import subprocess
@@ -117,27 +118,33 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_the_streamable_http_transport_serves_the_same_tools(operator, namespace):
+@contextlib.contextmanager
+def streamable_http_server(namespace: str):
+    """`coderun mcp --transport streamable-http` for the namespace, listening: (the server, its /mcp URL)."""
     port = _free_port()
     server = subprocess.Popen([CODERUN, "mcp", "-n", namespace, "--transport", "streamable-http", "--port", str(port)],
                               env={**os.environ, "KUBECONFIG": str(KUBECONFIG)}, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _listening(port) or server.poll() is not None, 30, "coderun mcp to listen")
         assert server.poll() is None, server.stderr.read()
+        yield server, f"http://127.0.0.1:{port}/mcp"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
+
+def test_the_streamable_http_transport_serves_the_same_tools(operator, namespace):
+    with streamable_http_server(namespace) as (_, url):
         async def session_main():
-            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+            async with streamable_http_client(url) as (read, write):
                 async with ClientSession(read, write) as session:
                     await session.initialize()
                     names = {tool.name for tool in (await session.list_tools()).tools}
                     return names, await session.call_tool("run_code", {"code": "print(2**10)"})
         names, ran = anyio.run(session_main)
-        assert names == {"run_code", "list_runtimes"}
-        assert ran.content[0].text == "exit code 0 (Completed)\nstdout (5 bytes):\n1024\n" \
-                                      "touched: 1 file read (main.py), 1 process"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert names == {"run_code", "list_runtimes"}
+    assert ran.content[0].text == "exit code 0 (Completed)\nstdout (5 bytes):\n1024\n" \
+                                  "touched: 1 file read (main.py), 1 process"
 
 
 def test_an_image_the_program_writes_comes_back_as_an_image(operator, namespace, tmp_path, monkeypatch):

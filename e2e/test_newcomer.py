@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, VERSION
 from conftest import KUBECONFIG, wait_for
-from test_mcp import _free_port, _listening
+from test_mcp import streamable_http_server
 from test_session import allow_sessions, wait_session
 
 CODERUN = str(Path(sys.executable).parent / "coderun")
@@ -43,15 +43,9 @@ def pod_names(cluster, namespace: str) -> set[str]:
 
 def test_an_mcp_conversation_its_client_ends_over_streamable_http_takes_its_session_and_pod(operator, namespace):
     allow_sessions(operator, namespace)
-    port = _free_port()
-    server = subprocess.Popen([CODERUN, "mcp", "-n", namespace, "--transport", "streamable-http", "--port", str(port)],
-                              env={**os.environ, "KUBECONFIG": str(KUBECONFIG)}, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _listening(port) or server.poll() is not None, 30, "coderun mcp to listen")
-        assert server.poll() is None, server.stderr.read()
-
+    with streamable_http_server(namespace) as (server, url):
         async def conversation():
-            async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write):
+            async with streamable_http_client(url) as (read, write):
                 async with ClientSession(read, write) as session:
                     await session.initialize()
                     first = await session.call_tool("run_code", {"code": "open('kept', 'w').write('42')",
@@ -71,9 +65,6 @@ def test_an_mcp_conversation_its_client_ends_over_streamable_http_takes_its_sess
         wait_for(lambda: not sessions(operator, namespace) and pod not in pod_names(operator, namespace), 60,
                  "the ended conversation's session and pod to go")
         assert server.poll() is None, server.stderr.read()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_session_create_says_the_built_in_baseline_refuses_sessions_and_a_run_in_one_says_how_it_ended(

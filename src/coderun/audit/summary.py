@@ -201,6 +201,10 @@ class _Segment:
         for mine, theirs in ((self.read, other.read), (self.written, other.written),
                              (self.connects, other.connects), (self.sockets, other.sockets)):
             mine.absorb(theirs)
+        self.add_counts(other)
+
+    def add_counts(self, other: "_Segment") -> None:
+        """Another segment's totals and examples added to this one's (its keyed lists are the caller's)."""
         for totals, more in ((self.outside, other.outside), (self.runner, other.runner),
                              (self.counts, other.counts)):
             for name, value in more.items():
@@ -235,16 +239,7 @@ def _added_up(segments: list[_Segment]) -> _Segment:
             for key, entry in theirs.items():
                 mine.entries.setdefault(key, _Entry()).absorb(entry)
             mine.untracked += theirs.untracked
-        for totals, more in ((total.outside, segment.outside), (total.runner, segment.runner),
-                             (total.counts, segment.counts)):
-            for name, value in more.items():
-                totals[name] += value
-        for path, priority in segment.examples.items():
-            total.examples[path] = min(priority, total.examples.get(path, priority))
-        for path, priority in segment.examples_latest.items():
-            total.examples_latest[path] = min(priority, total.examples_latest.get(path, priority))
-        total.examples_untracked += segment.examples_untracked
-        total.failed_execs += segment.failed_execs
+        total.add_counts(segment)
     return total
 
 
