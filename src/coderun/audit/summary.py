@@ -135,6 +135,17 @@ class _Room:
     left: int
     reserve: int = 0
 
+    def fits(self, reserved: bool) -> bool:
+        """Whether one more key has a place: in the room, or (for what may spend it) in the reserve."""
+        return self.left > 0 or (reserved and self.reserve > 0)
+
+    def take(self) -> None:
+        """One place taken: the room's first, the reserve's once it is spent."""
+        if self.left > 0:
+            self.left -= 1
+        else:
+            self.reserve -= 1
+
 
 @dataclass
 class _Keyed:
@@ -150,12 +161,8 @@ class _Keyed:
         entry = self.entries.get(key) or self.latest.get(key)
         if entry is None:
             room = self.room
-            if ((room.left > 0 or (reserved and room.reserve > 0))
-                    and (self.charge is None or self.charge(KEY_BYTES + _chars(key), reserved))):
-                if room.left > 0:
-                    room.left -= 1
-                else:
-                    room.reserve -= 1
+            if room.fits(reserved) and (self.charge is None or self.charge(KEY_BYTES + _chars(key), reserved)):
+                room.take()
             else:
                 if len(self.latest) >= LATEST:
                     oldest = self.latest.pop(next(iter(self.latest)))
@@ -446,12 +453,8 @@ class RunAudit:
         # Charged to the whole budget, not the routine share: a path outside the run's own dirs that is not an
         # interpreter's routine read is what the examples are for (bounded by their own room).
         room = self.rooms["examples"]
-        if ((room.left > 0 or (priority == DENIED and room.reserve > 0))
-                and (self.charge is None or self.charge(KEY_BYTES + len(path), True))):
-            if room.left > 0:
-                room.left -= 1
-            else:
-                room.reserve -= 1
+        if room.fits(priority == DENIED) and (self.charge is None or self.charge(KEY_BYTES + len(path), True)):
+            room.take()
         else:
             latest = segment.examples_latest
             if path not in latest and len(latest) >= LATEST:
