@@ -200,7 +200,7 @@ EOF
   # this directory (the chart's DaemonSet mounts it). The session is written before any sandbox starts (the
   # agent writes the same file when it starts); a sandbox started while no agent listens runs untraced.
   mkdir -p "$AUDIT_DIR"
-  PYTHONPATH="$repo/src" python3 -c 'import json, sys; from coderun.audit.session import pod_init_config
+  PYTHONPATH="$repo/src" python3 -c 'import json, sys; from coderun.audit.trace_config import pod_init_config
 json.dump(pod_init_config(sys.argv[1] + "/sink.sock"), sys.stdout)' "$AUDIT_DIR" > "$AUDIT_DIR/pod-init.json.tmp"
   mv "$AUDIT_DIR/pod-init.json.tmp" "$AUDIT_DIR/pod-init.json"
   cat > "$CLUSTER_DIR/runsc.toml" <<EOF

@@ -1,4 +1,4 @@
-"""keepState: every run of a session in one interpreter (runner kernel.py, prestarted.serve_runs). Variables
+"""keepState: every run of a session in one interpreter (kept_interpreter.py, prestarted.serve_runs). Variables
 persist; each run's output, error line and exit are its own; what a run leaves running is gone before the next;
 a run that hangs ends at its timeout and the session goes on when the interrupt stops it, and ends with why
 (`interpreterLost`) when it cannot; a run cannot change how the interpreter starts."""

@@ -1,4 +1,4 @@
-"""A session's runs: the stream of input documents one per run (session.py), and keepState's persistent
+"""A session's runs: the stream of input documents one per run (input_stream.py), and keepState's persistent
 interpreter (interpreter.py) against a cold run of the real runner: the same program fails with the same stderr,
 error type, message and line, exit code or signal, whatever ran before it in the session."""
 
@@ -18,7 +18,7 @@ import pytest
 from coderun.sandbox.runner.child import BASE_PATH
 from coderun.sandbox.runner.errors import parse_python_error
 from coderun.sandbox.runner.inputs import InputIncomplete
-from coderun.sandbox.runner.session import MAX_SESSION_DOCUMENT_BYTES, read_session_inputs
+from coderun.sandbox.runner.input_stream import MAX_SESSION_DOCUMENT_BYTES, read_session_inputs
 from runner_harness import (NOBODY, SESSION_KEY, SRC, SYSTEM_PYTHON, run_entries, run_session_runner, runner_in,
                             session_stream, signed_document, warm_document)
 
@@ -206,7 +206,7 @@ def test_atexit_handlers_run_once_at_the_end_of_the_run_that_registered_them(tmp
 
 def test_once_the_session_has_its_key_only_its_documents_are_read_in_their_order():
     from coderun.sandbox.runner.protocol import session_document_mac as mac
-    from coderun.sandbox.runner.session import SessionInputs
+    from coderun.sandbox.runner.input_stream import SessionInputs
     key = b"k" * 32
     first, second, third, fourth = (json.dumps({"nonce": n, "data": {"code": c}}).encode()
                                     for n, c in ((NONCE_A, "a"), (NONCE_B, "b"), ("c" * 32, "c"), ("d" * 32, "d")))

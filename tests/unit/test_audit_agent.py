@@ -17,7 +17,7 @@ import time
 import pytest
 from test_audit_summary import CID, HELPER, NS_INIT, O_CREAT, O_WRONLY, PROGRAM, RUNNER, Sandbox, inet
 
-from coderun.audit import agent, bearer, oom, session, wire
+from coderun.audit import agent, bearer, oom, trace_config, wire
 from coderun.audit.points import common_pb2, sentry_pb2, syscall_pb2
 from coderun.audit.record import Record
 from coderun.audit.store import MiB, Limits, Store
@@ -824,7 +824,7 @@ def test_past_the_connection_cap_the_oldest_closed_goes_and_with_none_closed_a_s
 
 def test_the_pod_init_config_is_written_whole_for_the_socket(tmp_path):
     path = tmp_path / "pod-init.json"
-    agent.write_atomically(str(path), json.dumps(session.pod_init_config(endpoint="/run/x.sock")))
+    agent.write_atomically(str(path), json.dumps(trace_config.pod_init_config(endpoint="/run/x.sock")))
     written = json.loads(path.read_text())
     assert written["trace_session"]["sinks"][0]["config"]["endpoint"] == "/run/x.sock"
     assert [p.name for p in tmp_path.iterdir()] == ["pod-init.json"]

@@ -18,7 +18,7 @@ from .objects import POD_DEADLINE_MARGIN_SECONDS, POOL_INPUT_SIZE, RUNNER, _egre
 
 # The runner reads one document per run on stdin for as long as the session lives (runner main.serve_session).
 SESSION_RUNNER_COMMAND = (*RUNNER, "--session")
-KEEP_STATE_FLAG = "--keep-state"  # the runner holds one interpreter for all the session's runs (runner kernel.py)
+KEEP_STATE_FLAG = "--keep-state"  # one interpreter for all the session's runs (runner kept_interpreter.py)
 
 
 def session_labels(session: Mapping[str, Any]) -> dict[str, str]:
@@ -88,7 +88,7 @@ def build_session_network_policy(session: Mapping[str, Any], egress: Sequence[Eg
 
 def session_document(configmap: Mapping[str, Any], nonce: str, key: bytes, sequence: int,
                      keep_state: bool = False) -> bytes:
-    """One run's document for the session's runner (runner/session.py): the first (`sequence` 0) carries the
+    """One run's document for the session's runner (runner/input_stream.py): the first (`sequence` 0) carries the
     session's key in session.json and no MAC (the runner has no key yet); every later one carries, on its length
     line, its sequence number and the MAC under that key of that number and its body, so no other client of the
     pod's stdin can run, replay or reorder a document (the runner takes only numbers past the last it read)."""

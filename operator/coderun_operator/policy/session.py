@@ -66,7 +66,7 @@ def run_in_session(spec: CodeRunSpec, sandbox: ResourceLimits, policy: Policy) -
 
 
 def keeps_state(runtime) -> bool:
-    """Whether the runner can hold one interpreter for a session of this runtime (runner kernel.py)."""
+    """Whether the runner can hold one interpreter for a session of this runtime (runner kept_interpreter.py)."""
     return can_keep_state({"language": runtime.language, "command": list(runtime.command),
                          "codeFile": runtime.code_file})
 

@@ -112,7 +112,7 @@ class RunnerFrame(_Lenient):
     limit: FrameLimit | None = None
     nonce: str | None = None  # a warm pod's: the nonce the operator sent with the input
     prestarted: bool = False  # the program ran in a process started before its code came (runner prestart.py)
-    # keepState: why the session's interpreter could not go on after this run (runner kernel.py); it ended
+    # keepState: why the session's interpreter could not go on after this run (runner kept_interpreter.py); it ended
     interpreterLost: Annotated[str, _capped(256)] | None = None
 
     @property

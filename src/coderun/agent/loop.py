@@ -51,10 +51,6 @@ class AgentResult:
     execution_seconds: float = 0.0
     plan: str | None = None
 
-    @property
-    def final_result(self) -> RunResult | None:
-        return self.attempts[-1].result if self.attempts else None
-
 
 class _Stop(Exception):
     def __init__(self, status: str, detail: str):

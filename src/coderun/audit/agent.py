@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from . import bearer, oom, session, tenant, wire
+from . import bearer, oom, tenant, trace_config, wire
 from .store import MiB, Limits, Store, memory_limit
 
 log = logging.getLogger("coderun.audit.agent")
@@ -273,7 +273,7 @@ def write_atomically(path: str, text: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     limits = Limits()
     parser = argparse.ArgumentParser(prog="coderun-audit-agent", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--socket", default=session.DEFAULT_ENDPOINT, help="the sink's unix socket")
+    parser.add_argument("--socket", default=trace_config.DEFAULT_ENDPOINT, help="the sink's unix socket")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="the HTTP port")
     parser.add_argument("--key-file", default=DEFAULT_KEY_FILE, help="the bearer's key (a Secret's entry)")
     parser.add_argument("--key-secret", default="", help="that Secret's name (named when the key is missing)")
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.pod_init_config:
         write_atomically(args.pod_init_config,
-                         json.dumps(session.pod_init_config(endpoint=args.socket), indent=2) + "\n")
+                         json.dumps(trace_config.pod_init_config(endpoint=args.socket), indent=2) + "\n")
     store = Store(caps(args), tenant.resolver(args.cgroup_root, args.pods_log_root))
     sink = Sink(store, args.socket, args.peer_uid, args.cgroup_root or None)
     sink.listen()

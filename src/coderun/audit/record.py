@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 
 from coderun.sandbox.runner.seccomp import DENIED_SYSCALLS
 from .points import container_pb2, sentry_pb2, syscall_pb2
-from .session import RAW_EXITS
+from .trace_config import RAW_EXITS
 
 # The record goes into a ConfigMap beside the run (1 MiB in all): room is left for the rest of it.
 MAX_RECORD_BYTES = 768 * 1024

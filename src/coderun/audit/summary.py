@@ -465,7 +465,7 @@ class RunAudit:
         segment.examples[path] = priority
 
     def _write(self, message: syscall_pb2.Write, context) -> None:
-        """Bytes written, when the session traces writes (session.py `write_bytes`)."""
+        """Bytes written, when the session traces writes (trace_config.py `write_bytes`)."""
         number = _errno(message)
         if number or not self._in_run(context) or self._side(context) == RUNNER:
             return

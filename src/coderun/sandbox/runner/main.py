@@ -22,12 +22,12 @@ from .frame import encode_frame, failure_frame, result_frame, termination_summar
 from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
                      read_stdin_document)
 from .limits import Guards
-from .kernel import Kernel
+from .kept_interpreter import KeptInterpreter
 from .prestart import ForkServer, Prestarted, PrestartSettingsError, fits, parse_settings, start_program
 from .processes import kill_all_other_processes
 from .protocol import (FRAME_PREFIX, INPUT_INCOMPLETE, INVALID_INPUT, RUNNER_ERROR, SIGNALED,
                        SESSION_SETTINGS_KEY, accepted_line)
-from .session import SessionInput, SessionInputs
+from .input_stream import SessionInput, SessionInputs
 
 # Signals a program may send to PID 1: a no-op handler (reset to the default at exec, unlike SIG_IGN, which
 # the program would inherit) keeps the runner alive to report.
@@ -71,7 +71,7 @@ class Sandbox:
         self.keep_state = args.keep_state
         self.scratch = ScratchMount()
         self.prestarted: Prestarted | None = None
-        self.kernel: Kernel | None = None
+        self.kept: KeptInterpreter | None = None
         self.in_session = False
         self.fork_server: ForkServer | None = None
         self.fork_server_tried = False  # one start a sandbox: a server that fails leaves the runs to exec
@@ -83,7 +83,7 @@ class Sandbox:
         and each is refused (session_run says so)."""
         if self.prestarted is not None:
             self.take_prestarted().discard()
-        if self.settings is None or (self.keep_state and self.kernel is not None):
+        if self.settings is None or (self.keep_state and self.kept is not None):
             return
         try:
             paths = ProgramPaths(self.args)
@@ -96,7 +96,7 @@ class Sandbox:
             base_env = paths.environment({}, self.settings["language"], self.settings["memoryBytes"])
             if self.keep_state:
                 started = start_program(self.settings, paths.work, base_env, guards, keep=True)
-                self.kernel = Kernel.adopt(self.settings, *started) if started is not None else None
+                self.kept = KeptInterpreter.adopt(self.settings, *started) if started is not None else None
             else:
                 server = self.serving_fork_server(paths, base_env)
                 self.prestarted = ((server and Prestarted.fork(server, self.settings, paths.home))
@@ -120,7 +120,7 @@ class Sandbox:
 
     def spared(self) -> frozenset[int]:
         """What must outlive a run's frame: the keepState interpreter's chain, or the fork server."""
-        return self.kernel.chain if self.kernel is not None else self.fork_server_pids()
+        return self.kept.chain if self.kept is not None else self.fork_server_pids()
 
     def take_prestarted(self) -> Prestarted | None:
         prestarted, self.prestarted = self.prestarted, None
@@ -148,21 +148,21 @@ class ProgramPaths:
 
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
             own_namespaces: bool = False, scratch: ScratchMount | None = None,
-            prestarted: Prestarted | None = None, kernel: Kernel | None = None,
+            prestarted: Prestarted | None = None, kept: KeptInterpreter | None = None,
             spared: frozenset[int] = frozenset()) -> dict:
-    """Run the program of the input at args.input: in `kernel` (a keepState session's interpreter), in
+    """Run the program of the input at args.input: in `kept` (a keepState session's interpreter), in
     `prestarted` (a process started for it before it came) when the run starts exactly as that process did, else
     in a process started now (a cold start). A prestarted process the run did not take is ended, whatever
     happened. `spared`: the session's fork server, which outlives the run (and is not counted as its)."""
     try:
-        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kernel, spared)
+        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kept, spared)
     finally:
         if prestarted is not None:
             prestarted.discard()  # a no-op once taken: its run reaped it
 
 
 def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
-             scratch: ScratchMount | None, prestarted: Prestarted | None, kernel: Kernel | None,
+             scratch: ScratchMount | None, prestarted: Prestarted | None, kept: KeptInterpreter | None,
              spared: frozenset[int]) -> dict:
     paths = ProgramPaths(args)
     scratch = scratch or ScratchMount()
@@ -183,8 +183,8 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     guards = Guards(paths.scratch, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
                     is_pid1, paths.input, scratch_capped)
     guards.uncounted = spared
-    if kernel is not None:
-        return run_in_kernel(kernel, spec, env, stdin_path, guards, paths)
+    if kept is not None:
+        return run_in_kept(kept, spec, env, stdin_path, guards, paths)
     prestart_cpu = None
     if prestarted is not None:
         # A process given up is reaped here, before the usage below: its start is not the run's either.
@@ -215,15 +215,15 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     return frame
 
 
-def run_in_kernel(kernel: Kernel, spec: dict, env: dict, stdin_path: str | None, guards: Guards,
+def run_in_kept(kept: KeptInterpreter, spec: dict, env: dict, stdin_path: str | None, guards: Guards,
                   paths: ProgramPaths) -> dict:
     """A keepState run: in the session's interpreter, which must be able to stand in for the run's start."""
-    if not fits(kernel.settings, spec):
+    if not fits(kept.settings, spec):
         return failure_frame(INVALID_INPUT, "a keepState session runs every run in the one interpreter it started "
                                             "with the session: a run cannot change how it starts (its command, or "
                                             "a variable such as PYTHONPATH read at start); run it in a session "
                                             "with keepState false")
-    outcome, lost, metrics = kernel.run(env, stdin_path, spec["codeFile"], spec["timeoutSeconds"],
+    outcome, lost, metrics = kept.run(env, stdin_path, spec["codeFile"], spec["timeoutSeconds"],
                                         spec["outputBytes"], spec["floodBytes"], guards)
     if outcome is None:  # the run never reached the interpreter: nothing of it ran
         frame = failure_frame(RUNNER_ERROR, f"the session's interpreter could not take the run ({lost})")
@@ -427,11 +427,11 @@ def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) ->
     if termination_fd is not None:
         os.ftruncate(termination_fd, 0)  # what an earlier run wrote there was that run's violation, not this one's
     announce_accepted(document.nonce)
-    if sandbox.keep_state and sandbox.kernel is None:
+    if sandbox.keep_state and sandbox.kept is None:
         return failure_frame(RUNNER_ERROR, "the keepState session's interpreter could not be started")
     # (The keepState interpreter's chain is counted as the run's, as a cold program's own chain would be.)
     return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
-                   sandbox.take_prestarted(), sandbox.kernel, sandbox.fork_server_pids())
+                   sandbox.take_prestarted(), sandbox.kept, sandbox.fork_server_pids())
 
 
 def killed_unasked(frame: dict) -> bool:

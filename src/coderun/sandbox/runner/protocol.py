@@ -55,14 +55,14 @@ SESSION_SETTINGS_KEY = "session.json"
 
 
 def session_document_mac(key: bytes, sequence: int, body: bytes) -> str:
-    """The MAC of a session's sequence-th authenticated input document (runner/session.py checks it; the operator
-    writes it on the document's length line)."""
+    """The MAC of a session's sequence-th authenticated input document (runner/input_stream.py checks it; the
+    operator writes it on the document's length line)."""
     return hmac.new(key, b"%d\n" % sequence + body, hashlib.sha256).hexdigest()
 
 
 def can_keep_state(settings: dict) -> bool:
-    """Python run as `python3 -u FILE.py`, the one runtime whose sessions can keep state (runner kernel.py: one
-    interpreter serves every run; the operator refuses keepState for the others)."""
+    """Python run as `python3 -u FILE.py`, the one runtime whose sessions can keep state (runner
+    kept_interpreter.py: one interpreter serves every run; the operator refuses keepState for the others)."""
     command = settings.get("command")
     return (settings.get("language") == "python" and isinstance(command, list) and len(command) == 3
             and command[0] in ("python3", "python") and command[1] == "-u" and command[2] == settings["codeFile"]

@@ -3,7 +3,7 @@ summary reads. (Its names and fields were checked against gVisor's own registry,
 pinned commit: docs/audit.md.)"""
 import json
 
-from coderun.audit import session
+from coderun.audit import trace_config
 from coderun.audit.points import container_pb2, sentry_pb2, syscall_pb2
 from coderun.audit.summary import _HANDLERS
 
@@ -13,7 +13,7 @@ CLASS_OF = {"container/start": container_pb2.Start, "sentry/clone": sentry_pb2.C
             "sentry/task_exit": sentry_pb2.TaskExit, "open": syscall_pb2.Open, "openat": syscall_pb2.Open,
             "creat": syscall_pb2.Open, "execve": syscall_pb2.Execve, "execveat": syscall_pb2.Execve,
             "socket": syscall_pb2.Socket, "connect": syscall_pb2.Connect, "sysno": syscall_pb2.Syscall,
-            **{name: syscall_pb2.Write for name in session.WRITE_SYSCALLS}}
+            **{name: syscall_pb2.Write for name in trace_config.WRITE_SYSCALLS}}
 
 
 def message_class(point_name: str):
@@ -22,7 +22,7 @@ def message_class(point_name: str):
 
 
 def test_the_pod_init_config_is_one_default_session_with_the_remote_sink():
-    config = json.loads(json.dumps(session.pod_init_config(endpoint="/run/x.sock")))
+    config = json.loads(json.dumps(trace_config.pod_init_config(endpoint="/run/x.sock")))
     assert set(config) == {"trace_session"}
     trace = config["trace_session"]
     assert trace["name"] == "Default"
@@ -33,7 +33,7 @@ def test_the_pod_init_config_is_one_default_session_with_the_remote_sink():
 
 def test_every_point_is_read_by_the_summary_and_names_its_container_and_process():
     for write_bytes in (False, True):
-        points = session.trace_points(write_bytes)
+        points = trace_config.trace_points(write_bytes)
         names = [p["name"] for p in points]
         assert len(names) == len(set(names))
         for point in points:
@@ -44,6 +44,6 @@ def test_every_point_is_read_by_the_summary_and_names_its_container_and_process(
 
 
 def test_cwd_is_asked_only_where_gvisor_offers_it_and_the_opens_need_it():
-    with_cwd = {p["name"] for p in session.trace_points(True) if "cwd" in p["context_fields"]}
+    with_cwd = {p["name"] for p in trace_config.trace_points(True) if "cwd" in p["context_fields"]}
     assert with_cwd == {"syscall/open/exit", "syscall/openat/exit", "syscall/creat/exit"}
     assert "sentry/exit_notify_parent" not in with_cwd

@@ -38,7 +38,7 @@ def child_of(parent: int) -> int | None:
     return children[0] if len(children) == 1 else None
 
 
-class Kernel:
+class KeptInterpreter:
     """The session's interpreter: `proc` (the Popen: the mirror of the program's exit, as for any program), the
     channel, and the chain of processes that must outlive each run (mirror, namespace init, the interpreter)."""
 
@@ -50,7 +50,7 @@ class Kernel:
             os.set_blocking(stream.fileno(), False)
 
     @classmethod
-    def adopt(cls, settings: dict, proc: subprocess.Popen, channel: socket.socket) -> "Kernel":
+    def adopt(cls, settings: dict, proc: subprocess.Popen, channel: socket.socket) -> "KeptInterpreter":
         """Record the chain now, before any program code ran: as PID 1 the interpreter is the init's child, the
         init the mirror's; without namespaces (the runner's tests) the mirror is the interpreter."""
         init = child_of(proc.pid)
