@@ -15,6 +15,8 @@
 # ${CODERUN_CACHE:-$HOME/.cache/coderun}/images) as NAME-<key>.tar; its path is
 # the last line on stdout (build logs go to stderr). Import it with
 #   ctr -n k8s.io images import "$(e2e/images/build.sh NAME | tail -n 1)"
+# An image whose root filesystem records its packages (PACKAGES_RECORD, debian.sh) has that record beside the
+# archive too, as NAME-<key>.packages.txt. A build writes only under OUTDIR, never into the checkout.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -71,6 +73,7 @@ base_rootfs() {
 mkdir -p "$OUTDIR"
 KEY=$(recipe_key)
 ARCHIVE=$OUTDIR/$NAME-$KEY.tar
+RECORD=$OUTDIR/$NAME-$KEY.packages.txt
 exec 9>"$OUTDIR/.$NAME.lock"
 flock 9  # one build per recipe at a time; the loser finds the winner's archive
 if [ ! -s "$ARCHIVE" ]; then
@@ -88,8 +91,12 @@ if [ ! -s "$ARCHIVE" ]; then
         echo "build.sh: recipe inputs changed during the build; not caching it, run again" >&2
         exit 1
     fi
+    if [ -f "$WORK/rootfs/$PACKAGES_RECORD" ]; then
+        cp "$WORK/rootfs/$PACKAGES_RECORD" "$RECORD"
+    fi
     mv "$WORK/image.tar" "$ARCHIVE"
-    find "$OUTDIR" -maxdepth 1 -name "$NAME-*.tar" ! -path "$ARCHIVE" -delete  # stale keys
+    find "$OUTDIR" -maxdepth 1 \( -name "$NAME-*.tar" -o -name "$NAME-*.packages.txt" \) \
+        ! -path "$ARCHIVE" ! -path "$RECORD" -delete  # stale keys
     echo "build.sh: $IMAGE_REF $digest ($(du -h "$ARCHIVE" | cut -f1), $((SECONDS - started)) s)" >&2
 fi
 echo "$ARCHIVE"

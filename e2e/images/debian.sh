@@ -38,13 +38,18 @@ slim_rootfs() {
     find "$rootfs/usr/share/doc" -mindepth 1 -type d -empty -delete
 }
 
-# debian_finish ROOTFS [LOCK]: write the package versions Debian gave to LOCK (a path in the repository),
-# and drop the files the container runtime provides.
+# Where an image records the package versions Debian gave its build, inside its root filesystem; build.sh copies
+# it beside the image's archive in the cache. A record, not a pin: the images take Debian's current packages (its
+# security updates matter more here than a byte-identical rebuild), so each build may differ, and no build writes
+# into the checkout. A run's status names the image digest it ran.
+PACKAGES_RECORD=usr/share/coderun/packages.txt
+
+# debian_finish ROOTFS: record the package versions (PACKAGES_RECORD) and drop the files the container runtime
+# provides.
 debian_finish() {
-    local rootfs=$1 lock=${2:-}
-    if [ -n "$lock" ]; then
-        chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort >"$REPO/$lock"
-    fi
+    local rootfs=$1
+    mkdir -p "$rootfs/$(dirname "$PACKAGES_RECORD")"
+    chroot "$rootfs" dpkg-query -W -f '${Package}=${Version}\n' | LC_ALL=C sort >"$rootfs/$PACKAGES_RECORD"
     rm -rf "$rootfs"/etc/resolv.conf "$rootfs"/etc/hostname
 }
 

@@ -7,6 +7,7 @@ No cluster needed: `python3 -m pytest e2e/images -q`.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -84,3 +85,71 @@ def test_a_change_to_the_recipe_rebuilds_the_base(repo, tmp_path):
     assert layer_files(archive)["etc/base"] == b"base2\n"
     assert base_builds.read_text() == "built\nbuilt\n"
     assert len(list((out / "base").glob("layered-*.tar"))) == 1  # the stale base is gone
+
+
+RECORDING_RECIPE = """
+IMAGE_REF=coderun.local/recorded:v1
+RECIPE_INPUTS=(top.txt)
+MKIMAGE_ARGS=(--cmd '["sh"]')
+
+make_base_rootfs() {  # as debian_finish records what dpkg installed
+    mkdir -p "$1/$(dirname "$PACKAGES_RECORD")"
+    cat "$REPO/installed.txt" >"$1/$PACKAGES_RECORD"
+}
+
+make_rootfs() {
+    cp "$REPO/top.txt" "$1/top"
+}
+"""
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_package_record_goes_into_the_image_and_the_cache_and_the_checkout_is_left_as_it_was(repo, tmp_path):
+    """Debian's versions are a record of what a build got, not a pin: the image carries it and the cache keeps it
+    beside the archive; the checkout (every file of it) is unchanged by the build."""
+    (repo / "e2e/images/recipes/recorded.sh").write_text(RECORDING_RECIPE)
+    (repo / "installed.txt").write_text("squid=5.7-2+deb12u2\n")
+    before, out = tree(repo), tmp_path / "out"
+    proc = subprocess.run(["bash", str(repo / "e2e/images/build.sh"), "recorded", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    archive = Path(proc.stdout.strip().splitlines()[-1])
+    assert tree(repo) == before
+    record = archive.with_name(archive.name.removesuffix(".tar") + ".packages.txt")
+    assert record.read_text() == "squid=5.7-2+deb12u2\n"
+    assert layer_files(archive)["usr/share/coderun/packages.txt"] == b"squid=5.7-2+deb12u2\n"
+
+    (repo / "top.txt").write_text("two\n")  # a new key: the stale archive and its record both go
+    proc = subprocess.run(["bash", str(repo / "e2e/images/build.sh"), "recorded", str(out)], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not record.exists() and not archive.exists()
+    assert len(list(out.glob("recorded-*.packages.txt"))) == 1
+
+
+# A shell write whose target is under the checkout: a redirect into "$REPO/...", or cp/mv/install/tee whose
+# last argument (the target) is there.
+REDIRECT_INTO_CHECKOUT = re.compile(r'>>?\s*"?\$\{?REPO\b')
+COPY_COMMAND = re.compile(r'\b(?:cp|mv|install|tee)\s([^;|&]*)')
+
+
+def writes_into_checkout(line: str) -> bool:
+    copies = (command.split()[-1] for command in COPY_COMMAND.findall(line.split("#")[0]) if command.split())
+    return bool(REDIRECT_INTO_CHECKOUT.search(line)) or any(target.lstrip('"').startswith(("$REPO", "${REPO"))
+                                                            for target in copies)
+
+
+def test_no_build_script_writes_into_the_checkout():
+    """The image scripts read the checkout and write only under the cache: a write into "$REPO/..." (as the old
+    `dpkg-query ... >"$REPO/$lock"` did, the positive control) would change a tracked file on a new machine."""
+    assert writes_into_checkout("""chroot "$rootfs" dpkg-query -W | LC_ALL=C sort >"$REPO/$lock\"""")
+    assert writes_into_checkout('cp -u "$rootfs"/x "$REPO/sandbox-images/x"')
+    assert not writes_into_checkout('cp "$REPO/top.txt" "$1/top"')  # reading from it is fine
+    scripts = [HERE / "build.sh", HERE / "debian.sh", *sorted((HERE / "recipes").glob("*.sh"))]
+    assert len(scripts) >= 8
+    writes = [f"{script.name}: {line.strip()}" for script in scripts for line in script.read_text().splitlines()
+              if writes_into_checkout(line)]
+    assert writes == []

@@ -5,8 +5,8 @@
 # It runs as uid 65532 with a read-only root: squid's runtime files (squid.conf, its pid, the TLS pair, the access
 # log, each run's log, the revocation list the admin container writes) go to /run/coderun-egress, an emptyDir; the
 # keys (a Secret) are mounted read-only (proxy.py's DEFAULTS name the paths). The same image runs the pod's second
-# container, the operator's admin endpoint (coderun-egress-proxy admin). The versions Debian gave are written to
-# e2e/images/egress-proxy.packages.lock.
+# container, the operator's admin endpoint (coderun-egress-proxy admin). The versions Debian gave are recorded in
+# the image and beside it in the cache (PACKAGES_RECORD, ../debian.sh).
 IMAGE_REF=coderun.local/egress-proxy:v1
 EGRESS_ROOT=/opt/coderun-egress
 EGRESS_LIB=/usr/local/lib/coderun-egress
@@ -36,7 +36,7 @@ make_base_rootfs() {
     rm -rf "$rootfs"/etc/squid/* "$rootfs"/etc/init.d/squid "$rootfs"/etc/logrotate.d/squid
     slim_rootfs "$rootfs"
     precompile_python "$rootfs" /usr/lib/python3.11
-    debian_finish "$rootfs" e2e/images/egress-proxy.packages.lock
+    debian_finish "$rootfs"
 }
 
 # The helpers on top of the cached packages (their files are the RECIPE_INPUTS), then squid parses the config

@@ -1,6 +1,6 @@
 # coderun.local/sandbox-node:v2 — Debian bookworm minbase with Debian's Node.js, Python 3.11 for the coderun
 # runner (the entrypoint, the same contract as the python image), and nothing else.
-# The versions Debian gave are written to sandbox-images/node/packages.lock.
+# The versions Debian gave are recorded in the image and beside it in the cache (PACKAGES_RECORD, ../debian.sh).
 IMAGE_REF=coderun.local/sandbox-node:v2
 mapfile -t RECIPE_INPUTS < <(runner_files)
 MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tmp
@@ -13,7 +13,7 @@ make_base_rootfs() {
     debian_rootfs "$rootfs" sandbox /tmp/home "${NODE_PACKAGES[*]}"
     slim_rootfs "$rootfs"
     precompile_python "$rootfs" /usr/lib/python3.11  # the runner's imports
-    debian_finish "$rootfs" sandbox-images/node/packages.lock
+    debian_finish "$rootfs"
 }
 
 # The runner on top of the cached packages (its files are the RECIPE_INPUTS), checked by a real run.

@@ -1,6 +1,6 @@
 # coderun.local/sandbox-python:v2 — Debian bookworm minbase with Python 3.11,
 # numpy, pandas, matplotlib and pip from Debian, and the coderun runner as entrypoint.
-# The versions Debian gave are written to sandbox-images/python/packages.lock.
+# The versions Debian gave are recorded in the image and beside it in the cache (PACKAGES_RECORD, ../debian.sh).
 IMAGE_REF=coderun.local/sandbox-python:v2
 mapfile -t RECIPE_INPUTS < <(runner_files)
 MKIMAGE_ARGS=(--entrypoint "$RUNNER_ENTRYPOINT" --user 65532:65532 --workdir /tmp
@@ -18,7 +18,7 @@ make_base_rootfs() {
     debian_rootfs "$rootfs" sandbox /tmp/home "${PYTHON_PACKAGES_FIRST[*]}" "${PYTHON_PACKAGES[*]}"
     slim_rootfs "$rootfs"
     precompile_python "$rootfs" /usr/lib/python3.11 /usr/lib/python3/dist-packages
-    debian_finish "$rootfs" sandbox-images/python/packages.lock
+    debian_finish "$rootfs"
 }
 
 # The runner on top of the cached packages (its files are the RECIPE_INPUTS), checked by a real run.
