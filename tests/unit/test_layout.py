@@ -1,4 +1,5 @@
 """The layout the design card names, and the import contracts in .importlinter (run by import-linter)."""
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -6,16 +7,34 @@ from pathlib import Path
 REPO = Path(__file__).parents[2]
 
 
-def test_the_import_contracts_hold():
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
     # A subprocess, so the graph is of the source tree as a fresh interpreter imports it.
-    linted = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
-                             "lint_imports_command()", "--no-cache"],
-                            cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={"PYTHONPATH": f"{REPO / 'src'}:{REPO / 'operator'}", "PATH": "/usr/bin:/bin"})
+    return subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                           "lint_imports_command()", "--no-cache"],
+                          cwd=root, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": f"{root / 'src'}:{root / 'operator'}", "PATH": "/usr/bin:/bin"})
+
+
+def test_the_import_contracts_hold():
+    linted = lint_imports(REPO)
     assert linted.returncode == 0, linted.stdout[-4000:] + linted.stderr[-2000:]
     assert "broken" in linted.stdout and " 0 broken" in linted.stdout
     # The controller's old circle (stages importing each other through function-level imports) stays out.
     assert "No import cycle between the siblings of any package" in linted.stdout
+    # The operator's layers (kopf keeps its own so): the pure core below the API seam, the controller above both.
+    assert "The operator's layers:" in linted.stdout
+
+
+def test_a_pure_core_module_that_imports_the_api_breaks_the_layers(tmp_path):
+    # The positive control of the layers above: the same tree with results/ importing k8s is refused.
+    for part in ("src", "operator"):
+        shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / ".importlinter", tmp_path)
+    with open(tmp_path / "operator/coderun_operator/results/frame.py", "a") as frame:
+        frame.write("\nfrom .. import k8s  # noqa\n")
+    linted = lint_imports(tmp_path)
+    assert linted.returncode != 0 and " 1 broken" in linted.stdout, linted.stdout[-4000:]
+    assert "coderun_operator.results.frame -> coderun_operator.k8s" in linted.stdout, linted.stdout[-4000:]
 
 
 def test_operator_holds_the_operator_and_does_not_shadow_the_standard_library():
