@@ -17,8 +17,9 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 from kubernetes.stream import stream
+from kubernetes.stream.ws_client import WSClient
 
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.coderunsession import SESSION_PLURAL
@@ -79,13 +80,14 @@ def _authorization() -> client.AuthorizationV1Api:
 
 
 def _plain(obj: Any) -> dict[str, Any]:
-    return _api().sanitize_for_serialization(obj)
+    plain: dict[str, Any] = _api().sanitize_for_serialization(obj)
+    return plain
 
 
 def api_message(e: ApiException) -> str:
     """The API server's own sentence for a failure (it names the field or the quota)."""
     try:
-        return str(json.loads(e.body)["message"])[:1024]
+        return str(json.loads(e.body or "")["message"])[:1024]
     except (ValueError, KeyError, TypeError):
         return f"{e.status} {e.reason}"
 
@@ -96,8 +98,8 @@ def _failure(what: str, e: ApiException) -> Exception:
     return Transient(f"{what}: API server answered {e.status} {e.reason}")
 
 
-def _call(what: str, call: Callable, *args, missing_ok: bool = False, timeout: float = REQUEST_TIMEOUT_SECONDS,
-          **kwargs):
+def _call(what: str, call: Callable[..., Any], *args: Any, missing_ok: bool = False,
+          timeout: float = REQUEST_TIMEOUT_SECONDS, **kwargs: Any) -> Any:
     """One API call with the failure kinds above; `missing_ok` turns 404 into None."""
     API_REQUESTS.labels(call.__name__).inc()
     try:
@@ -110,11 +112,20 @@ def _call(what: str, call: Callable, *args, missing_ok: bool = False, timeout: f
         raise Transient(f"{what}: {type(e).__name__}: {str(e)[:200]}") from e
 
 
+def _custom_object(what: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+    """A call about one custom object (the client answers with it as a dict); None when it is gone."""
+    found: dict[str, Any] | None = _call(what, call, *args, missing_ok=True, **kwargs)
+    return found
+
+
 # ------------------------------------------------------------------------------------------ children
-_READ = {"Pod": lambda: _core().read_namespaced_pod, "ConfigMap": lambda: _core().read_namespaced_config_map,
-         "NetworkPolicy": lambda: _networking().read_namespaced_network_policy}
-_CREATE = {"Pod": lambda: _core().create_namespaced_pod, "ConfigMap": lambda: _core().create_namespaced_config_map,
-           "NetworkPolicy": lambda: _networking().create_namespaced_network_policy}
+# kind -> the client's call (looked up per call: each builds an API object on the shared client)
+_READ: dict[str, Callable[[], Callable[..., Any]]] = {
+    "Pod": lambda: _core().read_namespaced_pod, "ConfigMap": lambda: _core().read_namespaced_config_map,
+    "NetworkPolicy": lambda: _networking().read_namespaced_network_policy}
+_CREATE: dict[str, Callable[[], Callable[..., Any]]] = {
+    "Pod": lambda: _core().create_namespaced_pod, "ConfigMap": lambda: _core().create_namespaced_config_map,
+    "NetworkPolicy": lambda: _networking().create_namespaced_network_policy}
 
 
 def create_or_get(obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -187,7 +198,7 @@ def resize_pod_cpu(namespace: str, name: str, container: str, cpu: str) -> None:
 class Attached:
     """A container's stdin and stdout through the API server (pods/attach over a WebSocket)."""
 
-    def __init__(self, socket):
+    def __init__(self, socket: WSClient):
         self._socket = socket
 
     def send(self, data: bytes) -> None:
@@ -263,8 +274,8 @@ def read_configmap(namespace: str, name: str) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------------------------------ runs
 def get_run(namespace: str, name: str) -> dict[str, Any] | None:
-    return _call(f"CodeRun {name}", _custom().get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                 name, missing_ok=True)
+    return _custom_object(f"CodeRun {name}", _custom().get_namespaced_custom_object, GROUP, VERSION, namespace,
+                          PLURAL, name)
 
 
 def list_runs(namespace: str) -> list[dict[str, Any]]:
@@ -276,13 +287,13 @@ def list_runs(namespace: str) -> list[dict[str, Any]]:
 
 def patch_run_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
     """One merge patch of /status (null removes a field); the run as it is now, None if it is gone."""
-    return _call(f"the status of CodeRun {name}", _custom().patch_namespaced_custom_object_status, GROUP, VERSION,
-                 namespace, PLURAL, name, {"status": status}, missing_ok=True)
+    return _custom_object(f"the status of CodeRun {name}", _custom().patch_namespaced_custom_object_status, GROUP,
+                          VERSION, namespace, PLURAL, name, {"status": status})
 
 
 def label_run(namespace: str, name: str, labels: dict[str, str]) -> dict[str, Any] | None:
-    return _call(f"CodeRun {name}", _custom().patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
-                 name, {"metadata": {"labels": labels}}, missing_ok=True)
+    return _custom_object(f"CodeRun {name}", _custom().patch_namespaced_custom_object, GROUP, VERSION, namespace,
+                          PLURAL, name, {"metadata": {"labels": labels}})
 
 
 def delete_run(namespace: str, name: str, uid: str) -> None:
@@ -300,8 +311,8 @@ def list_policies() -> list[dict[str, Any]]:
 
 def patch_policy_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
     """One merge patch of a CodeRunPolicy's /status; None if it is gone."""
-    return _call(f"the status of CodeRunPolicy {name}", _custom().patch_namespaced_custom_object_status, GROUP,
-                 VERSION, namespace, POLICY_PLURAL, name, {"status": status}, missing_ok=True)
+    return _custom_object(f"the status of CodeRunPolicy {name}", _custom().patch_namespaced_custom_object_status,
+                          GROUP, VERSION, namespace, POLICY_PLURAL, name, {"status": status})
 
 
 # ------------------------------------------------------------------------------------------ identity
@@ -348,7 +359,7 @@ def write_lease(namespace: str, name: str, spec: dict[str, Any], resource_versio
                        timeout=LEASE_REQUEST_TIMEOUT_SECONDS)
 
 
-def _create_or_replace(what: str, create: Callable, replace: Callable, namespace: str, name: str,
+def _create_or_replace(what: str, create: Callable[..., Any], replace: Callable[..., Any], namespace: str, name: str,
                        body: dict[str, Any], resource_version: str | None,
                        timeout: float = REQUEST_TIMEOUT_SECONDS) -> None:
     """Create (no resourceVersion) or replace what was read at `resource_version`; Conflict when another writer
@@ -369,14 +380,14 @@ def _create_or_replace(what: str, create: Callable, replace: Callable, namespace
 # ------------------------------------------------------------------------------------------ sessions
 def get_session(namespace: str, name: str) -> dict[str, Any] | None:
     """A CodeRunSession as the API server holds it; None when there is none (a run naming it is refused)."""
-    return _call(f"CodeRunSession {name}", _custom().get_namespaced_custom_object, GROUP,
-                 VERSION, namespace, SESSION_PLURAL, name, missing_ok=True)
+    return _custom_object(f"CodeRunSession {name}", _custom().get_namespaced_custom_object, GROUP,
+                          VERSION, namespace, SESSION_PLURAL, name)
 
 
 def patch_session_status(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
     """One merge patch of a CodeRunSession's /status (null removes a field); None if it is gone."""
-    return _call(f"the status of CodeRunSession {name}", _custom().patch_namespaced_custom_object_status, GROUP,
-                 VERSION, namespace, SESSION_PLURAL, name, {"status": status}, missing_ok=True)
+    return _custom_object(f"the status of CodeRunSession {name}", _custom().patch_namespaced_custom_object_status,
+                          GROUP, VERSION, namespace, SESSION_PLURAL, name, {"status": status})
 
 
 def delete_session(namespace: str, name: str, uid: str) -> None:

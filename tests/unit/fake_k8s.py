@@ -41,7 +41,8 @@ class FakeK8s:
         self.attach_answers: dict[str, AttachAnswer] = {}
         self.sent: dict[str, bytes] = {}
         # cluster-scoped admission objects by (kind, name): the chart's, installed unless a test removes them
-        self.admission: dict[tuple[str, str], Obj] = {(o["kind"], o["metadata"]["name"]): o for o in copy.deepcopy(admission_policies())}
+        self.admission: dict[tuple[str, str], Obj] = {
+            (o["kind"], o["metadata"]["name"]): o for o in copy.deepcopy(admission_policies())}
         self.policies: list[dict[str, Any]] = []  # what list_policies answers
         # (user or group, verb, resource, namespace, name) the authorizer allows
         self.grants: set[tuple[str, str, str, str, str]] = set()
