@@ -10,7 +10,7 @@ HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$
 .PHONY: help venv crds audit-protos helm operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
 	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval \
-	dist dist-python dist-chart dist-image manifest chart-readme
+	dist dist-python dist-chart dist-image manifest chart-readme values-schema
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
@@ -37,6 +37,11 @@ crds: venv
 # The values table of charts/coderun/README.md, from the comments of values.yaml (a unit test fails when stale).
 chart-readme: venv
 	$(PY) charts/readme.py
+
+# charts/coderun/values.schema.json, from values.yaml: types from the defaults, descriptions from the comments,
+# constraints from their `@schema` lines (charts/values_schema.py; a unit test fails when stale).
+values-schema: venv
+	$(PY) charts/values_schema.py
 
 # Pins the operator image's dependencies (operator/requirements.txt) to what PyPI resolves today for
 # pyproject.toml's [operator] requirements, in a throwaway venv. Review the diff, then commit it.
@@ -115,7 +120,7 @@ demo: up
 	@bash examples/demo.sh "$(KUBECTL)"
 
 # Every pytest pass prints where its time went, so the next change knows.
-PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=25 --durations-min=2
 
 # A worker per core, a module per worker (its fixtures set up once): 68 s on this 2-core machine against 127 s in
 # one process.
@@ -137,7 +142,7 @@ $(FRAMEWORKS_VENV)/.installed:
 	touch $@
 
 test-frameworks: $(FRAMEWORKS_VENV)/.installed
-	$(FRAMEWORKS_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 --durations-min=2 tests/frameworks
+	$(FRAMEWORKS_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=25 --durations-min=2 tests/frameworks
 
 # The egress proxy as a component: Debian's squid on loopback with coderun's squid.conf and helpers, in front of
 # the test's own servers; no cluster. As root it installs squid-openssl first (tests/egress/install-squid.sh).

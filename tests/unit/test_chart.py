@@ -709,3 +709,37 @@ def test_chart_yaml_tells_artifact_hub_the_crds_and_examples_that_validate():
     CodeRunSessionSpec.model_validate(examples["CodeRunSession"]["spec"])
     assert policy_from_object({**examples["CodeRunPolicy"], "metadata": {"name": "default", "namespace": "a"}})
     assert all(link["url"].startswith("https://") for link in yaml.safe_load(annotations["artifacthub.io/links"]))
+
+
+@pytest.fixture
+def values_schema(monkeypatch):
+    """charts/values_schema.py, the generator (it imports readme.py beside it, as `make values-schema` runs it)."""
+    import importlib
+    monkeypatch.syspath_prepend(str(REPO / "charts"))
+    return importlib.import_module("values_schema")
+
+
+def test_the_values_schema_is_generated_from_the_annotated_values_file(values_schema):
+    values = (CHART / "values.yaml").read_text()
+    committed = (CHART / "values.schema.json").read_text()
+    assert committed == values_schema.render(values), "run `make values-schema` and commit values.schema.json"
+    schema = json.loads(committed)["properties"]
+    # types from the defaults, descriptions from the comments, constraints from the `@schema` lines
+    assert schema["replicaCount"]["type"] == "integer" and schema["replicaCount"]["minimum"] == 1
+    assert schema["operator"]["properties"]["logFormat"]["description"].startswith("How the operator logs:")
+    assert "@schema" not in committed
+    assert schema["resources"] == {"description": schema["resources"]["description"],
+                                   "$ref": "#/definitions/resources"}
+    assert schema["defaultPolicy"]["properties"]["spec"]["type"] == "object"  # uncommented keys: one value
+    assert "properties" not in schema["defaultPolicy"]["properties"]["spec"]
+
+
+def test_the_schema_follows_a_new_value_and_refuses_a_bad_annotation(values_schema):
+    """A stale schema fails the test above: a value added to values.yaml changes what is generated."""
+    values = (CHART / "values.yaml").read_text()
+    added = values + "\n# A new knob.\n# @schema {minimum: 2}\nnewKnob: 3\n"
+    knob = values_schema.values_schema(added)["properties"]["newKnob"]
+    assert knob == {"type": "integer", "description": "A new knob.", "minimum": 2}
+    assert values_schema.render(added) != values_schema.render(values)
+    with pytest.raises(ValueError, match="newKnob"):
+        values_schema.values_schema(values + "\n# A new knob.\n# @schema minimum 2\nnewKnob: 3\n")
