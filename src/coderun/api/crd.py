@@ -19,7 +19,7 @@ CATEGORY = "coderun-all"
 
 _DROPPED_KEYS = {"title", "default", "additionalProperties", "$defs"}
 
-PRINTER_COLUMNS = [
+PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
     {"name": "Exit", "type": "integer", "jsonPath": ".status.exitCode"},
@@ -61,7 +61,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-POLICY_PRINTER_COLUMNS = [
+POLICY_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Accepted", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Accepted\")].status",
      "description": "True when the operator applies the policy; False: see the Accepted condition's message"},
     {"name": "Warm-Ready", "type": "integer", "jsonPath": ".status.warmPool.ready",
@@ -120,7 +120,7 @@ def policy_crd() -> dict[str, Any]:
                                coderunpolicy.CodeRunPolicyStatus), POLICY_PRINTER_COLUMNS, True)
 
 
-SESSION_PRINTER_COLUMNS = [
+SESSION_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
     {"name": "Runs", "type": "integer", "jsonPath": ".status.runsDone", "description": "Runs ended in the session"},

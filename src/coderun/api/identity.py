@@ -75,7 +75,8 @@ HOW_TO_APPROVE = (f"an approver runs `kubectl annotate crun NAME {APPROVED_BY}=y
                   "creation, and the API server records their own username")
 
 
-def _rule(expression: str, name: str, message: str | None = None, message_expression: str | None = None):
+def _rule(expression: str, name: str, message: str | None = None, message_expression: str | None = None
+          ) -> dict[str, str]:
     rule = {"expression": expression, "reason": "Forbidden"}
     if message_expression:
         rule["messageExpression"] = message_expression

@@ -14,6 +14,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 
 from ..egress.rules import HOST_PATTERN, MAX_NAME_LENGTH, Rule, valid_host_rule
 
@@ -47,8 +48,8 @@ SESSION_NO_CACHE = "the cache does not apply to runs in a session (their result 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|Ki|Mi|Gi)?$"
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    validation = {"rule": rule, "message": message}
+def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    validation: JsonDict = {"rule": rule, "message": message}
     if field_path:
         validation["fieldPath"] = field_path
     return validation

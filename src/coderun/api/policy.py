@@ -139,7 +139,7 @@ def read_policy_object(obj: Mapping[str, Any]) -> tuple[CodeRunPolicySpec, Polic
     return spec, policy_from_spec(meta.get("name") or "?", raw, spec, meta.get("uid"))
 
 
-def policy_from_spec(name: str, raw: dict, spec: CodeRunPolicySpec, uid: str | None = None) -> Policy:
+def policy_from_spec(name: str, raw: dict[str, Any], spec: CodeRunPolicySpec, uid: str | None = None) -> Policy:
     """A CodeRunPolicy's spec as policy data: the built-in values wherever the spec is silent."""
     ttl = spec.ttl_seconds_after_finished
     return Policy(
