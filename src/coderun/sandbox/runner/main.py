@@ -440,7 +440,7 @@ def killed_unasked(frame: dict) -> bool:
 
 
 def serve_session(args, termination_fd: int | None, sandbox: Sandbox, first: SessionInput | None = None) -> None:
-    """--session: a run per document on stdin (session.SessionInputs), each answered by a frame with its own
+    """--session: a run per document on stdin (input_stream.SessionInputs), each answered by a frame with its own
     nonce, until the stream ends. The first document carries the session's key; every later one must carry its
     MAC. Every process a run left is killed before its frame, so none is alive when the next run starts, and
     none can print into a later run's output. The termination log gets the last frame's summary at the end
