@@ -11,7 +11,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from coderun.egress.rules import Rule
-from test_squid_proxy import fetch, rules
+from support.egress import fetch, rules
 
 CONNECTIONS = 24
 REQUESTS_PER_CONNECTION = 150

@@ -15,25 +15,7 @@ import pytest
 
 from coderun.egress.credential import EGRESS_BUDGET, Budget, egress_weight
 from coderun.egress.rules import Rule
-
-
-def rules(origin, *, cidr=True, hosts=("allowed.test", "*.wild.test")):
-    """A run's rules: the names on the origin's two ports, and (as a policy must, for 127.0.0.1 is loopback) the
-    origin's address as a CIDR rule."""
-    allowed = tuple(Rule(host=h, ports=(origin.plain_port, origin.tls_port)) for h in hosts)
-    return allowed + ((Rule(cidr="127.0.0.1/32", ports=(origin.plain_port, origin.tls_port)),) if cidr else ())
-
-
-def fetch(proxy_url: str, url: str, origin) -> tuple[int, bytes, dict]:
-    """GET through the proxy as a Python program of a run would (urllib honours the same proxy URL)."""
-    opener = urllib.request.build_opener(
-        urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url}),
-        urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=origin.ca)))
-    try:
-        with opener.open(url, timeout=15) as response:
-            return response.status, response.read(), dict(response.headers)
-    except urllib.error.HTTPError as refused:
-        return refused.code, refused.read(), dict(refused.headers)
+from support.egress import fetch, read_head, rules
 
 
 def connect(proxy_url: str, target: str, sni: str | None = None, ca: str | None = None,
@@ -45,12 +27,7 @@ def connect(proxy_url: str, target: str, sni: str | None = None, ca: str | None 
     sock = socket.create_connection((parts.hostname, parts.port), timeout=15, source_address=(source, 0))
     sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {credentials}\r\n"
                  "\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        head += chunk
+    head = read_head(sock)
     lines = head.split(b"\r\n\r\n", 1)[0].decode(errors="replace").split("\r\n")
     headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
     if sni is None or " 200 " not in lines[0]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner_harness import NOBODY, SYSTEM_PYTHON, runner_in
+from support.runner import NOBODY, SYSTEM_PYTHON, runner_in
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from coderun.sandbox.runner.artifacts import MAX_SKIPPED_LISTED
-from runner_harness import process_alive, runner_in, sha256_hex, wait_until
+from support.runner import process_alive, runner_in, sha256_hex, wait_until
 
 EMPTY_SHA256 = sha256_hex(b"")
 

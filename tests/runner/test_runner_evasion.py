@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from runner_harness import assert_nothing_after_the_frame
+from support.runner import assert_nothing_after_the_frame
 
 MIB = 1024 * 1024
 

@@ -16,9 +16,8 @@ import pytest
 
 from coderun.sandbox.runner import prestart
 from coderun.sandbox.runner.protocol import FORK_SERVER_MARK
-from runner_harness import NOBODY, SYSTEM_PYTHON, run_entries, runner_in
+from support.runner import NOBODY, PROGRAMS, SYSTEM_PYTHON, comparable, run_entries, runner_in, session_runs
 from session_programs import AFTER_TAMPERING, TAMPER, TAMPERED, UNTOUCHED
-from test_runner_prestart import PROGRAMS, comparable, session_runs
 
 NONCES = [f"{i:032x}" for i in range(8)]
 FROM_STDIN = b"from stdin"
@@ -174,7 +173,7 @@ def test_a_run_whose_server_dies_under_it_ends_as_its_program_did_and_the_next_s
     its real exit; the next run is prestarted by exec, as without a server."""
     import threading
 
-    from runner_harness import wait_until
+    from support.runner import wait_until
     slow = "open('started', 'w').close()\nimport time\ntime.sleep(2)\nprint('done')\n"
     documents = [(NONCES[0], run_entries(slow)), (NONCES[1], run_entries("print('next')"))]
     result = {}

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from coderun.sandbox.runner.limits import scratch_usage
-from runner_harness import assert_nothing_after_the_frame
+from support.runner import assert_nothing_after_the_frame
 
 
 def program(source: str) -> str:

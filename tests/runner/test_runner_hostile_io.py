@@ -12,7 +12,7 @@ import pytest
 from coderun.sandbox.runner.artifacts import MAX_SKIPPED_LISTED
 from coderun.sandbox.runner.inputs import DEFAULT_ARTIFACT_CAPS
 from coderun.sandbox.runner.main import SHIELDED_SIGNALS
-from runner_harness import sha256_hex
+from support.runner import sha256_hex
 
 SHIELDED = ["SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE"]
 

@@ -9,8 +9,7 @@ import json
 import subprocess
 import sys
 
-from runner_harness import SESSION_KEY, lay_out_runner, run_entries, session_stream
-from test_runner_prestart import session_runs
+from support.runner import SESSION_KEY, lay_out_runner, run_entries, session_runs, session_stream
 
 
 def keep_state_runs(tmp_path, codes, wrapper=(), **overrides):

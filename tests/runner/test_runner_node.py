@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from coderun.sandbox.runner.errors import ERROR_PARSERS, V8_HEAP_EXHAUSTED, parse_node_error, parse_python_error
-from runner_harness import runner_in
+from support.runner import runner_in
 
 # $'console.log(1);\n\nthrow new TypeError("boom");\n'
 NODE_TYPE_ERROR = """\

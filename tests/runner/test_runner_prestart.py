@@ -14,37 +14,10 @@ import time
 import pytest
 
 from coderun.sandbox.runner import prestart, protocol
-from runner_harness import (SESSION_KEY, lay_out_runner, run_entries, run_session_runner, run_spec, runner_in,
-                            session_stream, signed_document, warm_document)
+from support.runner import (PROGRAMS, comparable, run_entries, run_session_runner, run_spec, runner_in, session_runs,
+                            signed_document, warm_document)
 
 NONCE = "0123456789abcdef" * 4
-
-PROGRAMS = {
-    "view": "import json, os, sys\n"
-            "print(json.dumps({'argv': sys.argv, 'name': __name__, 'file': os.path.basename(__file__),\n"
-            "    'path0': sys.path[0] == os.getcwd(), 'orig': sys.orig_argv[1:], 'cwd': os.path.basename(os.getcwd()),\n"
-            "    'env': sorted(os.environ), 'fds': sorted(os.listdir('/proc/self/fd')),\n"
-            "    'coderun': [m for m in sys.modules if m.startswith('coderun')],\n"
-            "    'main': sys.modules['__main__'].__dict__ is globals(), 'builtins': type(__builtins__).__name__,\n"
-            "    'stdin': sys.stdin.read()}))\n",
-    "traceback": "def f():\n    raise ValueError('bad value')\n\nf()\n",
-    "exit-3": "import sys\nprint('before')\nsys.exit(3)\n",
-    "exit-message": "raise SystemExit('a message')\n",
-    "keyboard-interrupt": "raise KeyboardInterrupt\n",
-    "os-exit": "import os\nprint('kept', flush=True)\nos._exit(7)\n",
-    "atexit-and-thread": "import atexit, threading, time\natexit.register(lambda: print('atexit ran'))\n"
-                         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n",
-    "syntax-error": "x = (\n",
-    "excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hooked', t.__name__)\n1/0\n",
-}
-# What may differ: how long, that it ran prestarted, and the digests of output that names its own tmp dir (the
-# output itself is compared, with that dir replaced).
-NOT_THE_PROGRAMS = ("metrics", "startedAtMillis", "prestarted", "stdoutSha256", "stderrSha256")
-
-
-def comparable(frame: dict, base: str) -> dict:
-    return {k: (v.replace(base, "<base>") if isinstance(v, str) else v)
-            for k, v in frame.items() if k not in NOT_THE_PROGRAMS}
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -74,25 +47,6 @@ def test_the_cpu_of_the_start_is_not_the_programs(run_runner):
     assert run.frame["prestarted"] is True
     # The start (interpreter and bootstrap) took tens of ms of CPU; the program's print takes next to none.
     assert run.frame["metrics"]["cpuMillis"] < 15, run.frame["metrics"]
-
-
-def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False, interpreter=sys.executable):
-    """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents; `pool`:
-    of a warm pool pod's runner (`--input-stdin`, started for one run) that a session claimed."""
-    root = tmp_path / "opt-coderun"
-    if not root.exists():
-        lay_out_runner(root)
-    (tmp_path / "log").write_text("")
-    settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
-    scratch = tmp_path / "scratch"
-    proc = subprocess.run(
-        [*wrapper, interpreter, "-I", str(root), "--input-stdin" if pool else "--session",
-         "--input", str(tmp_path / "input"), "--work", str(scratch / "work"), "--outputs", str(scratch / "outputs"),
-         "--termination-log", str(tmp_path / "log"), "--prestart", json.dumps(settings),
-         *(["--keep-state"] if keep_state and not pool else [])],
-        input=session_stream(documents, SESSION_KEY, keep_state), capture_output=True, timeout=60)
-    return [json.loads(line.split(b" ", 1)[1]) for line in proc.stdout.splitlines()
-            if line.startswith(b"CODERUN-RESULT-V1 ")]
 
 
 @pytest.mark.parametrize("keep_state", [False, True], ids=["fresh-process", "keep-state"])

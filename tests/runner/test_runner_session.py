@@ -19,7 +19,7 @@ from coderun.sandbox.runner.child import BASE_PATH
 from coderun.sandbox.runner.errors import parse_python_error
 from coderun.sandbox.runner.inputs import InputIncomplete
 from coderun.sandbox.runner.input_stream import MAX_SESSION_DOCUMENT_BYTES, read_session_inputs
-from runner_harness import (NOBODY, SESSION_KEY, SRC, SYSTEM_PYTHON, run_entries, run_session_runner, runner_in,
+from support.runner import (NOBODY, SESSION_KEY, SRC, SYSTEM_PYTHON, run_entries, run_session_runner, runner_in,
                             session_stream, signed_document, warm_document)
 
 NONCE_A, NONCE_B, NONCE_C = "a" * 32, "b" * 64, "c" * 32

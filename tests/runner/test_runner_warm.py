@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from runner_harness import last_frame_line, runner_in, warm_document
+from support.runner import last_frame_line, runner_in, warm_document
 
 NONCE = "0123456789abcdef" * 4
 

@@ -1,5 +1,5 @@
 """The node audit agent on real sockets: runsc's side is a SOCK_SEQPACKET peer sending the packets the remote sink
-sends (built with gVisor's classes, as test_audit_summary builds them), the operator's side a real HTTP client."""
+sends (built with gVisor's classes, tests/support/audit.py), the operator's side a real HTTP client."""
 import errno
 import hashlib
 import hmac
@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from test_audit_summary import CID, HELPER, NS_INIT, O_CREAT, O_WRONLY, PROGRAM, RUNNER, Sandbox, inet
+from support.audit import CID, HELPER, NS_INIT, O_CREAT, O_WRONLY, PROGRAM, RUNNER, Sandbox, inet
 
 from coderun.audit import agent, bearer, oom, trace_config, wire
 from coderun.audit.points import common_pb2, sentry_pb2, syscall_pb2

@@ -19,6 +19,7 @@ from coderun.egress import relay as relay_module
 from coderun.egress.credential import Budget, Grant, mint
 from coderun.egress.relay import Relay, relayed_bytes, with_relayed
 from coderun.egress.run_logs import Usage
+from support.egress import read_head
 
 KEY = os.urandom(32)
 
@@ -28,12 +29,9 @@ class TlsStage(socketserver.BaseRequestHandler):
     heads: list[bytes] = []
 
     def handle(self):
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = self.request.recv(65536)
-            if not chunk:
-                return
-            head += chunk
+        head = read_head(self.request)
+        if b"\r\n\r\n" not in head:
+            return
         TlsStage.heads.append(head)
         self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         while chunk := self.request.recv(65536):
@@ -90,13 +88,7 @@ def opened(relay: Relay, request: bytes) -> tuple[socket.socket, bytes]:
     """A connection to the relay that sent `request`, and the head it was answered."""
     sock = socket.create_connection(relay.address, timeout=5)
     sock.sendall(request)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        answer += chunk
-    return sock, answer
+    return sock, read_head(sock)
 
 
 def echoed(sock: socket.socket, data: bytes) -> bytes:

@@ -240,3 +240,42 @@ def run_session_runner(tmp_path: Path, stream: bytes, wrapper: tuple = (), inter
               if line.startswith(FRAME_PREFIX)]
     text = termination_log.read_bytes()
     return SessionRunnerRun(frames, proc.stdout, json.loads(text) if text else None, proc.returncode, work)
+
+
+# Programs a prestarted process must end exactly as a cold one does (test_runner_prestart, test_runner_forkserver).
+PROGRAMS = {
+    "view": "import json, os, sys\n"
+            "print(json.dumps({'argv': sys.argv, 'name': __name__, 'file': os.path.basename(__file__),\n"
+            "    'path0': sys.path[0] == os.getcwd(), 'orig': sys.orig_argv[1:], 'cwd': os.path.basename(os.getcwd()),\n"
+            "    'env': sorted(os.environ), 'fds': sorted(os.listdir('/proc/self/fd')),\n"
+            "    'coderun': [m for m in sys.modules if m.startswith('coderun')],\n"
+            "    'main': sys.modules['__main__'].__dict__ is globals(), 'builtins': type(__builtins__).__name__,\n"
+            "    'stdin': sys.stdin.read()}))\n",
+    "traceback": "def f():\n    raise ValueError('bad value')\n\nf()\n",
+    "exit-3": "import sys\nprint('before')\nsys.exit(3)\n",
+    "exit-message": "raise SystemExit('a message')\n",
+    "keyboard-interrupt": "raise KeyboardInterrupt\n",
+    "os-exit": "import os\nprint('kept', flush=True)\nos._exit(7)\n",
+    "atexit-and-thread": "import atexit, threading, time\natexit.register(lambda: print('atexit ran'))\n"
+                         "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n",
+    "syntax-error": "x = (\n",
+    "excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hooked', t.__name__)\n1/0\n",
+}
+# What may differ: how long, that it ran prestarted, and the digests of output that names its own tmp dir (the
+# output itself is compared, with that dir replaced).
+NOT_THE_PROGRAMS = ("metrics", "startedAtMillis", "prestarted", "stdoutSha256", "stderrSha256")
+
+
+def comparable(frame: dict, base: str) -> dict:
+    return {k: (v.replace(base, "<base>") if isinstance(v, str) else v)
+            for k, v in frame.items() if k not in NOT_THE_PROGRAMS}
+
+
+def session_runs(tmp_path, documents, wrapper=(), keep_state=False, pool=False, interpreter=sys.executable):
+    """The frames of a session pod's runner (prestarting, as the operator starts it) for these documents; `pool`:
+    of a warm pool pod's runner (`--input-stdin`, started for one run) that a session claimed."""
+    settings = {k: v for k, v in json.loads(documents[0][1]["run.json"]).items() if k not in ("files", "stdinKey")}
+    mode = ("--input-stdin" if pool else "--session", "--prestart", json.dumps(settings),
+            *(["--keep-state"] if keep_state and not pool else []))
+    return run_session_runner(tmp_path, session_stream(documents, SESSION_KEY, keep_state), wrapper, interpreter,
+                              mode=mode).frames
