@@ -21,8 +21,8 @@ from coderun_operator.results import audit as results_audit
 from coderun_operator.results.audit import MAX_AUDIT_BYTES, audit_status, record_text, unavailable
 from coderun_operator.results.budget import json_size
 from fake_k8s import FakeK8s, Transient
-from test_controller import NS, T0, Clock, frame_log, make_run, pod_of, submit
-from test_warm import POLICY, pool_pods, runner_answer, start_pool, submit_and_wait
+from support.controller import NS, T0, Clock, frame_log, make_run, pod_of, submit
+from support.warm import POLICY, pool_pods, runner_answer, start_pool, submit_and_wait
 
 KEY = b"k" * 32
 AGENT_NS = "coderun-system"

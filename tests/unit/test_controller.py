@@ -2,36 +2,19 @@
 import copy
 import hashlib
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 
 from coderun_operator.controller import Controller, reconcile
 from fake_k8s import FakeK8s, Refused, Transient
-
-T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
-NS = "team-a"
-
-
-class Clock:
-    def __init__(self):
-        self.now = T0
-
-    def __call__(self):
-        return self.now
+from support.controller import NS, T0, Clock, frame_log, make_run, pod_of, policy_object, submit, terminate
 
 
 @pytest.fixture
 def env():
     api, clock = FakeK8s(), Clock()
     return api, clock, Controller(api=api, clock=clock)
-
-
-def make_run(name="demo", uid="uid-1", **spec):
-    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRun",
-            "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1,
-                         "creationTimestamp": "2026-11-22T10:00:00Z"},
-            "spec": {"language": "python", "code": "print(6*7)", **spec}}
 
 
 def by_alice(api, run):
@@ -42,38 +25,6 @@ def by_alice(api, run):
     if ref:
         api.grants.add(("team-users", "use", "coderunpolicies", NS, ref))
     return run
-
-
-def submit(env, run):
-    api, _, ctl = env
-    ctl.on_run(api.add_run(run), deleted=False)
-    return api.run(NS, run["metadata"]["name"])
-
-
-def frame_log(**fields):
-    frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
-             "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000}, **fields}
-    text = json.dumps(frame, separators=(",", ":"))
-    return f"CODERUN-RESULT-V1 {text}\n", json.dumps({"frameSha256": hashlib.sha256(text.encode()).hexdigest()})
-
-
-def pod_of(api, run_name="demo"):
-    return copy.deepcopy(api.objects[("Pod", NS, f"{run_name}-sandbox")])
-
-
-def terminate(env, run_name="demo", log=None, termination=None, reason="Completed", exit_code=0):
-    """The kubelet reports the container terminated; the runner left `log` and `termination`."""
-    api, _, ctl = env
-    pod = pod_of(api, run_name)
-    if log is None:
-        log, termination = frame_log()
-    api.logs[pod["metadata"]["name"]] = (log, True)
-    pod["status"] = {"phase": "Running", "containerStatuses": [{
-        "name": "run", "image": "coderun.local/sandbox-python:v2",
-        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
-        "state": {"terminated": {"reason": reason, "exitCode": exit_code, "message": termination}}}]}
-    ctl.on_pod(pod, deleted=False)
-    return api.run(NS, run_name)
 
 
 # ------------------------------------------------------------------ admission
@@ -396,11 +347,6 @@ def test_a_run_resumed_after_a_crash_reuses_its_own_children(env):
 
 
 # ------------------------------------------------------------------ CodeRunPolicy: queue, approval
-def policy_object(name="default", **spec):
-    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
-
-
 def test_a_capped_policy_queues_then_starts_the_next_run_when_one_finishes(env):
     api, _, ctl = env
     ctl.on_policy(policy_object(maxConcurrentRuns=1), deleted=False)

@@ -24,8 +24,8 @@ from coderun.api.coderunpolicy import Sessions
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s
-from test_controller import NS, T0, Clock, make_run
-from test_warm import pool_pods, start_pool
+from support.controller import NS, T0, Clock, make_run
+from support.warm import pool_pods, start_pool
 from datetime import timedelta
 import dataclasses
 

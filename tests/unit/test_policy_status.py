@@ -10,8 +10,8 @@ from coderun_operator.controller import Controller
 from coderun_operator.controller.policy_status import PolicyStatusWriter
 from coderun_operator.results.status import policy_accepted_status
 from fake_k8s import FakeK8s, Transient
-from test_controller import NS, T0, Clock
-from test_warm import start_pool
+from support.controller import NS, T0, Clock
+from support.warm import start_pool
 
 POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
           "metadata": {"name": "gpu", "namespace": NS, "uid": "policy-uid", "generation": 3},

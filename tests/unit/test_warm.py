@@ -1,7 +1,6 @@
 """The warm pool against a fake of k8s.py: pool pods, the conditional claim, the session's streamed frame and
 its nonce, the cold fallbacks (attach failure, input cut short, an operator that restarted) and refill."""
 import copy
-import hashlib
 import json
 import threading
 
@@ -9,18 +8,15 @@ import pytest
 
 from coderun_operator.builders import build_pod
 from coderun_operator.controller import Controller
-from coderun_operator.controller.warm import session, trust
+from coderun_operator.controller import attach
+from coderun_operator.controller.warm import trust
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun_operator.policy.load import policy_from_object
 from coderun.api.models import CodeRunSpec
 from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s, Transient
-from test_controller import NS, T0, Clock, frame_log, make_run
-
-POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
-          "metadata": {"name": "default", "namespace": NS, "uid": "policy-uid"},
-          "spec": {"warmPool": {"size": 2, "languages": ["python"]}}}
-
+from support.controller import NS, T0, Clock, frame_log, make_run
+from support.warm import POLICY, pool_pods, runner_answer, start_pool, submit_and_wait
 
 @pytest.fixture
 def env():
@@ -28,49 +24,6 @@ def env():
     ctl = Controller(api=api, clock=clock)
     ctl.on_policy(copy.deepcopy(POLICY), deleted=False)
     return api, clock, ctl
-
-
-def pool_pods(api):
-    """Unclaimed pool pods: claimed ones keep the pool's labels (a run's or a session's owns them)."""
-    return {name: pod for (kind, ns, name), pod in api.objects.items()
-            if kind == "Pod" and "coderun.io/pool" in pod["metadata"].get("labels", {})
-            and pod["metadata"].get("ownerReferences", [{}])[0].get("kind") not in ("CodeRun", "CodeRunSession")}
-
-
-def start_pool(env, ready=True):
-    """Refill, then the kubelet reports every pool pod's runner running."""
-    api, _, ctl = env
-    ctl.pool.refill()
-    for pod in pool_pods(api).values():
-        if ready:
-            pod["status"] = {"phase": "Running", "startTime": "2026-11-22T09:59:00Z", "containerStatuses": [{
-                "name": "run", "image": "coderun.local/sandbox-python:v2",
-                "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64,
-                "state": {"running": {"startedAt": "2026-11-22T09:59:01Z"}}}]}
-            api._stamp(pod)
-        ctl.on_pod(copy.deepcopy(pod), deleted=False)
-    return sorted(pool_pods(api))
-
-
-def runner_answer(nonce_from_input=True, **fields):
-    """What a real runner prints on the stream: the accepted line, then a frame with the input's nonce."""
-    def answer(document: bytes) -> bytes:
-        nonce = json.loads(document.split(b"\n", 1)[1])["nonce"]
-        frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": "42\n", "stderr": "",
-                 "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000},
-                 "nonce": nonce if nonce_from_input else "0" * 64, **fields}
-        accepted = hashlib.sha256(nonce.encode()).hexdigest()[:16]
-        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
-    return answer
-
-
-def submit_and_wait(env, run):
-    api, _, ctl = env
-    ctl.on_run(api.add_run(run), deleted=False)
-    for thread in threading.enumerate():
-        if thread.name.startswith("warm-"):
-            thread.join(5)
-    return api.run(NS, run["metadata"]["name"])
 
 
 def test_the_pool_is_the_hardened_sandbox_pod_waiting_on_stdin(env):
@@ -294,7 +247,8 @@ def test_after_a_restart_a_claim_without_input_goes_cold_and_one_with_input_is_a
     the program may be running (wait for it) or never got its input (start cold: it cannot run twice)."""
     api, clock, ctl = env
     start_pool(env)
-    monkeypatch.setattr(session, "run", lambda *args: None)  # the operator died right after the claim
+    # the operator died right after the claim: nothing is sent, nothing comes back
+    monkeypatch.setattr(attach.Channel, "exchange", lambda *args, **kwargs: (True, b""))
     run = submit_and_wait(env, make_run())
     monkeypatch.undo()
     claimed = run["status"]["podName"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
@@ -49,6 +50,7 @@ from ..results.pod_state import (container_status, eviction, has_failed, image_w
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339, running_status, started_status, unstarted_status,
                               waiting_status)
+from .attach import STREAM_LIMIT_BYTES
 from .audit import ask_agent, audited, node_saw_oom_kill
 from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
 from .identity import IdentityGuard, creator_may_use
@@ -57,6 +59,7 @@ from .session import HeldFrame, Sessions
 from .store import Store, is_terminal, owner_uid, resource_version
 from .warm import Claims, Refill
 from .warm.trust import incomplete_input, ran_this_claim
+from .workqueue import WorkQueue
 from .writer import StatusWriter
 
 log = logging.getLogger("coderun")
@@ -66,8 +69,6 @@ EXPIRY_RETRY_SECONDS = 30
 # Every this many ticks (a minute at the default 5 s) the tick looks at every unfinished run, the level pass
 # behind missed watch events; the other ticks only at runs with work due (see `_due`).
 FULL_PASS_TICKS = 12
-# Frame size is bounded by the runner's caps (2 streams + artifacts); anything beyond this is not a real frame.
-LOG_LIMIT_BYTES = 8 * 1024 * 1024
 
 
 class Controller:
@@ -88,10 +89,10 @@ class Controller:
         self.seen_digests: dict[str, str] = {}
         self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # namespaces where a run finished: their queued runs are looked at once no run lock is held
-        self._freed: set[str] = set()
+        self._freed: WorkQueue[str] = WorkQueue()
         # session runs that ended at a step of their own (refused, or finished from the sandbox's log): the run
         # behind each in its session's queue is looked at once no run lock is held
-        self._session_turns: set[str] = set()
+        self._session_turns: WorkQueue[str] = WorkQueue()
         self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
         self.policy_status = PolicyStatusWriter(api, clock)
         self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools, clock=clock)
@@ -232,13 +233,12 @@ class Controller:
         self._pass_session_turns()
 
     def _pass_session_turns(self) -> None:
-        while self._session_turns:
-            try:
-                run = self.store.run(self._session_turns.pop())
-            except KeyError:
-                return
-            if run is not None:
-                self.sessions.after_run(run, self.ensure_policies_listed)
+        self._session_turns.drain(self._pass_session_turn)
+
+    def _pass_session_turn(self, uid: str) -> None:
+        run = self.store.run(uid)
+        if run is not None:
+            self.sessions.after_run(run, self.ensure_policies_listed)
 
     def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
         uid = run["metadata"]["uid"]
@@ -254,7 +254,8 @@ class Controller:
                 self._finish_session_frame(run, outcome)
             elif outcome is not None:
                 self._finish(run, outcome)
-            if outcome is not None:
+            after = self.store.run(run["metadata"]["uid"])
+            if outcome is not None and (after is None or is_terminal(after)):  # (not a finish the API refused)
                 self._session_turns.add(run["metadata"]["uid"])
             return
         if not (run.get("status") or {}).get("podName"):
@@ -397,8 +398,8 @@ class Controller:
         if artifacts is None:
             return False  # the earlier run's artifacts are gone or not genuine: run again rather than answer wrong
         outcome = reused_outcome(source, spec, decision, digest, artifacts,
-                                 redactor(decision.policy, self.store.policies(meta["namespace"])), now)
-        outcome.fields["cacheKey"] = key
+                                 redactor(decision.policy, self.store.policies(meta["namespace"])), now
+                                 ).with_fields(cacheKey=key)
         if self.writer.finish(run, outcome) is not None:
             metrics.CACHE_HITS.labels(metrics.language_label(spec.language)).inc()
         return True
@@ -480,7 +481,7 @@ class Controller:
         """The container ended: read the log once and trust only the frame the termination message vouches for."""
         state = terminated(pod) or {}
         text, complete = self.api.read_log(run["metadata"]["namespace"], pod["metadata"]["name"], CONTAINER_NAME,
-                                           LOG_LIMIT_BYTES)
+                                           STREAM_LIMIT_BYTES)
         try:
             frame = parse_frame(text, state.get("message"), complete)
         except FrameError as e:
@@ -537,15 +538,15 @@ class Controller:
                                          effective, parse_time(status.get("startTime")), artifacts,
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:
-                outcome.phase, outcome.reason, outcome.message = Phase.FAILED, Reason.NAME_CONFLICT, str(conflict)
+                outcome = replace(outcome, phase=Phase.FAILED, reason=Reason.NAME_CONFLICT, message=str(conflict))
         outcome = audited(self.api, answer, run, outcome, redact)
         image = image_with_digest(pod, status.get("image") or "")
-        outcome.fields["image"] = image
-        outcome.fields["metrics"] = {**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})}
         in_session = status.get("startMode") == StartMode.SESSION  # its result depends on the runs before it
         key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec and \
             not in_session else None
-        outcome.fields["cacheKey"] = key
+        outcome = outcome.with_fields(
+            image=image, metrics={**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})},
+            cacheKey=key)
         written = self._finish(run, outcome)
         if key and written and is_reusable(written):
             labelled = self.api.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
@@ -583,27 +584,25 @@ class Controller:
     def _start_queued(self) -> None:
         """A run finished: queued runs of its namespace may start now, oldest first (not under any run lock,
         so two finishing runs never wait on each other)."""
-        while self._freed:
-            try:
-                namespace = self._freed.pop()
-            except KeyError:
-                return
-            # (a session's queued runs wait for their session, not for a slot: its after_run moves them)
-            waiting = [r for r in self.store.unfinished_in(namespace)
-                       if (r.get("status") or {}).get("reason") == Reason.QUEUED and not (r.get("spec") or {}).get(
-                           "session")]
-            full: set[str] = set()  # policies whose oldest waiting run found no slot: the younger ones wait too
-            for run in sorted(waiting, key=_creation_order):
-                policy = run["status"].get("policy")
-                if policy in full:
-                    continue
-                with self._lock(run["metadata"]["uid"]):
-                    current = self.store.run(run["metadata"]["uid"])
-                    if current is not None and not is_terminal(current):
-                        self._guarded(run["metadata"]["uid"], current, lambda: self._reconcile(current, False))
-                    after = self.store.run(run["metadata"]["uid"])
-                    if after is not None and (after.get("status") or {}).get("reason") == Reason.QUEUED:
-                        full.add(policy)
+        self._freed.drain(self._start_queued_in)
+
+    def _start_queued_in(self, namespace: str) -> None:
+        # (a session's queued runs wait for their session, not for a slot: its after_run moves them)
+        waiting = [r for r in self.store.unfinished_in(namespace)
+                   if (r.get("status") or {}).get("reason") == Reason.QUEUED and not (r.get("spec") or {}).get(
+                       "session")]
+        full: set[str] = set()  # policies whose oldest waiting run found no slot: the younger ones wait too
+        for run in sorted(waiting, key=_creation_order):
+            policy = run["status"].get("policy")
+            if policy in full:
+                continue
+            with self._lock(run["metadata"]["uid"]):
+                current = self.store.run(run["metadata"]["uid"])
+                if current is not None and not is_terminal(current):
+                    self._guarded(run["metadata"]["uid"], current, lambda: self._reconcile(current, False))
+                after = self.store.run(run["metadata"]["uid"])
+                if after is not None and (after.get("status") or {}).get("reason") == Reason.QUEUED:
+                    full.add(policy)
 
     def _due(self, uid: str, run: Mapping[str, Any]) -> bool:
         """Work the clock brings: a retry, an admission not done yet, a pod that must start within its deadline,

@@ -1,9 +1,10 @@
 """What the operator knows of the cluster: runs and sandbox pods as the watches and its own writes left them.
 
 Fed by kopf's watch events and by the answers to our own writes, so decisions never wait for the API
-server and the idle cost does not grow with the number of finished runs: nothing is polled per run. What is
-read besides the watches: a namespace's runs once after a start (before its queue is counted), the policies
-once after a start, and the nodes (cached 30 s) when a pending pod or an image digest needs them.
+server and the idle cost does not grow with the number of finished runs. What is read besides the watches: a
+namespace's runs once after a start (before its queue is counted), the policies once after a start, the nodes
+(cached 30 s) when a pending pod or an image digest needs them, and, polled by the tick, the sandbox log of a
+session run whose attach stream is gone (an operator restart, a broken stream) until its frame is there.
 A watch event older than what we already hold (a lagging stream, our own write seen first) is ignored.
 
 A finished run is kept as a slim projection (identity, outcome, what the expiry and the cache look up), never
@@ -17,9 +18,14 @@ import threading
 from datetime import datetime
 from typing import Any, Iterator, Mapping
 
+from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import TERMINAL_PHASES
 from ..builders import LABEL_POOL
 from ..builders.names import LABEL_SESSION_UID
+from ..policy import Decision, Denial
+
+# A run's spec parsed (or the InvalidSpec denial), and the decision its status records (None until it does).
+Typed = tuple[CodeRunSpec | Denial | None, Decision | Denial | None]
 
 
 def resource_version(obj: Mapping[str, Any]) -> int | None:
@@ -80,7 +86,7 @@ class Store:
         self.listed_namespaces: set[str] = set()
         # run uid -> (its spec parsed, or the InvalidSpec denial; the decision its status records, once it does):
         # the spec is immutable and a recorded decision final, so each is parsed once per run, not per reconcile
-        self._typed: dict[str, tuple[Any, Any]] = {}
+        self._typed: dict[str, Typed] = {}
 
     # ---- runs
     def put_run(self, run: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,12 +119,12 @@ class Store:
         with self._lock:
             return self._runs.get(uid)
 
-    def typed(self, uid: str) -> tuple[Any, Any]:
+    def typed(self, uid: str) -> Typed:
         """(spec, recorded decision) as kept by `keep_typed`; (None, None) when nothing is kept."""
         with self._lock:
             return self._typed.get(uid, (None, None))
 
-    def keep_typed(self, uid: str, spec: Any, decision: Any) -> None:
+    def keep_typed(self, uid: str, spec: CodeRunSpec | Denial, decision: Decision | Denial | None) -> None:
         with self._lock:
             if uid in self._runs and not is_terminal(self._runs[uid]):
                 self._typed[uid] = (spec, decision)

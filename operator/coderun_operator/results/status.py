@@ -8,13 +8,13 @@ API server); only the writer (controller/writer.py) turns it into the wire form.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping
 
 from coderun.api.coderunpolicy import CodeRunPolicyStatus
 from coderun.api.models import CREATED_AT_ANNOTATION, CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
-from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason
+from coderun.api.reasons import INFRASTRUCTURE_REASONS, ConditionType, Phase, Reason, StartMode
 from coderun.api.text import one_line
 from coderun.sandbox.runner.protocol import MAX_ERROR_MESSAGE_CHARS, MAX_ERROR_TYPE_CHARS, MAX_NAME_CHARS, cap
 from ..policy import Decision, Denial
@@ -75,13 +75,17 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool, reaso
     return sorted(out, key=lambda c: _CONDITION_ORDER.get(c["type"], len(_CONDITION_ORDER)))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """What a run ended with, before it is turned into status fields."""
+    """What a run ended with, before it is turned into status fields (camelCase, as the status names them). Never
+    changed once built: `with_fields` and `dataclasses.replace` make the next one."""
     phase: Phase
     reason: str
     message: str
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def with_fields(self, **fields: Any) -> Outcome:
+        return replace(self, fields={**self.fields, **fields})
 
 
 def _generation(run: Mapping[str, Any]) -> int | None:
@@ -147,10 +151,28 @@ def approved_status(record: Mapping[str, Any]) -> CodeRunStatus:
     return CodeRunStatus.model_validate({"approval": dict(record)})
 
 
-def cold_again_status(why: str) -> CodeRunStatus:
-    """A warm pod given up before its program ran: Pending again, with no pod, to be started cold."""
-    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.ACCEPTED, "podName": None,
-                                         "startMode": None, "startTime": None, "message": f"{why}; starting cold"})
+def unplaced_status(reason: str, message: str) -> CodeRunStatus:
+    """A sandbox given up before the program ran (a warm pod that goes cold, a session's attach that sent
+    nothing): Pending again, with no pod, to be placed anew."""
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": reason, "podName": None,
+                                         "startMode": None, "startTime": None, "message": message})
+
+
+def queued_status(message: str) -> CodeRunStatus:
+    """Waiting with no decision recorded yet (a session not Ready yet decides nothing)."""
+    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.QUEUED, "message": message})
+
+
+def started_in_session_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, now: datetime,
+                              session: str, proxy_pod: str | None = None) -> CodeRunStatus:
+    """Sent to a session's sandbox, which is up already: Running from here, in the one write that records its
+    start."""
+    started = started_status(run, decision, pod_name, hash_, None, StartMode.SESSION, now, proxy_pod=proxy_pod)
+    running = running_status({**run, "status": started.model_dump(by_alias=True, exclude_unset=True, mode="json")},
+                             now)
+    return started.model_copy(update={"phase": running.phase, "reason": running.reason,
+                                      "conditions": running.conditions,
+                                      "message": f"running in the sandbox of CodeRunSession {session}"})
 
 
 def unstarted_status(message: str) -> CodeRunStatus:

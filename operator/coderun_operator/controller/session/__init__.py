@@ -2,7 +2,7 @@
 create its sandbox pod, keep its status (results/session.compute_session_status) and end it (idle, lifetime, pod
 lost, OOM, policy removed) on events and the controller's tick; and take a run naming a session through it, one at
 a time in creation order: its document (MAC'd under the session's key, a fresh nonce) over the session's
-attach (channel.Channel, kept open from run to run), its frame handed back to the controller's finish.
+attach (controller/attach.Channel, kept open from run to run), its frame handed back to the controller's finish.
 
 A session's key is derived from one key the operator keeps in a Secret of its own namespace (HMAC of the
 session's uid): nothing per session to create or delete, and a restarted operator derives it again.
@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.identity import CREATED_BY
-from coderun.api.models import CodeRunStatus, ResourceLimits
+from coderun.api.models import ResourceLimits
 from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
 from coderun.sandbox.runner.protocol import FRAME_PREFIX, accepted_line
 from ...builders import code_hash
@@ -43,13 +43,12 @@ from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_stream
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
                                in_session, reserved_sequence, runs_in_order, start_failure)
-from ...results.status import (Outcome, decision_fields, parse_time, refusal_fields, running_status,
-                               started_status, waiting_status)
+from ...results.status import (Outcome, decision_fields, parse_time, queued_status, refusal_fields,
+                               started_in_session_status, unplaced_status, waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..store import Store
 from ..writer import StatusWriter, to_wire
-from ..warm.session import STREAM_LIMIT_BYTES
-from .channel import Channel
+from ..attach import STREAM_LIMIT_BYTES, Channel
 
 log = logging.getLogger("coderun")
 
@@ -57,12 +56,12 @@ KEY_SECRET = "coderun-session-key"
 KEY_ENTRY = "key"
 
 # What the controller does with a session run's stream: (run uid, pod name, sent, stream text, nonce).
-HandBack = Callable[[str, str, bool, str, str], None]
+SessionReply = Callable[[str, str, bool, str, str], None]
 # How long a frame killed by an unsent SIGKILL waits for the container's end to say whether memory ran out.
 KILL_EVIDENCE_SECONDS = 30.0
 # A sandbox's log since a run started: its acceptance line and frame, and an earlier run's frame ended within the
 # same second or two (the log's clock is the kubelet's, in whole seconds); each frame within the stream's cap.
-LOG_LIMIT_BYTES = 2 * STREAM_LIMIT_BYTES
+SANDBOX_LOG_LIMIT_BYTES = 2 * STREAM_LIMIT_BYTES
 LOG_CLOCK_SLACK_SECONDS = 2
 LOG_READ_SECONDS = 5  # per read: a slow kubelet must not hold the tick
 # Attaches in a row that sent nothing before the session is given up (its pod cannot be reached).
@@ -112,7 +111,7 @@ def frame_with(nonce: str) -> Callable[[bytes], bool]:
 
 class Sessions:
     def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime], key_namespace: str,
-                 hand_back: HandBack, reconcile_runs: Callable[[list[str]], None],
+                 hand_back: SessionReply, reconcile_runs: Callable[[list[str]], None],
                  list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
                  may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]],
                  proxy: EgressProxy | None = None,
@@ -524,8 +523,7 @@ class Sessions:
         if status.get("reason") == Reason.QUEUED and status.get("message") == message:
             return None
         if decision is None:
-            self.writer.write(run, CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.QUEUED,
-                                                                 "message": message}))
+            self.writer.write(run, queued_status(message))
         else:
             self.writer.write(run, waiting_status(run, decision, Reason.QUEUED, message, self.now()))
         return None
@@ -574,13 +572,8 @@ class Sessions:
                   egress, master: bytes, sequence: int, now) -> None:
         """The run's start in its status, then its document on a thread of its own."""
         meta, suid, pod_name = run["metadata"], session["metadata"]["uid"], session["status"]["podName"]
-        status = started_status(run, decision, pod_name, code_hash(spec), None, StartMode.SESSION, now,
-                                proxy_pod=egress.pod if egress else None)
-        # The sandbox is up already: the run is Running from here, in the one write that records its start.
-        running = running_status({**run, "status": to_wire(status)}, now)
-        status = status.model_copy(update={
-            "phase": running.phase, "reason": running.reason, "conditions": running.conditions,
-            "message": f"running in the sandbox of CodeRunSession {session['metadata']['name']}"})
+        status = started_in_session_status(run, decision, pod_name, code_hash(spec), now,
+                                           session["metadata"]["name"], egress.pod if egress else None)
         if self.writer.write(run, status) is None:
             self._done_sending(suid, meta["uid"])
             self._wake_queue(run)
@@ -693,7 +686,7 @@ class Sessions:
         started = parse_time(status.get("startTime")) or self.now()
         since = max(1, math.ceil((self.now() - started).total_seconds()) + LOG_CLOCK_SLACK_SECONDS)
         text, _ = self.api.read_log(run["metadata"]["namespace"], status["podName"], CONTAINER_NAME,
-                                    LOG_LIMIT_BYTES, since_seconds=since, timeout=LOG_READ_SECONDS)
+                                    SANDBOX_LOG_LIMIT_BYTES, since_seconds=since, timeout=LOG_READ_SECONDS)
         accepted = accepted_line(hashlib.sha256(nonce.encode()).hexdigest()) in text
         return logged_frame(text, nonce), accepted
 
@@ -741,9 +734,8 @@ class Sessions:
                                   f"{failures} times in a row; create a new session")
                     else:
                         self._write(session, {"phase": SessionPhase.READY, "currentRun": None})
-            self.writer.write(run, CodeRunStatus.model_validate({
-                "phase": Phase.PENDING, "reason": Reason.QUEUED, "podName": None, "startMode": None, "startTime": None,
-                "message": "the session's sandbox could not be attached; the run is sent again"}))
+            self.writer.write(run, unplaced_status(Reason.QUEUED, "the session's sandbox could not be attached; the "
+                                                   "run is sent again"))
             return None
         if session is not None:
             self._attach_failures.pop(session["metadata"]["uid"], None)

@@ -1,4 +1,4 @@
-"""Claiming a warm pod for a run, and the fallbacks to a cold start. The state (live sessions, runs that must
+"""Claiming a warm pod for a run, and the fallbacks to a cold start. The state (live attaches, runs that must
 start cold, warm runs whose runner took its input from an earlier operator) lives in `Claims`.
 
 Going cold is a status write (Pending, no pod) and nothing more here: the controller's reconcile, level-
@@ -14,42 +14,43 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from coderun.api.models import CodeRunSpec
-from coderun.api.reasons import StartMode
-from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX
+from coderun.api.reasons import Reason, StartMode
+from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX, FRAME_PREFIX
 from ... import metrics
 from ...builders import LABEL_POOL, build_network_policy, claim_patch, code_hash, warm_input
 from ...builders.egress import EgressAccess
 from ...builders.names import CONTAINER_NAME
 from ...builders.session import session_claim_patch
 from ...policy import Decision, Policy
-from ...results.status import cold_again_status, parse_time, started_status
+from ...results.status import parse_time, started_status, unplaced_status
 from ..children import input_configmap
 from ..store import Store
 from ..writer import StatusWriter
-from . import session
-from .trust import (accepted_line, claimed_cpu_request, deadline_seconds, is_genuine, is_ready, key_of,
-                    nonce_digest, run_pool_key, wanted_pools)
+from ..attach import ATTACH_SECONDS, Channel
+from .trust import (accepted_line, claimed_cpu_request, deadline_seconds, has_frame, is_genuine, is_ready,
+                    key_of, nonce_digest, run_pool_key, wanted_pools)
 
 log = logging.getLogger("coderun")
 
-# A claimed pod whose runner has not said it accepted its input this long after the claim, with no session
+# A claimed pod whose runner has not said it accepted its input this long after the claim, with no attach
 # in this process to send it (the operator restarted), never got it: the run starts cold.
 UNSENT_INPUT_SECONDS = 15
-MAX_SESSIONS = 256
+MAX_ATTACHES = 256
 RUNNING_STATUS_AFTER_SECONDS = 1
 FED_LOG_BYTES = 4096  # a pool pod's log before any claim: empty, or an attacher's input announced first
-FED_LOG_READ_SECONDS = 2  # read under the sessions' lock: a slow kubelet costs the session the pool, not the tick
+FED_LOG_READ_SECONDS = 2  # read under the session's lock: a slow kubelet costs the session the pool, not the tick
 
-# What a session hands back for a run: (run uid, pod name, the stream's text or None if no input was sent, nonce).
-HandBack = Callable[[str, str, "str | None", str], None]
+# What a claimed pod's attach brings back for its run: (run uid, pod name, the stream's text or None if no input
+# was sent, nonce).
+WarmReply = Callable[[str, str, "str | None", str], None]
 
 
 class Claims:
     def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
-                 wake_pool: Callable[[], None], hand_back: HandBack):
+                 wake_pool: Callable[[], None], hand_back: WarmReply):
         self.api, self.store, self.writer, self.now = api, store, writer, clock
         self._wake_pool, self._hand_back = wake_pool, hand_back
-        self.sessions: dict[str, threading.Thread] = {}  # run uid -> the thread feeding its claimed pod
+        self.attaches: dict[str, threading.Thread] = {}  # run uid -> the thread attached to its claimed pod
         self.cold_only: set[str] = set()  # runs whose warm pod failed: they start cold
         self.accepted_elsewhere: set[str] = set()  # warm runs whose runner announced its input to an earlier operator
 
@@ -71,7 +72,7 @@ class Claims:
             # first), but its nonce died with that operator. Give the pod up and claim afresh.
             self.api.delete_pod(ns, claimed["metadata"]["name"])
             self.store.forget_pod(claimed)
-        if uid in self.cold_only or len(self.sessions) >= MAX_SESSIONS:
+        if uid in self.cold_only or len(self.attaches) >= MAX_ATTACHES:
             return False
         language = metrics.language_label(decision.runtime.language)
         wanted = self._current_pools(ns, decision)
@@ -172,7 +173,7 @@ class Claims:
 
     def _accept(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
                 pod: Mapping[str, Any], nonce: str, egress: EgressAccess | None) -> bool:
-        """The claim in the status, then the input: the session attaches while the status is written (the
+        """The claim in the status, then the input: its thread attaches while the status is written (the
         handshake is off the critical path) and sends only once the claim is recorded."""
         meta, pod_name = run["metadata"], pod["metadata"]["name"]
         status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.WARM, self.now(),
@@ -184,7 +185,7 @@ class Claims:
         thread = threading.Thread(target=self._serve, name=f"warm-{meta['name'][:40]}", daemon=True,
                                   args=(meta["uid"], meta["namespace"], pod_name, document, nonce,
                                         decision.limits.timeout_seconds, recorded, after_sent))
-        self.sessions[meta["uid"]] = thread
+        self.attaches[meta["uid"]] = thread
         thread.start()
         written = None
         try:
@@ -196,14 +197,28 @@ class Claims:
         return True
 
     def _serve(self, uid: str, ns: str, pod_name: str, document: bytes, nonce: str, timeout_seconds: int,
-               recorded: queue.Queue, after_sent: Callable[[], None]) -> None:
-        def hand_back(text: str | None) -> None:
-            self.sessions.pop(uid, None)
-            self._hand_back(uid, pod_name, text, nonce)
+               recorded: queue.Queue[bool], after_sent: Callable[[], None]) -> None:
+        """The claimed pod's one exchange (its own thread): attach while the claim is recorded, send the input once
+        it is, read the frame. No input sent hands back None (the run goes cold); a stream that ended without a
+        frame hands nothing back: the pod's end brings the result through the log."""
+        def claim_recorded() -> bool:
+            try:
+                return recorded.get(timeout=ATTACH_SECONDS * 3)
+            except queue.Empty:
+                return False
+        channel = Channel(self.api, ns, pod_name)
         try:
-            session.run(self.api, ns, pod_name, document, timeout_seconds, recorded, hand_back, after_sent)
+            sent, received = channel.exchange(document, has_frame, timeout_seconds, claim_recorded, after_sent)
         finally:
-            self.sessions.pop(uid, None)
+            channel.close()
+            self.attaches.pop(uid, None)
+        if not sent:
+            metrics.POOL_ATTACH_FAILURES.inc()
+            self._hand_back(uid, pod_name, None, nonce)
+            return
+        text = received.decode("ascii", "replace")
+        if FRAME_PREFIX in text:
+            self._hand_back(uid, pod_name, text, nonce)
 
     def _after_sent(self, run: Mapping[str, Any], decision: Decision, egress: EgressAccess | None,
                     pod_name: str) -> Callable[[], None]:
@@ -220,7 +235,7 @@ class Claims:
             if routes:
                 try:
                     self.api.create_or_get(routes)
-                except Exception as e:  # noqa: BLE001 - a session must never take the operator down
+                except Exception as e:  # noqa: BLE001 - a warm pod's extras must never take the operator down
                     log.info("warm pod %s/%s: its own NetworkPolicy was not made: %s", ns, pod_name, str(e)[:300])
         return after_sent
 
@@ -236,15 +251,15 @@ class Claims:
         if pod is not None and pod["metadata"]["name"] == pod_name:
             self.store.forget_pod(pod)
         log.info("run %s/%s: %s; starting it cold", meta["namespace"], meta["name"], why)
-        return self.writer.write(run, cold_again_status(why)) is not None
+        return self.writer.write(run, unplaced_status(Reason.ACCEPTED, f"{why}; starting cold")) is not None
 
     def recover(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
-        """A Warm run with its pod still running and no session here (this replica started after the claim): if
+        """A Warm run with its pod still running and no attach here (this replica started after the claim): if
         the runner announced the input, the program runs and its end brings the result; if not, and the claim is
         old enough that no sender can still be connecting, the input never arrived and the run goes cold (True:
         reconcile it again)."""
         meta, status = run["metadata"], run.get("status") or {}
-        if meta["uid"] in self.sessions or meta["uid"] in self.accepted_elsewhere:
+        if meta["uid"] in self.attaches or meta["uid"] in self.accepted_elsewhere:
             return False
         claimed = parse_time(status.get("startTime"))
         if claimed is None or self.now() - claimed < timedelta(seconds=UNSENT_INPUT_SECONDS):
@@ -257,8 +272,8 @@ class Claims:
                             "operator restarted after claiming it)")
 
     def answering_soon(self, run: Mapping[str, Any]) -> bool:
-        """A warm run whose session is live and younger than a second: its result is likely on the way, so the
+        """A warm run whose attach is live and younger than a second: its result is likely on the way, so the
         Running status (one more write beside the program) waits for the tick; a longer program gets it then."""
         claimed = parse_time((run.get("status") or {}).get("startTime"))
-        return (run["metadata"]["uid"] in self.sessions and claimed is not None
+        return (run["metadata"]["uid"] in self.attaches and claimed is not None
                 and self.now() - claimed < timedelta(seconds=RUNNING_STATUS_AFTER_SECONDS))

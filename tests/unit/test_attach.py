@@ -1,6 +1,7 @@
-"""A session's attach kept from run to run (controller/session/channel.py): reused while open and recent,
-replaced when the other side closed it or it sat idle, dropped when a read broke, closed with the session."""
-from coderun_operator.controller.session.channel import IDLE_SECONDS, Channel
+"""controller/attach.py, the one attach transport (a warm claim uses a Channel once): a session's attach kept from
+run to run, reused while open and recent, replaced when the other side closed it or it sat idle, dropped when a
+read broke, closed with the session."""
+from coderun_operator.controller.attach import IDLE_SECONDS, Channel
 from fake_k8s import FakeK8s
 
 POD = "s1-session-uid"
