@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node Kubernetes cluster as host processes, like Kubernetes' own local-up-cluster.sh:
 # etcd, kube-apiserver, CoreDNS (the cluster DNS), kube-controller-manager, kube-scheduler, containerd (runc +
-# gVisor), kubelet, kube-proxy and a NetworkPolicy enforcer. State, logs and pid files live under .cluster/ in the repo.
+# gVisor), kubelet, kube-proxy and a NetworkPolicy enforcer, and stand-ins for the internet and a metadata service
+# on the node's loopback (standins.py). State, logs and pid files live under .cluster/ in the repo.
 #   cluster.sh up | down | status | verify-down
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,15 +29,17 @@ API_PORT=6443
 POD_BRIDGE=cni-coderun0
 AUDIT_DIR=/run/coderun/audit  # the audit agent's socket and the trace session (the chart's hostPath)
 L2_TABLE=coderun-l2
+STANDIN_HITS=$CLUSTER_DIR/standin-hits.jsonl  # e2e/conftest.py's standin_hits fixture reads it
 NODE_NAME=$(hostname)
 # Components in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver coredns containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
+COMPONENTS=(standins etcd kube-apiserver coredns containerd kube-controller-manager kube-scheduler kubelet kube-proxy netpol)
 
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 
-node_ip() { ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
+# The node's address: the source of its route to a documentation address (a route lookup sends nothing).
+node_ip() { ip -4 route get 192.0.2.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
 
 is_running() { local f=$PIDS/$1.pid; [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; }
 
@@ -45,7 +48,10 @@ start() {
   local name=$1; shift
   if is_running "$name"; then return 0; fi
   mkdir -p "$LOGS" "$PIDS"
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null &
+  # Without the caller's other open files: a daemon that inherited a `flock` lock file would hold the lock for
+  # as long as it lives, and every later `flock ... make up` would wait forever.
+  ( for fd in /proc/self/fd/*; do fd=${fd##*/}; [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done 2>/dev/null
+    exec setsid "$@" >>"$LOGS/$name.log" 2>&1 < /dev/null ) &
   echo $! > "$PIDS/$name.pid"
 }
 
@@ -324,22 +330,40 @@ start_containerd() {
   wait_for containerd 30 "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" version
 }
 
-# CoreDNS answers the cluster's names (Services, ExternalName aliases) and forwards the rest to the host's resolver.
+# The stand-ins (standins.py): their addresses on lo, a listener on each, every hit a line in STANDIN_HITS.
+start_standins() {
+  start standins python3 "$here/standins.py" serve "$STANDIN_HITS"
+  wait_for standins 30 python3 "$here/standins.py" ready
+}
+
+# CoreDNS answers the cluster's names (Services, ExternalName aliases) and the stand-ins' zone (standins.py), and
+# NXDOMAIN for every other name: it forwards nothing, so no lookup a test makes leaves the machine.
 # It runs on the host like the other components, on the node's address only: pods reach it through the kube-dns
 # Service (apply_cluster_objects), and a sandbox's NetworkPolicy keeps it from there as from any other address.
 start_coredns() {
   local ip=$1
+  python3 "$here/standins.py" zone > "$CLUSTER_DIR/standins.zone"
   cat > "$CLUSTER_DIR/Corefile" <<EOF
-.:53 {
+$CLUSTER_DOMAIN:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $ip
     errors
     kubernetes $CLUSTER_DOMAIN in-addr.arpa ip6.arpa {
         kubeconfig $CLUSTER_DIR/coredns.kubeconfig coderun-local
-        fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }
-    forward . /etc/resolv.conf
     cache 5
+}
+$(python3 "$here/standins.py" zone-name):53 {
+    bind $ip
+    errors
+    file $CLUSTER_DIR/standins.zone
+}
+.:53 {
+    bind $ip
+    errors
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
 }
 EOF
   start coredns "$COREDNS_BIN/coredns" -conf "$CLUSTER_DIR/Corefile"
@@ -480,6 +504,7 @@ cmd_up() {
   mkdir -p "$CLUSTER_DIR" "$LOGS" "$PIDS"
   setup_pki "$ip"
   setup_host
+  start_standins
   start_etcd
   start_apiserver "$ip"
   start_coredns "$ip"
@@ -517,19 +542,21 @@ cmd_down() {
   rm -rf "$CLUSTER_DIR/cni/ipam"
   nft delete table inet coderun-netpol 2>/dev/null || true
   nft delete table bridge "$L2_TABLE" 2>/dev/null || true
+  python3 "$here/standins.py" remove
   log "cluster down"
 }
 
 # After `down`: nothing of the cluster may be left, no process started from its binaries or in a pod's
-# cgroup, and no mount under its directory.
+# cgroup, no mount under its directory, and no stand-in address on lo.
 cmd_verify_down() {
   local left=0 procs
-  procs=$(pgrep -af "$CODERUN_CACHE/bin/|--root=/run/coderun/runsc|$here/netpol.py|$repo/.venv/bin/coderun-operator" || true)
+  procs=$(pgrep -af "$CODERUN_CACHE/bin/|--root=/run/coderun/runsc|$here/netpol.py|$here/standins.py|$repo/.venv/bin/coderun-operator" || true)
   [ -z "$procs" ] || { log "processes left: $procs"; left=1; }
   procs=$(find /sys/fs/cgroup/pids/kubepods* -name cgroup.procs -exec cat {} + 2>/dev/null || true)
   [ -z "$procs" ] || { log "processes left in pod cgroups: $(echo $procs)"; left=1; }
   if grep -q " $CLUSTER_DIR" /proc/mounts; then log "mounts left: $(grep " $CLUSTER_DIR" /proc/mounts)"; left=1; fi
   if nft list tables 2>/dev/null | grep -qE "coderun-netpol|$L2_TABLE"; then log "nftables tables left"; left=1; fi
+  python3 "$here/standins.py" check || left=1
   [ $left = 0 ] && log "nothing of the cluster is left running or mounted"
   return $left
 }
@@ -541,6 +568,7 @@ cmd_status() {
     else printf '%-24s stopped\n' "$c"; fi
   done
   if is_running kube-apiserver; then kubectl get nodes -o wide 2>/dev/null || true; fi
+  echo "stand-in addresses on lo: $(python3 "$here/standins.py" on-lo)"
   echo "kubeconfig: $KUBECONFIG_ADMIN   kubectl: $K8S_BIN/kubectl   gVisor platform: $(cat "$CLUSTER_DIR/gvisor-platform" 2>/dev/null)"
 }
 
