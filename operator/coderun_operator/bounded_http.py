@@ -7,7 +7,10 @@ import socket
 import time
 import urllib.parse
 from http.client import HTTPConnection, HTTPException
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
 
 # (method, url, bearer, body, deadline) -> (status, body, headers). The deadline is a time.monotonic() value: the
 # call is over by then, answered or not (an OSError).
@@ -21,7 +24,7 @@ def call(method: str, url: str, bearer: str, body: bytes | None, deadline: float
     Content-Length (the pod went away), or is longer than `max_bytes` (read no further: memory stays bounded by
     that and http.client's limits on the head) is an OSError like no answer at all."""
     target = urllib.parse.urlsplit(url)
-    connection = _DeadlineConnection(target.hostname, target.port, deadline)
+    connection = _DeadlineConnection(target.hostname or "", target.port, deadline)
     path = target.path + (f"?{target.query}" if target.query else "")
     try:
         connection.request(method, path, body=body, headers={
@@ -53,17 +56,17 @@ class _DeadlineSocket(socket.socket):
     alone bounds each operation, so a peer sending a byte now and then could hold the call for hours."""
     deadline = 0.0
 
-    def recv_into(self, buffer, nbytes=0, flags=0):
+    def recv_into(self, buffer: WriteableBuffer, nbytes: int = 0, flags: int = 0) -> int:
         self.settimeout(_left(self.deadline))
         return super().recv_into(buffer, nbytes, flags)
 
-    def sendall(self, data, flags=0):  # bounds the whole send since Python 3.5
+    def sendall(self, data: ReadableBuffer, flags: int = 0) -> None:  # bounds the whole send since Python 3.5
         self.settimeout(_left(self.deadline))
         return super().sendall(data, flags)
 
 
 class _DeadlineConnection(HTTPConnection):
-    def __init__(self, host: str, port: int, deadline: float):
+    def __init__(self, host: str, port: int | None, deadline: float):
         super().__init__(host, port)
         self.deadline = deadline
 

@@ -11,6 +11,7 @@ import http.server
 import threading
 import time
 import urllib.request
+from typing import Any
 
 KOPF_START_GRACE_SECONDS = 60
 KOPF_PROBE_TIMEOUT_SECONDS = 5
@@ -27,7 +28,7 @@ class Health:
     def _kopf_answers(self) -> bool:
         try:
             with urllib.request.urlopen(self.kopf_liveness_url, timeout=KOPF_PROBE_TIMEOUT_SECONDS) as reply:
-                return reply.status == 200
+                return bool(reply.status == 200)
         except OSError:
             return False
 
@@ -58,7 +59,7 @@ def serve(port: int, health: Health) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *_) -> None:  # probes every few seconds would flood the log
+        def log_message(self, *_: Any) -> None:  # probes every few seconds would flood the log
             pass
 
     server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)

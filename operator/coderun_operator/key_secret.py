@@ -7,15 +7,19 @@ import base64
 import binascii
 import logging
 import secrets
+from typing import TYPE_CHECKING
 
 from .builders.names import LABEL_MANAGED_BY, MANAGER
+
+if TYPE_CHECKING:
+    from .kube_api import KubeApi
 
 log = logging.getLogger("coderun")
 
 KEY_BYTES = 32
 
 
-def ensure_key(api, namespace: str, name: str, entry: str, what: str) -> None:
+def ensure_key(api: KubeApi, namespace: str, name: str, entry: str, what: str) -> None:
     """The Secret `name` with a random key under `entry`, created if it is absent; an existing one is never
     touched. `what` names the key in the log line."""
     if api.read_secret(namespace, name) is not None:
@@ -30,7 +34,7 @@ def ensure_key(api, namespace: str, name: str, entry: str, what: str) -> None:
         pass
 
 
-def read_key(api, namespace: str, name: str, entry: str) -> bytes:
+def read_key(api: KubeApi, namespace: str, name: str, entry: str) -> bytes:
     """The key's bytes, or b"" when the Secret or its entry is missing or not base64."""
     secret = api.read_secret(namespace, name)
     try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from . import k8s
+if TYPE_CHECKING:  # types only: the seam itself pulls in no client
+    from . import k8s
 
 # A Kubernetes object (or a status) as JSON: its shape is checked where it is read, not by the type.
 Obj = dict[str, Any]

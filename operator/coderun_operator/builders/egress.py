@@ -15,7 +15,7 @@ import hashlib
 import ipaddress
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from coderun.api.models import EgressRule, Runtime
 from coderun.egress.credential import Budget, CredentialRefused, Grant, mint, proxy_url, read_grant
@@ -45,7 +45,7 @@ class EgressAccess:
     address: str | None = None  # host:port of that pod's proxy port, as the program dials it
 
 
-def uses_proxy(egress: tuple[EgressRule, ...] | list[EgressRule]) -> bool:
+def uses_proxy(egress: Sequence[EgressRule]) -> bool:
     """A policy with host rules routes its runs through the proxy (cidr rules alone are routes of their own)."""
     return any(rule.host is not None for rule in egress)
 

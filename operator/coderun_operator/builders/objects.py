@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from kubernetes.utils import parse_quantity
 
-from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule
+from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule, ResourceLimits
 from ..policy import Decision, Policy
 from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
@@ -46,12 +46,13 @@ def owner_reference(run: Mapping[str, Any], kind: str = KIND) -> dict[str, Any]:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def _child_metadata(run: Mapping[str, Any], suffix: str, extra_labels: Mapping[str, str] = ()) -> dict[str, Any]:
+def _child_metadata(run: Mapping[str, Any], suffix: str, extra_labels: Mapping[str, str] | None = None
+                    ) -> dict[str, Any]:
     meta = run["metadata"]
     return {
         "name": child_name(meta["name"], suffix),
         "namespace": meta["namespace"],
-        "labels": {**run_labels(meta["name"], meta["uid"]), **dict(extra_labels)},
+        "labels": {**run_labels(meta["name"], meta["uid"]), **(extra_labels or {})},
         "ownerReferences": [owner_reference(run)],
     }
 
@@ -119,7 +120,7 @@ def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: D
             data[f"file-{i}"] = f.content
         else:
             # Normalise: strip whitespace the API allowed and re-encode, so the kubelet always decodes it.
-            binary[f"file-{i}"] = base64.b64encode(base64.b64decode("".join(f.content_base64.split()))).decode()
+            binary[f"file-{i}"] = base64.b64encode(base64.b64decode("".join((f.content_base64 or "").split()))).decode()
     cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _child_metadata(run, "input"),
           "immutable": True, "data": data}
     if binary:
@@ -188,7 +189,7 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
     }
 
 
-def sandbox_memory(limits) -> str:
+def sandbox_memory(limits: ResourceLimits) -> str:
     """The pod's memory: the program's, plus its /tmp, which the runner keeps in a tmpfs capped at the disk
     limit (its pages are memory). A program is OOMKilled only once it holds more than limits.memory itself."""
     total = int(parse_quantity(limits.memory) + parse_quantity(limits.disk))
@@ -211,7 +212,7 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
     (read-only for a ConfigMap; a warm pod's runner writes it)."""
     limits = decision.limits
     ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN))
-    input_mount = {"name": "input", "mountPath": INPUT_MOUNT}
+    input_mount: dict[str, Any] = {"name": "input", "mountPath": INPUT_MOUNT}
     if "configMap" in input_volume:
         input_mount["readOnly"] = True  # else left out, as the API server leaves out a false one
     resources = {"cpu": limits.cpu, "memory": sandbox_memory(limits), "ephemeral-storage": ephemeral}
@@ -259,10 +260,11 @@ def build_pool_pod(namespace: str, decision: Decision, pool: Mapping[str, str], 
     after `idle_seconds` unclaimed, so a pool never keeps a stale pod for ever (the kubelet's deadline, or, where
     the policy allows sessions, the pool's refill: the deadline leaves room for a session's lifetime after that,
     and a claim shrinks it to what its run or session needs)."""
-    metadata = {"generateName": pool_name_prefix(pool[LABEL_POOL]), "namespace": namespace,
-                "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_POOL: pool[LABEL_POOL],
-                           LABEL_POOL_LANGUAGE: pool[LABEL_POOL_LANGUAGE]},
-                "annotations": {ANNOTATION_POLICY: decision.policy.name, ANNOTATION_POOL_KEY: pool["key"]}}
+    metadata: dict[str, Any] = {
+        "generateName": pool_name_prefix(pool[LABEL_POOL]), "namespace": namespace,
+        "labels": {LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true", LABEL_POOL: pool[LABEL_POOL],
+                   LABEL_POOL_LANGUAGE: pool[LABEL_POOL_LANGUAGE]},
+        "annotations": {ANNOTATION_POLICY: decision.policy.name, ANNOTATION_POOL_KEY: pool["key"]}}
     if decision.policy.uid:
         metadata["ownerReferences"] = [{"apiVersion": API_VERSION, "kind": "CodeRunPolicy",
                                         "name": decision.policy.name, "uid": decision.policy.uid}]

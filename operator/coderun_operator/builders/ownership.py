@@ -39,7 +39,9 @@ def _same_content(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> boo
     if kind == "NetworkPolicy":
         return same_rules(existing.get("spec") or {}, wanted["spec"])
     have, want = existing.get("spec") or {}, wanted["spec"]
-    pick = lambda c: (c.get("image"), c.get("command"), c.get("args"), c.get("env") or [])  # noqa: E731
+
+    def pick(c: Mapping[str, Any]) -> tuple[Any, ...]:
+        return c.get("image"), c.get("command"), c.get("args"), c.get("env") or []
     return (have.get("runtimeClassName") == want.get("runtimeClassName")
             and [pick(c) for c in have.get("containers") or ()] == [pick(c) for c in want["containers"]]
             and [v.get("configMap", {}).get("name") for v in have.get("volumes") or ()]

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
+import re2
+
 from coderun.api.coderunpolicy import CodeRules
 from coderun.api.reasons import Reason
 from coderun.api.policy import Denial
@@ -17,7 +19,7 @@ IMPORT_FUNCTIONS = {"__import__", "importlib.import_module"}
 
 
 def check_code(language: str, code: str, rules: CodeRules | None, policy_name: str,
-               compiled_denied: tuple | None = None) -> Denial | None:
+               compiled_denied: tuple[re2._Regexp, ...] | None = None) -> Denial | None:
     """`compiled_denied`: the loaded policy's denied patterns, compiled (policy/patterns.py); without them (a
     policy built in code) each pattern is compiled here, within the same budget, and not kept."""
     if rules is None:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping
+from typing import Mapping, TypeGuard
 
 from kubernetes.utils import parse_quantity
 
@@ -17,10 +17,10 @@ from .code_rules import check_code
 _QUANTITY_FIELDS = {"memory", "cpu", "disk"}
 
 
-def _exceeds(name: str, asked, maximum) -> bool:
+def _exceeds(name: str, asked: str | int, maximum: str | int) -> bool:
     if name in _QUANTITY_FIELDS:
-        return parse_quantity(asked) > parse_quantity(maximum)
-    return asked > maximum
+        return bool(parse_quantity(asked) > parse_quantity(maximum))
+    return int(asked) > int(maximum)
 
 
 def first_above(asked: ResourceLimits, maximums: ResourceLimits) -> tuple[str, object, object] | None:
@@ -112,7 +112,7 @@ def select_policy(policy_ref: str | None, known: Mapping[str, Policy | InvalidPo
     return found
 
 
-def needs_use_permission(policy_ref: str | None) -> bool:
+def needs_use_permission(policy_ref: str | None) -> TypeGuard[str]:
     """Naming a policy other than the namespace's `default` is an authorization decision: the creator needs the
     RBAC verb `use` on coderunpolicies/<name> (the baseline cannot be named at all)."""
     return bool(policy_ref) and policy_ref not in (NAMESPACE_DEFAULT_POLICY, DEFAULT_POLICY.name)

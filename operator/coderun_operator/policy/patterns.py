@@ -7,10 +7,12 @@ patterns process-wide (only the fixed built-in redaction patterns).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import re2
 
+from coderun.api.policy import Policy
+from .evaluate import InvalidPolicyMark
 from .redact import InvalidPattern, Redactor, compile_pattern
 
 # All of one policy's patterns together, in RE2 instructions (each pattern: at most PATTERN_MAX_PROGRAM).
@@ -49,10 +51,11 @@ def compile_policy_patterns(redaction: Sequence[str], denied: Sequence[str]) -> 
     return CompiledPatterns(Redactor(compiled[:len(redaction)]), tuple(compiled[len(redaction):]), total)
 
 
-def redactor(policy, live_policies: Mapping[str, Any]) -> Redactor:
+def redactor(policy: Policy | None, live_policies: Mapping[str, Policy | InvalidPolicyMark]) -> Redactor:
     """The redactor the loaded policy compiled, when the run's recorded policy is still the live one (same
     digest); else one for this result only (the policy changed or went: its patterns are not kept for it)."""
     live = live_policies.get(policy.name) if policy else None
-    if policy and getattr(live, "digest", None) == policy.digest and live.compiled_patterns:
-        return live.compiled_patterns.redactor
+    if policy and isinstance(live, Policy) and live.digest == policy.digest and live.compiled_patterns:
+        compiled: CompiledPatterns = live.compiled_patterns  # Any on the light install's Policy
+        return compiled.redactor
     return Redactor(policy.redaction_patterns if policy else ())

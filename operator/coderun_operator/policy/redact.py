@@ -116,8 +116,3 @@ class Redactor:
             text, n = pattern.subn(f"{keep}[REDACTED:{kind}]", text)
             total += n
         return text, total
-
-    def redact_head(self, text: str, keep_chars: int) -> tuple[str, int]:
-        """Redact first, then keep the head: a secret cut by the cap is still matched whole, never half-shown."""
-        clean, n = self.redact(text)
-        return clean[:keep_chars], n

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from coderun.api.coderunsession import CodeRunSessionSpec
-from coderun.api.models import CodeRunSpec, Limits, ResourceLimits
+from coderun.api.models import CodeRunSpec, Limits, ResourceLimits, Runtime
 from coderun.api.policy import Decision, Denial, Policy
 from coderun.api.reasons import SessionReason
 from coderun.sandbox.runner.protocol import can_keep_state
@@ -65,7 +65,7 @@ def run_in_session(spec: CodeRunSpec, sandbox: ResourceLimits, policy: Policy) -
     return evaluate(spec.model_copy(update={"limits": limits}), policy)
 
 
-def keeps_state(runtime) -> bool:
+def keeps_state(runtime: Runtime) -> bool:
     """Whether the runner can hold one interpreter for a session of this runtime (runner kept_interpreter.py)."""
     return can_keep_state({"language": runtime.language, "command": list(runtime.command),
                          "codeFile": runtime.code_file})
