@@ -105,7 +105,7 @@ _OWN_NAMESPACE = {("coordination.k8s.io", "leases", v) for v in ("get", "create"
 def _calls_in_k8s_py() -> set[tuple[str, str, str]]:
     source = (REPO / "operator" / "coderun_operator" / "k8s.py").read_text()
     needed = set()
-    for verb, rest, plural in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)(?:, GROUP,\s+VERSION, \w+, (POLICY_PLURAL|SESSION_PLURAL)\b)?", source):
+    for verb, rest, plural in re.findall(r"(?:_(?:core|networking|custom|coordination|admissionregistration|authorization)\(\)|\bcore)\.([a-z]+)_([a-z_]+)(?:,\s+GROUP,\s+VERSION,\s+\w+,\s+(POLICY_PLURAL|SESSION_PLURAL)\b)?", source):
         assert rest in _RESOURCES, f"k8s.py calls {verb}_{rest}: add it to this test's table and the chart's RBAC"
         group, resource = _RESOURCES[rest]
         if plural:  # a namespaced custom object call on CodeRunPolicies or CodeRunSessions rather than CodeRuns
@@ -142,7 +142,7 @@ def test_rbac_grants_exactly_what_the_code_calls(helm):
     assert {("", "pods", "create"), ("coderun.io", "coderuns/status", "patch"), ("", "pods/attach", "create")} <= needed
     granted = _granted(cluster_rules) | _granted(namespace_rules)
     assert granted == needed | _KOPF_AND_OWNERS, (
-        f"missing: {sorted(needed | _KOPF_AND_OWNERS - granted)}; unused: {sorted(granted - needed - _KOPF_AND_OWNERS)}")
+        f"missing: {sorted((needed | _KOPF_AND_OWNERS) - granted)}; unused: {sorted(granted - needed - _KOPF_AND_OWNERS)}")
     assert _granted(namespace_rules) == _OWN_NAMESPACE  # cluster-wide, the operator cannot write leases
     assert not any("*" in rule["verbs"] + rule["resources"] for rule in cluster_rules + namespace_rules)
     assert not any("secrets" in rule["resources"] for rule in cluster_rules)
