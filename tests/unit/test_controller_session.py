@@ -1015,8 +1015,9 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     (80 queued runs looked at on each of the session's events cost the operator ~80 steps a run)."""
     api, _, ctl = env
     serving_session(env)
-    stepped, step = [], ctl.sessions.step_run
-    ctl.sessions.step_run = lambda run: stepped.append(run["metadata"]["name"]) or step(run)
+    stepped, decide, follow = [], ctl.sessions.decide, ctl.sessions.follow  # a session run's steps
+    ctl.sessions.decide = lambda run: stepped.append(run["metadata"]["name"]) or decide(run)
+    ctl.sessions.follow = lambda run: stepped.append(run["metadata"]["name"]) or follow(run)
     runs = [api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:{i:02d}Z"))
             for i in range(1, 11)]
     for run in runs:

@@ -7,9 +7,11 @@ from typing import Any, Mapping
 
 from ..audit import NOT_INSTALLED, AgentAnswer, AuditAgent, since_ns
 from ..policy.redact import Redactor
+from ..results.frame import FrameError
 from ..results.audit import audit_status, record_text, unavailable, with_audit, with_record
 from ..results.status import Outcome
 from .children import store_audit_record
+from .placement import Collected
 
 
 def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str, Any],
@@ -25,6 +27,17 @@ def ask_agent(agent: AuditAgent | None, run: Mapping[str, Any], pod: Mapping[str
 
 def node_saw_oom_kill(answer: AgentAnswer | str) -> bool:
     return isinstance(answer, AgentAnswer) and answer.oom_killed
+
+
+def oom_evidence(collected: Collected, answer: AgentAnswer | str) -> bool:
+    """Whether the OOM killer ended the program, every witness in one place: the sandbox's own word (a container
+    OOMKilled, a session ended by it), or the node's count for a program killed by a SIGKILL nobody explains
+    (containerd's OOM event can trail the exit it explains). Without a frame, the node's word (the container's
+    own is read with the pod's state)."""
+    node = node_saw_oom_kill(answer)
+    if isinstance(collected.frame, FrameError):
+        return node
+    return collected.oom_killed or (node and collected.frame.killed_unexplained)
 
 
 def audited(api, answer: AgentAnswer | str, run: Mapping[str, Any], outcome: Outcome,

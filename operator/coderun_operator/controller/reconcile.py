@@ -1,10 +1,12 @@
 """The controller: one reconcile per run, driven by watch events and a timer, over the in-memory store.
 
-A run goes admit -> start -> collect -> finish, each step read off what the store holds (level-triggered):
-a run without a pod is admitted (policy, approval, the cache, a slot) and started (a warm pod if its pool has
-one, else its children are created, pod last); a run with a pod is followed until its container ended and its
-result is collected; every status goes through the one writer (writer.py), every terminal one through
-`finish`. Going cold from a warm pod is a status write (no pod) followed by another reconcile.
+Every run goes admit -> place -> follow -> collect -> finish, each step read off what the store holds (level-
+triggered), whatever runs its program: a run without a pod is admitted (its decision source: its policy, with
+approval, the cache and a slot; or its session) and placed (placement.py: its session's sandbox; else a warm pod
+if its pool has one, else a cold pod of its own); a placed run is followed by its placement until its frame is
+collected; every status goes through the one writer (writer.py), every terminal one through `_finish`, after
+which the placement lets the sandbox go. A placement given up before the program ran (a warm pod gone cold) is a
+status write (no pod) followed by another reconcile.
 
 Order matters for "nothing is lost": children are created before the status names them, artifacts are stored
 before the status lists them, and the pod is deleted only after the result is written, so a crash at any
@@ -28,12 +30,10 @@ from .. import metrics
 from coderun.api.coderunpolicy import spec_digest
 from coderun.api.identity import APPROVED_BY
 from coderun.api.models import CodeRunSpec, ResourceLimits
-from coderun.api.reasons import Phase, Reason, StartMode
-from ..builders import code_hash
+from coderun.api.reasons import Phase, Reason
 from ..builders.egress import credential_expiry, uses_proxy
-from ..builders.names import CONTAINER_NAME
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
-from ..policy import DEFAULT_POLICY, Decision, Denial, InvalidPolicyMark
+from ..policy import Decision, Denial, InvalidPolicyMark
 from ..policy.approval import approval_verdict, shown_identity
 from ..policy.decide import no_requester, parse_spec, verdict
 from ..policy.load import InvalidPolicy, policy_from_object
@@ -42,23 +42,22 @@ from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, 
                              pick_reusable, reused_outcome)
 from ..audit import AuditAgent
 from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
-from ..results.frame import FrameError, RunnerFrame, parse_frame, parse_streamed_frame
+from ..results.frame import FrameError
 from ..results.network import log_text, merged, summarise, with_network
-from ..results.pod_state import (container_status, eviction, has_failed, image_with_digest, is_running,
-                                 not_scheduled_because, pod_level_failure, start_verdict, terminated,
-                                 waiting_message)
+from ..results.pod_state import container_status, eviction, image_with_digest
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
-                              parse_time, refusal_fields, rfc3339, running_status, started_status, unstarted_status,
-                              waiting_status)
-from .attach import STREAM_LIMIT_BYTES
-from .audit import ask_agent, audited, node_saw_oom_kill
-from .children import ArtifactsConflict, copy_artifacts, create_sandbox, store_artifacts, store_network_log
+                              parse_time, refusal_fields, rfc3339, waiting_status)
+from .audit import ask_agent, audited, oom_evidence
+from .children import ArtifactsConflict, copy_artifacts, store_artifacts, store_network_log
+from .cold import ColdPlacement
 from .identity import IdentityGuard, creator_may_use
+from .placement import Admitted, Again, Collected, Decide, Placement
 from .policy_status import PolicyStatusWriter
-from .session import HeldFrame, Sessions
-from .store import Store, is_terminal, owner_uid, resource_version
+from .session import Sessions
+from .session.placement import SessionPlacement
+from .store import Store, is_terminal, resource_version
 from .warm import Claims, Refill
-from .warm.trust import incomplete_input, ran_this_claim
+from .warm.placement import WarmPlacement
 from .workqueue import WorkQueue
 from .writer import StatusWriter
 
@@ -90,9 +89,6 @@ class Controller:
         self._namespace_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
         # namespaces where a run finished: their queued runs are looked at once no run lock is held
         self._freed: WorkQueue[str] = WorkQueue()
-        # session runs that ended at a step of their own (refused, or finished from the sandbox's log): the run
-        # behind each in its session's queue is looked at once no run lock is held
-        self._session_turns: WorkQueue[str] = WorkQueue()
         self.writer = StatusWriter(api, self.store, clock, on_finished=self._freed.add)
         self.policy_status = PolicyStatusWriter(api, clock)
         self.pool = Refill(api, self.store, proxy, on_pools=self.policy_status.pools, clock=clock)
@@ -104,6 +100,11 @@ class Controller:
                                  self._reconcile_runs, self._list_runs_once, self.identity.problem,
                                  lambda obj: creator_may_use(api, self.identity, obj), proxy,
                                  self.claims.claim_for_session)
+        # where a run's program runs (placement.py): chosen once per start, then named by its status's startMode
+        self.cold = ColdPlacement(api, self.store, self.writer, clock)
+        self.warm = WarmPlacement(self.claims)
+        self.in_session = SessionPlacement(self.sessions)
+        self._placed: dict[str, Placement] = {p.mode: p for p in (self.cold, self.warm, self.in_session)}
 
     # ------------------------------------------------------------------ entry points (handlers call these)
     def on_run(self, run: Mapping[str, Any], deleted: bool) -> None:
@@ -189,30 +190,19 @@ class Controller:
         self.policy_status.flush()
 
     def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
-        """What a warm pod's session hands back (from its thread): no input sent (None), or the stream's frame."""
-        if text is None:
-            self._with_run(uid, lambda run: self._go_cold(run, pod_name, "the warm pod could not be attached"))
-        else:
-            self._with_run(uid, lambda run: self._collect_streamed(run, pod_name, text, nonce))
+        """What a warm pod's attach brought back (from its thread): no input sent (None), or the stream's frame."""
+        self._with_run(uid, lambda run: self._conclude(run, self.warm, self.warm.streamed(run, pod_name, text,
+                                                                                          nonce)))
 
     def _session_streamed(self, uid: str, pod_name: str, sent: bool, text: str, nonce: str) -> None:
-        """What a session run's stream brought back (from its thread): its frame, through the finish a warm or
-        cold run's goes through; or why it has none."""
-        def step(run: dict[str, Any]) -> None:
-            result = self.sessions.streamed(run, sent, text, nonce)
-            if isinstance(result, HeldFrame):
-                self._finish_session_frame(run, result)
-            elif isinstance(result, Outcome):
-                self._finish(run, result)
-        self._with_run(uid, step)
+        """What a session run's stream brought back (from its thread): its frame, through the finish every run's
+        goes through; or why it has none. A run it did not end (not sent, or its frame still to come) moves its
+        session all the same (the run is sent again, or the session's status moves)."""
+        self._with_run(uid, lambda run: self._conclude(run, self.in_session,
+                                                       self.in_session.streamed(run, sent, text, nonce)))
         run = self.store.run(uid)
-        if run is not None:
+        if run is not None and not is_terminal(run):
             self.sessions.after_run(run, self.ensure_policies_listed)
-
-    def _finish_session_frame(self, run: Mapping[str, Any], held: HeldFrame) -> None:
-        """A session run's frame through the finish every run's goes through; then the session lets it go."""
-        self._finish_from_frame(run, self.sessions.sandbox_of(run), held.frame, oom_killed=held.oom_killed)
-        self.sessions.finished(run)
 
     def _reconcile_runs(self, uids: list[str]) -> None:
         for uid in uids:
@@ -230,15 +220,7 @@ class Controller:
             if run is not None and not (unfinished_only and is_terminal(run)):
                 self._guarded(uid, run, lambda: step(run))
         self._start_queued()
-        self._pass_session_turns()
-
-    def _pass_session_turns(self) -> None:
-        self._session_turns.drain(self._pass_session_turn)
-
-    def _pass_session_turn(self, uid: str) -> None:
-        run = self.store.run(uid)
-        if run is not None:
-            self.sessions.after_run(run, self.ensure_policies_listed)
+        self.in_session.pass_turns(self.ensure_policies_listed)
 
     def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
         uid = run["metadata"]["uid"]
@@ -248,24 +230,40 @@ class Controller:
                 self.api.delete_pod(run["metadata"]["namespace"], pod["metadata"]["name"])
             self.writer.schedule_expiry(run)
             return
-        if (run.get("spec") or {}).get("session"):
-            outcome = self.sessions.step_run(run)
-            if isinstance(outcome, HeldFrame):
-                self._finish_session_frame(run, outcome)
-            elif outcome is not None:
-                self._finish(run, outcome)
-            after = self.store.run(run["metadata"]["uid"])
-            if outcome is not None and (after is None or is_terminal(after)):  # (not a finish the API refused)
-                self._session_turns.add(run["metadata"]["uid"])
-            return
         if not (run.get("status") or {}).get("podName"):
             self._admit(run)
             if not (run.get("status") or {}).get("phase"):
                 # Until looked at, it counted as ahead of every queued run of its namespace; now it does only if
                 # it took a slot, so queued runs may start (e.g. it waits for approval instead).
                 self._freed.add(run["metadata"]["namespace"])
-        else:
-            self._follow(run, self.store.pod(uid), pod_event_deleted)
+            return
+        placement = self._placement_of(run)
+        _, decision = self._decide(run)
+        self._conclude(run, placement, placement.follow(run, decision if isinstance(decision, Decision) else None,
+                                                        pod_event_deleted))
+
+    def _placements(self, run: Mapping[str, Any]) -> tuple[Decide, tuple[Placement, ...]]:
+        """Where a run not placed yet may go, and what decides it: a run naming a session, its session; any
+        other, its policy, then a warm pod when its pool has one, else cold."""
+        if (run.get("spec") or {}).get("session"):
+            return self.in_session.decide, (self.in_session,)
+        return self._admission, (self.warm, self.cold)
+
+    def _placement_of(self, run: Mapping[str, Any]) -> Placement:
+        """Where a placed run is, as its status names it."""
+        return self._placed.get((run.get("status") or {}).get("startMode") or "", self.cold)
+
+    def _conclude(self, run: Mapping[str, Any], placement: Placement,
+                  result: Collected | Outcome | Again | None) -> None:
+        """What a placement says of a run: its frame to finish from, an outcome to end it with, or a placement
+        given up (the run is placed anew)."""
+        if isinstance(result, Again):
+            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
+        elif isinstance(result, Collected):
+            self._finish_collected(run, placement, result)
+        elif isinstance(result, Outcome):
+            self._finish(run, result)
+            placement.release(run, (run.get("status") or {}).get("podName"))
 
     def _decide(self, run: Mapping[str, Any], may_use: Callable[[str], Denial | None] = no_requester
                 ) -> tuple[CodeRunSpec | None, Decision | Denial]:
@@ -288,32 +286,58 @@ class Controller:
         _, decision = self._decide(run)
         return decision.limits if isinstance(decision, Decision) else None
 
-    def _go_cold(self, run: Mapping[str, Any], pod_name: str, why: str) -> None:
-        """Give the warm pod up; the run, written back to Pending without a pod, is reconciled again: cold."""
-        if self.claims.go_cold(run, pod_name, why):
-            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
-
     # ------------------------------------------------------------------ admit
     def _admit(self, run: Mapping[str, Any]) -> None:
-        meta = run["metadata"]
+        """Decide, then place: a slot (when the policy caps its runs) and the egress access first, then the first
+        placement that takes the run."""
+        decide, placements = self._placements(run)
         self.ensure_policies_listed()
+        admitted = decide(run)
+        if isinstance(admitted, Outcome):
+            self._conclude(run, placements[-1], admitted)
+            return
+        if admitted is None:
+            return
+        if not admitted.takes_slot:
+            self._place(run, admitted, placements)
+            return
+        with self._namespace_lock(run["metadata"]["namespace"]):  # the count and the start are one step: the cap
+            if self._slot_free(run, admitted.decision):           # holds exactly
+                self._place(run, admitted, placements)
+
+    def _admission(self, run: Mapping[str, Any]) -> Admitted | Outcome | None:
+        """A run's policy decides (its creator may name it), a person approves when the policy says so, and an
+        earlier run's result answers it when its cache allows (no pod at all)."""
         spec, decision = self._decide(run, creator_may_use(self.api, self.identity, run))
         if isinstance(decision, Denial):
-            self.writer.finish(run, Outcome(Phase.REJECTED, decision.reason, decision.message,
-                                            refusal_fields(decision)))
-            return
+            return Outcome(Phase.REJECTED, decision.reason, decision.message, refusal_fields(decision))
+        assert spec is not None  # a spec that does not parse is a Denial
         if decision.policy.approval_required() and not self._approved(run, decision):
-            return
+            return None
         digest = image_digest(decision.runtime.image, self._node_images())
         key = cache_key(spec, decision, digest)
         if spec.cache and spec.cache.enabled and key and self._answer_from_cache(run, spec, decision, digest, key):
+            return None
+        return Admitted(spec, decision, key, takes_slot=decision.policy.max_concurrent_runs is not None)
+
+    def _place(self, run: Mapping[str, Any], admitted: Admitted, placements: tuple[Placement, ...]) -> None:
+        """The run's egress access (the proxy pod it is pinned to, its credential), then the first placement that
+        takes it."""
+        decision = admitted.decision
+        try:
+            egress = access_for(self.proxy, decision.policy.egress, run["metadata"]["uid"])
+        except ProxyUnavailable as e:
+            self._conclude(run, placements[-1], Outcome(Phase.FAILED, Reason.START_FAILED,
+                                                        cannot_start(e, decision.policy.name),
+                                                        decision_fields(decision)))
             return
-        if decision.policy.max_concurrent_runs is None:
-            self._start(run, spec, decision, key)
-            return
-        with self._namespace_lock(meta["namespace"]):  # the count and the start are one step: the cap holds exactly
-            if self._slot_free(run, decision):
-                self._start(run, spec, decision, key)
+        for placement in placements:
+            placed = placement.place(run, admitted, egress)
+            if isinstance(placed, Outcome):
+                self._conclude(run, placement, placed)
+                return
+            if placed:
+                return
 
     def _approved(self, run: Mapping[str, Any], decision: Decision) -> bool:
         """The supervisor pattern: approved-by lets the run go on, rejected-by ends it, each as the API server
@@ -404,146 +428,37 @@ class Controller:
             metrics.CACHE_HITS.labels(metrics.language_label(spec.language)).inc()
         return True
 
-    # ------------------------------------------------------------------ start
-    def _start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None) -> None:
-        try:
-            egress = access_for(self.proxy, decision.policy.egress, run["metadata"]["uid"])
-        except ProxyUnavailable as e:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, cannot_start(e, decision.policy.name),
-                                            decision_fields(decision)))
+    # ------------------------------------------------------------------ finish
+    def _finish_collected(self, run: Mapping[str, Any], placement: Placement, collected: Collected) -> None:
+        """Store artifacts and the audit record, write the status, let the sandbox go, in that order (a crash in
+        between is repaired). A frame that proves the program never ran there places the run anew."""
+        if isinstance(placement.vet(run, collected), Again):
+            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
             return
-        if self.claims.try_start(run, spec, decision, key, egress):
-            return
-        try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
-            pod_name, conflict, proxy_pod = create_sandbox(self.api, run, spec, decision, egress,
-                                                           self.now().timestamp())
-        except self.api.Refused as refused:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota "
-                                            "or admission policy must allow the sandbox", decision_fields(decision)))
-            return
-        if conflict:
-            self.writer.finish(run, Outcome(Phase.FAILED, Reason.NAME_CONFLICT, conflict, decision_fields(decision)))
-            return
-        status = started_status(run, decision, pod_name, code_hash(spec), key, StartMode.COLD, self.now(),
-                                proxy_pod=proxy_pod)
-        if self.writer.write(run, status) is not None:
-            self.writer.event(run, "Normal", Reason.POD_CREATED, f"sandbox pod {pod_name} created")
-
-    # ------------------------------------------------------------------ follow the pod, collect
-    def _follow(self, run: Mapping[str, Any], pod: Mapping[str, Any] | None, pod_deleted: bool) -> None:
-        """Running, a verdict on a pod that cannot start, and the result once the container terminated (read as
-        soon as the kubelet says so, about a second before the pod phase moves)."""
         meta, status = run["metadata"], run.get("status") or {}
-        ns = meta["namespace"]
-        if pod is not None and pod["metadata"]["name"] != status["podName"]:
-            pod = None  # a warm pod given up for a cold start: not this run's pod any more
-        if pod is None and not pod_deleted:
-            pod = self.api.get_pod(ns, status["podName"])  # not in the store (yet): ask before calling it gone
-            if pod is not None and owner_uid(pod) != meta["uid"]:
-                pod = None  # a pod under its name that is not this run's: this run's pod is gone
-            if pod is not None:
-                self.store.put_pod(pod)
-        if pod is None:
-            self._finish(run, Outcome(Phase.FAILED, Reason.POD_DELETED,
-                                            f"the sandbox pod {status['podName']} was deleted before the program "
-                                            "finished; create the CodeRun again"))
-            return
-        if terminated(pod):
-            self._collect(run, pod)
-            return
-        failure = pod_level_failure(pod, self._limits(run)) if has_failed(pod) else None  # limits: only then
-        if failure:
-            self._finish(run, failure)
-            self.api.delete_pod(ns, pod["metadata"]["name"])
-            return
-        if is_running(pod):
-            if status.get("phase") != Phase.RUNNING and not self.claims.answering_soon(run):
-                self.writer.write(run, running_status(run, self.now()))
-            if status.get("startMode") == StartMode.WARM:
-                current = self.store.run(meta["uid"]) or run
-                if self.claims.recover(current, pod):
-                    self._reconcile(self.store.run(meta["uid"]) or current, False)
-            return
-        started = parse_time(status.get("startTime")) or self.now()
-        _, decision = self._decide(run)
-        deadline = (decision.policy if isinstance(decision, Decision) else DEFAULT_POLICY).start_deadline_seconds
-        verdict = start_verdict(pod, (self.now() - started).total_seconds(), deadline, self.api.nodes)
-        if verdict:
-            self._finish(run, verdict)
-            self.api.delete_pod(ns, pod["metadata"]["name"])
-            return
-        waiting = waiting_message(pod["metadata"]["name"], pod, deadline)
-        if status.get("reason") == Reason.POD_CREATED and status.get("message") != waiting \
-                and (status.get("startMode") == StartMode.COLD or not_scheduled_because(pod)):
-            self.writer.write(run, unstarted_status(waiting))  # the scheduler's word, as soon as it is said
-
-    def _collect(self, run: Mapping[str, Any], pod: Mapping[str, Any]) -> None:
-        """The container ended: read the log once and trust only the frame the termination message vouches for."""
-        state = terminated(pod) or {}
-        text, complete = self.api.read_log(run["metadata"]["namespace"], pod["metadata"]["name"], CONTAINER_NAME,
-                                           STREAM_LIMIT_BYTES)
-        try:
-            frame = parse_frame(text, state.get("message"), complete)
-        except FrameError as e:
-            frame = e
-        self._finish_from_frame(run, pod, frame, oom_killed=state.get("reason") == "OOMKilled")
-
-    def _collect_streamed(self, run: Mapping[str, Any], pod_name: str, text: str, nonce: str) -> None:
-        """A warm pod's frame, straight off the attach stream, vouched by the claim's nonce. Anything less is left
-        to `_collect` when the container ends (the log and the termination message hold the same frame)."""
-        if is_terminal(run) or (run.get("status") or {}).get("podName") != pod_name:
-            return
-        try:
-            frame = parse_streamed_frame(text, nonce)
-        except FrameError as e:
-            log.warning("run %s: %s; waiting for the pod's log", run["metadata"]["name"], e)
-            return
-        if frame.killed_unexplained:
-            # Only the container's end (and the node's count) says whether it was the OOM killer, as for a cold run.
-            return
-        pod = self.store.pod(run["metadata"]["uid"])
-        if pod is None or pod["metadata"]["name"] != pod_name:
-            pod = {"metadata": {"name": pod_name}}
-        self._finish_from_frame(run, pod, frame, oom_killed=False)
-
-    def _finish_from_frame(self, run: Mapping[str, Any], pod: Mapping[str, Any], frame: RunnerFrame | FrameError,
-                           oom_killed: bool) -> None:
-        """Store artifacts and the audit record, write the status, delete the pod, in that order (a crash in between
-        is repaired)."""
-        meta, status = run["metadata"], run.get("status") or {}
-        ns, pod_name = meta["namespace"], pod["metadata"]["name"]
-        if isinstance(frame, RunnerFrame) and status.get("startMode") == StartMode.WARM:
-            if incomplete_input(frame):
-                self._go_cold(run, pod_name, "the warm pod's input was cut short; the program did not run")
-                return
-            if not ran_this_claim(frame, pod):
-                self._go_cold(run, pod_name, "the warm pod ran an input that was not this run's (someone attached "
-                              "to it first); this run's program did not run there")
-                return
+        ns, pod, frame = meta["namespace"], collected.pod, collected.frame
         spec, decision = self._decide(run)
         policy = decision.policy if isinstance(decision, Decision) else None
         effective = decision.limits if isinstance(decision, Decision) else None
         redact = redactor(policy, self.store.policies(ns))
-        answer = ask_agent(self.audit, run, pod, self.sessions.keeps_state(run))
-        node_oom = node_saw_oom_kill(answer)  # where containerd's OOM event trailed the exit it explains
+        answer = ask_agent(self.audit, run, pod, placement.keeps_state(run))
         if isinstance(frame, FrameError):
             outcome = eviction(pod, effective) or outcome_without_frame(
-                str(frame), frame.truncated, container_status(pod), effective, node_oom)
+                str(frame), frame.truncated, container_status(pod), effective, oom_evidence(collected, answer))
         else:
             try:
                 artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
             except ArtifactsConflict as e:
                 artifacts, skipped, conflict = [], [], e
-            outcome = outcome_from_frame(spec, frame, redact, oom_killed or (node_oom and frame.killed_unexplained),
-                                         effective, parse_time(status.get("startTime")), artifacts,
+            outcome = outcome_from_frame(spec, frame, redact, oom_evidence(collected, answer), effective, parse_time(status.get("startTime")), artifacts,
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:
                 outcome = replace(outcome, phase=Phase.FAILED, reason=Reason.NAME_CONFLICT, message=str(conflict))
         outcome = audited(self.api, answer, run, outcome, redact)
         image = image_with_digest(pod, status.get("image") or "")
-        in_session = status.get("startMode") == StartMode.SESSION  # its result depends on the runs before it
+        # a shared sandbox's result depends on the runs before it: never a cache's answer
         key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec and \
-            not in_session else None
+            not placement.shares_sandbox else None
         outcome = outcome.with_fields(
             image=image, metrics={**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})},
             cacheKey=key)
@@ -552,8 +467,7 @@ class Controller:
             labelled = self.api.label_run(ns, meta["name"], {CACHE_LABEL: label_value(key)})
             if labelled is not None:
                 self.store.put_run(labelled)
-        if not in_session:  # the session's pod is the session's, for its next run
-            self.api.delete_pod(ns, pod_name)
+        placement.release(run, pod["metadata"]["name"])
 
     def _finish(self, run: Mapping[str, Any], outcome: Outcome) -> dict[str, Any] | None:
         """The end of a run that had a sandbox: through the egress proxy, its credential revoked and its requests
@@ -611,9 +525,7 @@ class Controller:
         checked again once the check's cache expires; no event says it was repaired)."""
         status = run.get("status") or {}
         return (uid in self._failures or uid in self._retrying or not status.get("phase")
-                or (status.get("phase") == Phase.PENDING and bool(status.get("podName")))
-                or status.get("startMode") == StartMode.WARM
-                or (status.get("startMode") == StartMode.SESSION and uid not in self.sessions.streams)
+                or (bool(status.get("podName")) and self._placement_of(run).due(run))
                 or (status.get("reason") == Reason.AWAITING_APPROVAL
                     and APPROVED_BY in (run["metadata"].get("annotations") or {})))
 

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.identity import CREATED_BY
 from coderun.api.models import ResourceLimits
-from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason, StartMode
+from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason
 from coderun.sandbox.runner.protocol import FRAME_PREFIX, accepted_line
 from ...builders import code_hash
 from ...builders.names import CONTAINER_NAME, LABEL_SESSION_UID
@@ -39,6 +39,7 @@ from ...policy.decide import parse_spec
 from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
+from ...builders.egress import EgressAccess
 from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
@@ -46,6 +47,7 @@ from ...results.session import (admitted_status, busy_fields, compute_session_st
 from ...results.status import (Outcome, decision_fields, parse_time, queued_status, refusal_fields,
                                started_in_session_status, unplaced_status, waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
+from ..placement import Admitted
 from ..store import Store
 from ..writer import StatusWriter, to_wire
 from ..attach import STREAM_LIMIT_BYTES, Channel
@@ -452,24 +454,28 @@ class Sessions:
         return held
 
     # ------------------------------------------------------------------ a run in a session
-    def step_run(self, run: Mapping[str, Any]) -> Outcome | HeldFrame | None:
-        """Take a run naming a session one step (under the run's lock): an Outcome when it must end here (refused,
-        or lost), or its HeldFrame once the sandbox's end decided it, for the controller's finish; None when it
-        waits, was sent, or is in the sandbox."""
-        meta, status = run["metadata"], run.get("status") or {}
+    def follow(self, run: Mapping[str, Any]) -> Outcome | HeldFrame | None:
+        """A run sent to its session's sandbox (under the run's lock): an Outcome when it is lost, its HeldFrame
+        once the sandbox's log or end decided it; None while its stream's thread or the sandbox may bring it."""
+        session = self.session_of(run)
+        if session is None:
+            if run["metadata"]["uid"] in self.streams:
+                return None  # its stream's thread finishes it
+            return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {run['spec']['session']} was deleted "
+                           "while the run was in it")
+        return self._in_sandbox(run, session)
+
+    def decide(self, run: Mapping[str, Any]) -> Admitted | Outcome | None:
+        """A run naming a session, not sent yet (under the run's lock): Admitted once it is its turn, under the
+        session's limits and its policy as it is now; an Outcome when it is refused; None while it waits its turn
+        (its status says why)."""
+        meta = run["metadata"]
         session = self.session_of(run)
         name = run["spec"]["session"]
-        if session is None and status.get("startMode") == StartMode.SESSION:
-            if meta["uid"] in self.streams:
-                return None  # its stream's thread finishes it
-            return Outcome(Phase.FAILED, Reason.POD_DELETED, f"CodeRunSession {name} was deleted while the run was "
-                           "in it")
         if session is None:
             return Outcome(Phase.REJECTED, Reason.SESSION_NOT_FOUND, f"CodeRunSession {name!r} does not exist in "
                            "this namespace; create it first (and wait for it to be Ready), or fix spec.session")
         sstatus = session.get("status") or {}
-        if status.get("startMode") == StartMode.SESSION:
-            return self._in_sandbox(run, session)
         if sstatus.get("phase") == SessionPhase.ENDED:
             return Outcome(Phase.REJECTED, Reason.SESSION_ENDED, f"CodeRunSession {name} has ended "
                            f"({sstatus.get('reason')}): {sstatus.get('message')}; create a new session")
@@ -516,7 +522,7 @@ class Sessions:
         if session["metadata"]["uid"] in self._sending or any(
                 in_session(r, sstatus) for r in queue if r["metadata"]["uid"] != meta["uid"]):
             return self._wait(run, decision, f"waits for the run in CodeRunSession {name}'s sandbox to end")
-        return self._send(run, spec, decision, session)
+        return Admitted(spec, decision)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision | None, message: str) -> None:
         status = run.get("status") or {}
@@ -528,20 +534,20 @@ class Sessions:
             self.writer.write(run, waiting_status(run, decision, Reason.QUEUED, message, self.now()))
         return None
 
-    def _send(self, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any]) -> Outcome | None:
+    def send(self, run: Mapping[str, Any], admitted: Admitted, egress: EgressAccess | None) -> Outcome | None:
         """Take the document's sequence number (reserving the next block in the session's status when the last
         one is used up), record the start in the run's status, then send the document on a thread of its own;
         its frame comes back through `hand_back`. A number reserved for a document never sent is a gap the
-        runner accepts (it takes any number past the last it read), so nothing is ever taken back."""
+        runner accepts (it takes any number past the last it read), so nothing is ever taken back. `egress`: the
+        proxy pod the run is pinned to, and its credential, which travel with its document."""
+        spec, decision = admitted.spec, admitted.decision
+        session = self.session_of(run)
+        if session is None:  # deleted since its decision: its next reconcile refuses the run
+            return None
         meta, sstatus = run["metadata"], session["status"]
         pod_name = sstatus["podName"]
         now = self.now()  # the run's start and the session's last activity, the same instant
         master = self._master_key()
-        try:  # the proxy pod the run is pinned to, and its credential, travel with its document
-            egress = access_for(self.proxy, decision.policy.egress, meta["uid"])
-        except ProxyUnavailable as e:
-            return Outcome(Phase.FAILED, Reason.START_FAILED, cannot_start(e, decision.policy.name),
-                           decision_fields(decision))
         taken = self._ensure_routes(session, decision.policy.egress, egress.route if egress else None)
         if taken:
             return Outcome(Phase.FAILED, Reason.START_FAILED, taken, decision_fields(decision))
