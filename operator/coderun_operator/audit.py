@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from coderun.api.reasons import StartMode
 from coderun.audit.bearer import MIN_KEY_BYTES, agent_bearer
@@ -33,6 +33,9 @@ from .bounded_http import Transport
 from .builders.names import CONTAINER_NAME
 from .key_secret import ensure_key, read_key
 from .results.status import parse_time
+
+if TYPE_CHECKING:
+    from .kube_api import KubeApi
 
 log = logging.getLogger("coderun")
 
@@ -80,7 +83,7 @@ class AgentAnswer:
     oom_killed: bool = False
 
 
-def _with_error(summary: dict, error: str) -> dict:
+def _with_error(summary: dict[str, Any], error: str) -> dict[str, Any]:
     """The summary with why the agent ended the sandbox's trace connection in its message (the audit says why it
     is incomplete, not only that it is)."""
     ended = f"the node's audit agent ended this sandbox's trace connection ({error[:300]}): what came after is missing"
@@ -88,7 +91,7 @@ def _with_error(summary: dict, error: str) -> dict:
     return {**summary, "message": f"{said}; {ended}" if isinstance(said, str) and said else ended}
 
 
-def from_environment(api, env: Mapping[str, str]) -> "AuditAgent | None":
+def from_environment(api: KubeApi, env: Mapping[str, str]) -> "AuditAgent | None":
     """The agent the chart installed, or None."""
     settings = AuditSettings.from_env(env)
     return AuditAgent(api, settings) if settings else None
@@ -114,7 +117,7 @@ def since_ns(run_status: Mapping[str, Any]) -> int:
 
 
 class AuditAgent:
-    def __init__(self, api, settings: AuditSettings, transport: Transport | None = None,
+    def __init__(self, api: KubeApi, settings: AuditSettings, transport: Transport | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.api, self.settings, self._clock = api, settings, clock
         self._transport = transport or (lambda method, url, bearer, body, deadline: bounded_http.call(

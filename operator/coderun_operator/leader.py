@@ -72,18 +72,20 @@ def may_take(observation: Observation, identity: str, now: float) -> bool:
             or now - observation.since >= record.lease_seconds)
 
 
-def held_by(record: Record | None, identity: str, now_wall: datetime, lease_seconds: int = LEASE_SECONDS) -> dict:
+def held_by(record: Record | None, identity: str, now_wall: datetime,
+            lease_seconds: int = LEASE_SECONDS) -> dict[str, Any]:
     """The Lease spec that says `identity` holds it as of now_wall."""
     changes_hands = record is None or record.holder != identity
     stamp = now_wall.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    spec = {"holderIdentity": identity, "leaseDurationSeconds": lease_seconds, "renewTime": stamp,
-            "leaseTransitions": (record.transitions if record else 0) + (1 if record and changes_hands else 0)}
+    spec: dict[str, Any] = {
+        "holderIdentity": identity, "leaseDurationSeconds": lease_seconds, "renewTime": stamp,
+        "leaseTransitions": (record.transitions if record else 0) + (1 if record and changes_hands else 0)}
     if changes_hands:
         spec["acquireTime"] = stamp
     return spec
 
 
-def released(record: Record) -> dict:
+def released(record: Record) -> dict[str, Any]:
     """The Lease spec of a clean handover: no holder, so the next replica need not wait for expiry."""
     return {"holderIdentity": None, "leaseDurationSeconds": 1, "leaseTransitions": record.transitions}
 
@@ -107,7 +109,7 @@ class LeaderElector:
         self._resource_version = (lease or {}).get("metadata", {}).get("resourceVersion")
         return record_of(lease)
 
-    def _write(self, spec: dict) -> None:
+    def _write(self, spec: dict[str, Any]) -> None:
         k8s.write_lease(self.namespace, self.name, spec, self._resource_version)
 
     def acquire(self) -> None:
@@ -124,7 +126,8 @@ class LeaderElector:
                     log.info("leading: Lease %s/%s is held by %s", self.namespace, self.name, self.identity)
                     return
                 if not announced:
-                    log.info("standby: Lease %s/%s is held by %s", self.namespace, self.name, record.holder)
+                    log.info("standby: Lease %s/%s is held by %s", self.namespace, self.name,
+                             record.holder if record else None)  # (never None here: may_take takes a free one)
                     announced = True
             except (k8s.Conflict, k8s.Transient, k8s.Refused) as e:
                 log.info("standby: Lease %s/%s not taken: %s", self.namespace, self.name, str(e)[:200])

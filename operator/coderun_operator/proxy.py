@@ -20,8 +20,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from coderun.api.models import EgressRule
 from coderun.egress.credential import KEY_ID_PATTERN, MIN_KEY_BYTES, admin_bearer
 from . import bounded_http
 from .bounded_http import Transport
@@ -29,6 +30,9 @@ from .builders.egress import EgressAccess, ProxyRoute, is_ready, pinned, socket_
 from .key_secret import ensure_key, read_key
 from .policy.egress import PROXY_VARIABLE
 from .results.network import PodAnswer
+
+if TYPE_CHECKING:
+    from .kube_api import KubeApi
 
 log = logging.getLogger("coderun")
 
@@ -73,7 +77,7 @@ def http(method: str, url: str, bearer: str, body: bytes | None,
     return bounded_http.call(method, url, bearer, body, deadline, MAX_LOG_BYTES)
 
 
-def access_for(proxy: "EgressProxy | None", egress, run_uid: str | None = None) -> EgressAccess | None:
+def access_for(proxy: "EgressProxy | None", egress: Sequence[EgressRule], run_uid: str | None = None) -> EgressAccess | None:
     """How runs of a policy with these egress rules reach the proxy, and with `run_uid` the pod that run is pinned
     to: None for a policy without host rules; ProxyUnavailable when it has some and no proxy is configured, the
     proxy's Service or key is broken, or (for a run) none of its pods is ready."""
@@ -84,14 +88,14 @@ def access_for(proxy: "EgressProxy | None", egress, run_uid: str | None = None) 
     return proxy.access() if run_uid is None else proxy.pinned(run_uid)
 
 
-def from_environment(api, env: Mapping[str, str]) -> "EgressProxy | None":
+def from_environment(api: KubeApi, env: Mapping[str, str]) -> "EgressProxy | None":
     """The proxy the chart configured, or None."""
     settings = ProxySettings.from_env(env)
     return EgressProxy(api, settings) if settings else None
 
 
 class EgressProxy:
-    def __init__(self, api, settings: ProxySettings, transport: Transport = http,
+    def __init__(self, api: KubeApi, settings: ProxySettings, transport: Transport = http,
                  clock: Callable[[], float] = time.monotonic):
         self.api, self.settings, self._transport, self._clock = api, settings, transport, clock
         self._lock = threading.Lock()

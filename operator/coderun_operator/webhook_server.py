@@ -24,12 +24,15 @@ import os
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import aiohttp.web
 import kopf
 
 from .builders.names import LABEL_MANAGED_BY, MANAGER
+
+if TYPE_CHECKING:
+    from .kube_api import KubeApi
 
 log = logging.getLogger("coderun")
 
@@ -48,7 +51,7 @@ class BoundedWebhookServer(kopf.WebhookServer):
     reading it (aiohttp's own cap, 1 MiB, would refuse a legitimate large CodeRun's review)."""
 
     @staticmethod
-    async def _serve(fn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
         if request.content_length is None:
             raise aiohttp.web.HTTPLengthRequired()
         if request.content_length > MAX_REVIEW_BYTES:
@@ -97,7 +100,7 @@ def issue(hosts: list[str], now: datetime.datetime) -> Bundle:
           .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .sign(ca_key, hashes.SHA256()))
-    sans = []
+    sans: list[x509.GeneralName] = []
     for host in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
@@ -142,13 +145,13 @@ def needs_renewal(bundle: Bundle | None, hosts: list[str], now: datetime.datetim
     return cert.not_valid_after_utc - RENEW_BEFORE <= now or not set(hosts) <= named
 
 
-def ensure_bundle(api, namespace: str, name: str, hosts: list[str], now: datetime.datetime) -> Bundle:
+def ensure_bundle(api: KubeApi, namespace: str, name: str, hosts: list[str], now: datetime.datetime) -> Bundle:
     """The Secret's bundle, created or renewed if it must be. Replicas racing: the first write wins (create is
     AlreadyExists, replace is a resourceVersion conflict) and the others take what it wrote."""
     for _ in range(3):
         secret = api.read_secret(namespace, name)
         held = bundle_from_secret(secret)
-        if not needs_renewal(held, hosts, now):
+        if held is not None and not needs_renewal(held, hosts, now):
             return held
         fresh = issue(hosts, now)
         version = (secret or {}).get("metadata", {}).get("resourceVersion")
@@ -183,7 +186,7 @@ def write_files(bundle: Bundle, directory: str) -> tuple[str, str]:
     return serving_path, ca_path
 
 
-def sync_ca_bundle(api, configuration: str, ca: bytes) -> bool:
+def sync_ca_bundle(api: KubeApi, configuration: str, ca: bytes) -> bool:
     """Point every webhook of the configuration at `ca`; True when it had to change (False: already so, or the
     configuration is not there, e.g. before the chart created it)."""
     found = api.read_webhook_configuration(configuration)
@@ -202,7 +205,8 @@ def sync_ca_bundle(api, configuration: str, ca: bytes) -> bool:
 class ServingCertificate:
     """The certificate the webhook serves, per the environment (see the module's docstring)."""
 
-    def __init__(self, env: Mapping[str, str], api, now=lambda: datetime.datetime.now(datetime.timezone.utc)):
+    def __init__(self, env: Mapping[str, str], api: KubeApi,
+                 now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.timezone.utc)):
         self.env, self.api, self.now = env, api, now
         self.host = env.get("CODERUN_WEBHOOK_HOST", "127.0.0.1")
         self.secret = env.get("CODERUN_WEBHOOK_SECRET")
@@ -214,7 +218,7 @@ class ServingCertificate:
     def files(self) -> tuple[str, str, str]:
         """(certificate file, key file, CA file) to serve, made or fetched once at start."""
         if self.secret:
-            serving, ca = self._from_secret()
+            serving, ca = self._from_secret(self.secret)
             return serving, serving, ca
         certfile, keyfile = self.env.get("CODERUN_WEBHOOK_CERT"), self.env.get("CODERUN_WEBHOOK_KEY")
         if certfile and keyfile:
@@ -225,7 +229,7 @@ class ServingCertificate:
     def refresh(self) -> None:
         """One pass: the Secret (recreated, renewed) into the files, then the caBundle to match."""
         if self.secret:
-            self._from_secret()
+            self._from_secret(self.secret)
         self._sync_ca_bundle()
 
     def _sync_ca_bundle(self) -> None:
@@ -243,8 +247,8 @@ class ServingCertificate:
             if stop.wait(REFRESH_SECONDS):
                 return
 
-    def _from_secret(self) -> tuple[str, str]:
-        bundle = ensure_bundle(self.api, self.namespace, self.secret, service_names(self.host), self.now())
+    def _from_secret(self, secret: str) -> tuple[str, str]:
+        bundle = ensure_bundle(self.api, self.namespace, secret, service_names(self.host), self.now())
         return write_files(bundle, self.directory)
 
     def server(self) -> BoundedWebhookServer:

@@ -11,6 +11,7 @@ budget for all of a policy's patterns together.
 """
 from __future__ import annotations
 
+import copy
 from typing import Iterable
 
 import re2
@@ -106,8 +107,20 @@ class Redactor:
             ("policy", p if isinstance(p, re2._Regexp) else compile_pattern(p)) for p in extra_patterns]
         self._any = _any_of(pattern for _, pattern in self._patterns) if len(self._patterns) > len(_BUILTIN) \
             else _BUILTIN_ANY
+        self._again = False
+
+    def again(self) -> Redactor:
+        """The same patterns for text redacted once already (a reused result's): only what they newly remove
+        counts, since the built-in patterns match their own [REDACTED:...] marks again, leaving the text as it was."""
+        twin = copy.copy(self)
+        twin._again = True
+        return twin
 
     def redact(self, text: str) -> tuple[str, int]:
+        clean, n = self._redact(text)
+        return clean, (0 if self._again and clean == text else n)
+
+    def _redact(self, text: str) -> tuple[str, int]:
         if self._any is not None and not self._any.Match(text):
             return text, 0  # most strings hold no secret: one pass, not one per pattern
         total = 0

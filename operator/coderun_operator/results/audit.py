@@ -51,23 +51,20 @@ def audit_status(summary: Any, redactor: Redactor) -> tuple[dict[str, Any], int]
         return unavailable(f"the audit agent's answer holds no summary of the run"
                            f"{': ' + why[:300] if why else ''}; check the agent's log on the run's node"), 0
     clean = _Cleaner(redactor)
-    omitted = {k: _count(v) for k, v in (summary.get("omitted") or {}).items() if k in _OMITTED and _count(v)} \
-        if isinstance(summary.get("omitted"), dict) else {}
+    omitted = {k: _count(v) for k, v in _dict(summary.get("omitted")).items() if k in _OMITTED and _count(v)}
 
-    def listed(name: str, row: Callable[[dict], dict | None]) -> list[dict]:
-        items = summary.get(name)
-        items = items if isinstance(items, list) else []
+    def listed(name: str, row: Callable[[dict[str, Any]], dict[str, Any] | None]) -> list[dict[str, Any]]:
+        items = _list(summary.get(name))
         rows = [r for r in (row(i) for i in items[:_LISTS[name]] if isinstance(i, dict)) if r is not None]
         if len(items) > _LISTS[name]:
             omitted[name] = omitted.get(name, 0) + len(items) - _LISTS[name]
         return rows
 
-    outside = summary.get("outsideWorkdir") if isinstance(summary.get("outsideWorkdir"), dict) else {}
-    examples = [e for e in outside.get("examples") or () if isinstance(e, str)] \
-        if isinstance(outside.get("examples"), list) else []
+    outside = _dict(summary.get("outsideWorkdir"))
+    examples = [e for e in _list(outside.get("examples")) if isinstance(e, str)]
     if len(examples) > MAX_AUDIT_EXAMPLES:
         omitted["outsideWorkdirExamples"] = omitted.get("outsideWorkdirExamples", 0) + len(examples) - MAX_AUDIT_EXAMPLES
-    runner = summary.get("runner") if isinstance(summary.get("runner"), dict) else {}
+    runner = _dict(summary.get("runner"))
     audit = {
         "source": SOURCE,
         "complete": summary.get("complete") is True,
@@ -150,14 +147,14 @@ class _Cleaner:
             return {k: self.strings(v) for k, v in value.items()}
         return value
 
-    def file(self, row: dict) -> dict | None:
+    def file(self, row: dict[str, Any]) -> dict[str, Any] | None:
         if not isinstance(row.get("path"), str):
             return None
         out = {"path": self.text(row["path"], MAX_AUDIT_PATH_CHARS), "count": _count(row.get("count"))}
         out.update({k: _count(row.get(k)) for k in ("failed", "denied", "bytes") if _count(row.get(k))})
         return out
 
-    def connect(self, row: dict) -> dict | None:
+    def connect(self, row: dict[str, Any]) -> dict[str, Any] | None:
         port = row.get("port")
         out = {"family": _word(row.get("family")), "address": self.text(row.get("address") or "", MAX_AUDIT_PATH_CHARS),
                "result": _word(row.get("result")), "count": _count(row.get("count"))}
@@ -165,12 +162,12 @@ class _Cleaner:
             out["port"] = port
         return out
 
-    def socket(self, row: dict) -> dict | None:
+    def socket(self, row: dict[str, Any]) -> dict[str, Any] | None:
         return {"family": _word(row.get("family")), "protocol": _word(row.get("protocol")),
                 "result": _word(row.get("result")), "count": _count(row.get("count"))}
 
-    def process(self, row: dict) -> dict | None:
-        argv = row.get("argv") if isinstance(row.get("argv"), list) else []
+    def process(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        argv = _list(row.get("argv"))
         out: dict[str, Any] = {"argv": [self.text(a, MAX_AUDIT_ARG_CHARS) for a in argv[:MAX_AUDIT_ARGV]
                                         if isinstance(a, str)]}
         left_out = _count(row.get("argvOmitted")) + max(0, len(argv) - MAX_AUDIT_ARGV)
@@ -197,6 +194,15 @@ def _fit(audit: dict[str, Any], omitted: dict[str, int]) -> None:
         keep = len(audit[name]) // 2
         omitted[name] = omitted.get(name, 0) + len(audit[name]) - keep
         audit[name] = audit[name][:keep]
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    """The agent's object, or an empty one where it sent something else (its answer is read, never trusted)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _count(value: Any) -> int:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Phase
@@ -41,7 +41,7 @@ def image_digest(image: str, node_images: Iterable[Mapping[str, Any]] = ()) -> s
         return image[image.rindex("@") + 1:]
     repository = image.rsplit(":", 1)[0] if ":" in image.rsplit("/", 1)[-1] else image
     for entry in node_images:
-        names = entry.get("names") or ()
+        names: Sequence[str] = entry.get("names") or ()
         if image in names:
             for name in names:
                 if name.startswith(repository + "@sha256:"):
@@ -93,23 +93,11 @@ def is_same_source(fetched: Mapping[str, Any] | None, picked: Mapping[str, Any],
         is not None
 
 
-class _Again:
-    """Redaction of text redacted once already: only what it newly removes counts (the built-in patterns
-    match their own [REDACTED:...] marks again, leaving the text as it was)."""
-
-    def __init__(self, redactor: Redactor):
-        self._redactor = redactor
-
-    def redact(self, text: str) -> tuple[str, int]:
-        clean, n = self._redactor.redact(text)
-        return clean, (n if clean != text else 0)
-
-
 def reused_outcome(source: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, digest: str,
-                   artifacts: list[dict], redactor: Redactor, now: datetime) -> Outcome:
+                   artifacts: list[dict[str, Any]], redactor: Redactor, now: datetime) -> Outcome:
     """The earlier run's program outcome as this run's: its text redacted again with this run's redactor,
     validation redone against this run's expect, and everything that decided the run this run's own."""
-    status, again = source["status"], _Again(redactor)
+    status, again = source["status"], redactor.again()
     fields = {k: status[k] for k in _PROGRAM_FIELDS if k in status}
     limit = decision.limits.output_bytes
     redactions = status.get("redactions") or 0
@@ -132,7 +120,8 @@ def reused_outcome(source: Mapping[str, Any], spec: CodeRunSpec, decision: Decis
         fields["validation"] = redacted_validation(validation, redactor)
     fields.update(decision_fields(decision), image=f"{decision.runtime.image.split('@')[0]}@{digest}",
                   codeHash=code_hash(spec))
-    age = round((now - parse_time(status["completionTime"])).total_seconds())
+    finished = parse_time(status["completionTime"])  # a reusable run has finished: never None here
+    age = round((now - finished).total_seconds()) if finished else 0
     said = again.redact(status.get("message") or "")[0]
     message = f"{said} (result reused from {source['metadata']['name']}, which ran the same inputs {age}s ago)"
     return Outcome(status["phase"], status["reason"], message.lstrip(), {k: v for k, v in fields.items()

@@ -33,11 +33,11 @@ class FrameError(Exception):
         self.truncated = truncated
 
 
-def _capped(limit: int):
+def _capped(limit: int) -> BeforeValidator:
     return BeforeValidator(lambda value: cap(value, limit) if isinstance(value, str) else value)
 
 
-def _capped_for_redaction(limit: int):
+def _capped_for_redaction(limit: int) -> BeforeValidator:
     """What the program wrote, kept past the status's cap by the runner's margin: redacted first, cut after."""
     return _capped(limit + REDACTION_MARGIN_CHARS)
 

@@ -3,7 +3,7 @@ session is, after its policy's."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from ..policy import DEFAULT_POLICY, Denial, select_policy
 from .status import parse_time
@@ -39,10 +39,10 @@ def session_expiry_time(session: Mapping[str, Any], policies: Mapping[str, Any])
     ended = parse_time(status.get("endTime")) if status.get("phase") == "Ended" else None
     if ended is None:
         return None
-    policy = policies.get(status.get("policy"))
+    policy = policies.get(str(status.get("policy") or ""))
     ttl = getattr(policy, "ttl_seconds_after_finished", None)
     return ended + timedelta(seconds=ttl if _is_ttl(ttl) else DEFAULT_POLICY.ttl_seconds_after_finished)
 
 
-def _is_ttl(value: object) -> bool:
+def _is_ttl(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

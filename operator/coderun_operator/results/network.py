@@ -31,7 +31,7 @@ _OVERRIDDEN_BY_BUDGET = {Reason.COMPLETED, Reason.NON_ZERO_EXIT}
 class PodAnswer:
     """What one proxy pod said of one run: the records it kept and what it logged (kept or not), and the requests
     its acl helper admitted, counted as they were asked: a log short of them lost records."""
-    records: tuple[dict, ...] = ()
+    records: tuple[dict[str, Any], ...] = ()
     requests: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -43,7 +43,7 @@ class PodAnswer:
         return self.requests >= self.admitted
 
 
-def merged(answers: Sequence[PodAnswer]) -> list[dict]:
+def merged(answers: Sequence[PodAnswer]) -> list[dict[str, Any]]:
     """Every pod's records in the order they happened."""
     return sorted((r for a in answers for r in a.records if isinstance(r, dict)), key=lambda r: str(r.get("time")))
 
@@ -85,9 +85,10 @@ def summarise(answers: Sequence[PodAnswer], complete: bool, log_config_map: str 
     return {k: v for k, v in summary.items() if v is not None}
 
 
-def log_text(records: Sequence[dict]) -> tuple[str, bool]:
+def log_text(records: Sequence[dict[str, Any]]) -> tuple[str, bool]:
     """The log ConfigMap's JSON lines, the first records that fit MAX_LOG_BYTES; whether any were left out."""
-    lines, size = [], 0
+    lines: list[str] = []
+    size = 0
     for record in records:
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
         size += len(line.encode("utf-8", "surrogatepass"))
@@ -137,7 +138,7 @@ def with_network(outcome: Outcome, network: dict[str, Any], budget: EgressBudget
     return replace(outcome, message=f"{outcome.message}; {extra}" if extra else outcome.message, fields=fields)
 
 
-def _destination(record: dict) -> tuple[str, int | None]:
+def _destination(record: dict[str, Any]) -> tuple[str, int | None]:
     host = "".join(c if " " < c < "\x7f" else "?" for c in str(record.get("host") or "(none)")[:MAX_HOST_CHARS])
     port = record.get("port")
     return host, port if isinstance(port, int) and 0 < port < 65536 else None

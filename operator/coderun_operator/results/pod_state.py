@@ -24,7 +24,8 @@ IMAGE_GRACE_SECONDS = 30
 def container_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or ():
         if status.get("name") == CONTAINER_NAME:
-            return status
+            found: Mapping[str, Any] = status
+            return found
     return None
 
 

@@ -12,9 +12,15 @@ import json
 import multiprocessing
 import resource
 import signal
-from typing import Any
+from multiprocessing.connection import Connection
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from coderun.api.models import Expect, Validation
+
+if TYPE_CHECKING:  # jsonschema is imported in the worker only
+    from jsonschema import ValidationError
+    from jsonschema.protocols import Validator
 
 # CPU time, not wall time: a busy node must not fail an honest check. The wall limit is only a backstop.
 SCHEMA_CHECK_CPU_SECONDS = 2
@@ -60,7 +66,8 @@ def check_in_worker(schema: dict[str, Any], stdout: str, seconds: float = SCHEMA
         worker.start()
         send.close()
         if receive.poll(seconds):
-            return receive.recv()
+            errors: list[str] = receive.recv()
+            return errors
         return [f"checking stdout against stdoutJSONSchema took longer than {seconds:g}s and was stopped; "
                 "simplify the schema (patterns, uniqueItems, nesting) or the output"]
     except (EOFError, OSError):  # the worker died: its CPU or memory limit, or it could not start
@@ -76,7 +83,7 @@ def check_in_worker(schema: dict[str, Any], stdout: str, seconds: float = SCHEMA
         receive.close()
 
 
-def _work(send, schema: dict[str, Any], stdout: str) -> None:
+def _work(send: Connection, schema: dict[str, Any], stdout: str) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (SCHEMA_CHECK_MEMORY_BYTES, SCHEMA_CHECK_MEMORY_BYTES))
     resource.setrlimit(resource.RLIMIT_CPU, (SCHEMA_CHECK_CPU_SECONDS, SCHEMA_CHECK_CPU_SECONDS + 1))
     try:
@@ -118,16 +125,18 @@ def schema_errors(schema: dict[str, Any], stdout: str) -> list[str]:
     return [f"stdout{_path(e.absolute_path)}: {e.message}" for e in found]
 
 
-def _linear_time(validator_class):
+def _linear_time(validator_class: type[Validator]) -> type[Validator]:
     """The same validator with `pattern` and `patternProperties` on RE2 instead of Python's backtracking re."""
     import jsonschema
     import re2
 
-    def pattern(validator, patrn, instance, schema):
+    def pattern(validator: Validator, patrn: str, instance: Any, schema: Any) -> Iterator[ValidationError]:
         if validator.is_type(instance, "string") and not _search(re2, patrn, instance):
             yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {patrn!r}")
 
-    def pattern_properties(validator, patterns, instance, schema):
+    # Any: the validator's own class, whose `descend` jsonschema's Validator protocol does not name
+    def pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, schema: Any
+                           ) -> Iterator[ValidationError]:
         if not validator.is_type(instance, "object"):
             return
         for patrn, subschema in patterns.items():
@@ -135,15 +144,17 @@ def _linear_time(validator_class):
                 if _search(re2, patrn, key):
                     yield from validator.descend(value, subschema, path=key, schema_path=patrn)
 
-    return jsonschema.validators.extend(validator_class, {"pattern": pattern, "patternProperties": pattern_properties})
+    extended: type[Validator] = jsonschema.validators.extend(
+        validator_class, {"pattern": pattern, "patternProperties": pattern_properties})
+    return extended
 
 
-def _search(re2, pattern: str, text: str) -> bool:
+def _search(re2: ModuleType, pattern: str, text: str) -> bool:
     try:
         return re2.search(pattern, text) is not None
     except re2.error as e:
         raise ValueError(f"pattern {pattern!r} is not supported (RE2 syntax, no look-around): {e}") from e
 
 
-def _path(parts) -> str:
+def _path(parts: Iterable[str | int]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
