@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).parents[2]
 
 
@@ -21,20 +23,29 @@ def test_the_import_contracts_hold():
     assert "broken" in linted.stdout and " 0 broken" in linted.stdout
     # The controller's old circle (stages importing each other through function-level imports) stays out.
     assert "No import cycle between the siblings of any package" in linted.stdout
-    # The operator's layers (kopf keeps its own so): the pure core below the API seam, the controller above both.
-    assert "The operator's layers:" in linted.stdout
+    # The operator's layers (kopf keeps its own so): the pure core below the API seam, the controller above both;
+    # and its two placements beside a cold pod, warm and session, apart.
+    kept = " ".join(linted.stdout.split())  # its lines are wrapped at 80 columns
+    assert "The operator's layers: entry points, kopf handlers, controller" in kept
+    assert "The warm pool and the sessions are independent parts of the controller: neither imports the other" in kept
 
 
-def test_a_pure_core_module_that_imports_the_api_breaks_the_layers(tmp_path):
-    # The positive control of the layers above: the same tree with results/ importing k8s is refused.
+@pytest.mark.parametrize("module, added, refused", [
+    ("results/frame.py", "from .. import k8s", "coderun_operator.results.frame -> coderun_operator.k8s"),
+    ("controller/session/__init__.py", "from ..warm import placement",
+     "coderun_operator.controller.session is not allowed to import coderun_operator.controller.warm"),
+])
+def test_an_import_across_the_operators_contracts_breaks_one(tmp_path, module, added, refused):
+    # The positive controls of the contracts above: the same tree with the pure core importing the API, or the
+    # session part importing the warm part, is refused.
     for part in ("src", "operator"):
         shutil.copytree(REPO / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / ".importlinter", tmp_path)
-    with open(tmp_path / "operator/coderun_operator/results/frame.py", "a") as frame:
-        frame.write("\nfrom .. import k8s  # noqa\n")
+    with open(tmp_path / "operator/coderun_operator" / module, "a") as source:
+        source.write(f"\n{added}  # noqa\n")
     linted = lint_imports(tmp_path)
     assert linted.returncode != 0 and " 1 broken" in linted.stdout, linted.stdout[-4000:]
-    assert "coderun_operator.results.frame -> coderun_operator.k8s" in linted.stdout, linted.stdout[-4000:]
+    assert refused in " ".join(linted.stdout.split()), linted.stdout[-4000:]
 
 
 def test_operator_holds_the_operator_and_does_not_shadow_the_standard_library():
