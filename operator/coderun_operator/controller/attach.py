@@ -71,7 +71,8 @@ class Channel:
             self._busy = True
             held, self._attached = self._attached, None
             recent = held is not None and self._clock() - self._used_at <= IDLE_SECONDS
-        sent, received, attached = False, b"", None
+        sent, received = False, b""
+        attached: Any = None
         try:
             if held is not None and recent and self._still_open(held):
                 attached = held

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..kube_api import KubeApi
 from ..audit import NOT_INSTALLED, AgentAnswer, AuditAgent, since_ns
 from ..policy.redact import Redactor
 from ..results.frame import FrameError
@@ -40,7 +41,7 @@ def oom_evidence(collected: Collected, answer: AgentAnswer | str) -> bool:
     return collected.oom_killed or (node and collected.frame.killed_unexplained)
 
 
-def audited(api, answer: AgentAnswer | str, run: Mapping[str, Any], outcome: Outcome,
+def audited(api: KubeApi, answer: AgentAnswer | str, run: Mapping[str, Any], outcome: Outcome,
             redactor: Redactor) -> Outcome:
     """The outcome with status.audit: the agent's summary, or Unavailable saying why."""
     if not isinstance(answer, AgentAnswer):

@@ -1,53 +1,58 @@
 """A run's children in the API: the namespace's deny-all for sandboxes, the cold start's ConfigMap,
 NetworkPolicy and pod, and the ConfigMaps that hold the artifacts, the requests through the egress proxy and the
-audit agent's record. Created idempotently under deterministic names; a same-named object that is not this run's (builders/ownership.py) is never adopted."""
+audit agent's record. Created idempotently under deterministic names; a same-named object that is not this
+run's (builders/ownership.py) is never adopted."""
 from __future__ import annotations
 
 import base64
 import binascii
 import hashlib
 import logging
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from coderun.api.models import CodeRunSpec
-from ..builders import (build_artifacts_configmap, build_audit_record_configmap, build_input_configmap, build_namespace_network_policy,
-                        build_network_log_configmap, build_network_policy, build_pod, build_pool_network_policy)
+from ..kube_api import KubeApi
+from ..builders import (build_artifacts_configmap, build_audit_record_configmap, build_input_configmap,
+                        build_namespace_network_policy, build_network_log_configmap, build_network_policy, build_pod,
+                        build_pool_network_policy)
 from ..builders.egress import EgressAccess, ProxyRoute, credential_expiry, minted, run_environment
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
 from ..policy import Decision, Policy
+from ..results.frame import FrameArtifact
 
 log = logging.getLogger("coderun")
 
 
-def ensure_namespace_default_deny(api, namespace: str) -> str | None:
+def ensure_namespace_default_deny(api: KubeApi, namespace: str) -> str | None:
     """The namespace-wide deny-all for sandboxes, created or repaired on every admission (it may have been
     deleted or edited since); a same-named policy that is not coderun's is a conflict, never trusted."""
     return ensure_network_policy(api, build_namespace_network_policy(namespace))
 
 
-def ensure_pool_routes(api, namespace: str, policy: Policy, proxy: ProxyRoute | None) -> str | None:
+def ensure_pool_routes(api: KubeApi, namespace: str, policy: Policy, proxy: ProxyRoute | None) -> str | None:
     """A warm pool's NetworkPolicy (its runs' routes), created or repaired before its pods are; a conflict as
     above."""
     return ensure_network_policy(api, build_pool_network_policy(namespace, policy, proxy))
 
 
-def ensure_network_policy(api, wanted: Mapping[str, Any], ours: Callable[[Mapping[str, Any]], bool] = is_managed,
+def ensure_network_policy(api: KubeApi, wanted: Mapping[str, Any],
+                          ours: Callable[[Mapping[str, Any]], bool] = is_managed,
                           taken: Callable[[Mapping[str, Any]], str | None] = lambda existing: not_ours(existing, "")
                           ) -> str | None:
     """`wanted` created, or the one of its name brought to its rules when it is `ours`; else why it cannot be
     (`taken`'s words): a same-named policy that is not ours is never trusted or changed."""
-    existing = api.create_or_get(wanted)
+    existing = api.create_or_get(dict(wanted))
     if existing is None:
         return None
     if not ours(existing):
         return taken(existing)
     if not same_rules(existing.get("spec") or {}, wanted["spec"]):
-        api.replace_network_policy(wanted, existing["metadata"]["resourceVersion"])
+        api.replace_network_policy(dict(wanted), existing["metadata"]["resourceVersion"])
     return None
 
 
-def create_sandbox(api, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
                    egress: EgressAccess | None = None, now: float = 0) -> tuple[str, str | None, str | None]:
     """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, why the
     sandbox cannot be created when a child's name is taken, and the proxy pod the run's input names. With
@@ -83,20 +88,20 @@ def input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decisio
                                  run_environment(egress, run, decision.policy, decision.runtime, expires))
 
 
-def store_network_log(api, run: Mapping[str, Any], jsonl: str) -> str | None:
+def store_network_log(api: KubeApi, run: Mapping[str, Any], jsonl: str) -> str | None:
     """The run's requests through the egress proxy in a ConfigMap owned by it; its name, or None when it cannot
     be stored (the name is taken by an object that is not this run's, a quota): the status then names no log,
     and the run ends as it would have."""
     return _store_record(api, run, build_network_log_configmap(run, jsonl), "egress log")
 
 
-def store_audit_record(api, run: Mapping[str, Any], jsonl: str) -> str | None:
+def store_audit_record(api: KubeApi, run: Mapping[str, Any], jsonl: str) -> str | None:
     """What the run's program touched, the audit agent's record, in a ConfigMap owned by it; its name, or None
     as for the egress log."""
     return _store_record(api, run, build_audit_record_configmap(run, jsonl), "audit record")
 
 
-def _store_record(api, run: Mapping[str, Any], configmap: dict[str, Any], what: str) -> str | None:
+def _store_record(api: KubeApi, run: Mapping[str, Any], configmap: dict[str, Any], what: str) -> str | None:
     try:
         existing = api.create_or_get(configmap)
     except api.Refused as refused:
@@ -113,7 +118,8 @@ class ArtifactsConflict(Exception):
                          "this run, so its artifacts were not stored; delete that ConfigMap or use another name")
 
 
-def store_artifacts(api, run: Mapping[str, Any], artifacts) -> tuple[list[dict], list[dict]]:
+def store_artifacts(api: KubeApi, run: Mapping[str, Any],
+                    artifacts: Sequence[FrameArtifact]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Artifacts whose bytes match their reported size and sha256 go to one ConfigMap owned by the run; the
     others are listed as skipped ("corrupt"), never silently dropped."""
     contents, listed, skipped = {}, [], []
@@ -131,7 +137,7 @@ def store_artifacts(api, run: Mapping[str, Any], artifacts) -> tuple[list[dict],
     return _save_artifacts(api, run, contents, listed), skipped
 
 
-def copy_artifacts(api, run: Mapping[str, Any], source: Mapping[str, Any]) -> list[dict] | None:
+def copy_artifacts(api: KubeApi, run: Mapping[str, Any], source: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """This run's own copy of the earlier run's artifacts, so deleting either run keeps the other whole. None
     when they cannot be copied as the earlier run recorded them: gone, or a ConfigMap under their name that is
     not the earlier run's or does not hold the bytes its status vouches for (sha256 of each)."""
@@ -145,8 +151,8 @@ def copy_artifacts(api, run: Mapping[str, Any], source: Mapping[str, Any]) -> li
     return _save_artifacts(api, run, contents, listed)
 
 
-def _save_artifacts(api, run: Mapping[str, Any], contents: dict[str, bytes],
-                    listed: list[dict]) -> list[dict[str, Any]]:
+def _save_artifacts(api: KubeApi, run: Mapping[str, Any], contents: dict[str, bytes],
+                    listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One ConfigMap owned by the run holds the bytes; the status lists where each artifact is. A same-named
     ConfigMap that is not this run's is never used: the artifacts are then reported as skipped instead."""
     if not listed:

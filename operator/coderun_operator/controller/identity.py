@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.identity import APPROVAL_POLICY, CREATED_BY, CREATED_BY_GROUPS, USE_VERB, binding_enforces
+from ..kube_api import KubeApi
 from ..policy import Denial
 from ..policy.evaluate import use_denial
 
@@ -18,7 +19,7 @@ class IdentityGuard:
     """Whether the API server guards the identity annotations now, asked at most every GUARD_CACHE_SECONDS (a
     transient failure to ask is raised, not cached: the run waits and is reconciled again)."""
 
-    def __init__(self, api, clock: Callable[[], datetime]):
+    def __init__(self, api: KubeApi, clock: Callable[[], datetime]):
         self._api, self._clock = api, clock
         self._lock = threading.Lock()
         self._answer: tuple[datetime, str | None] | None = None
@@ -61,7 +62,7 @@ def recorded_creator(run: Mapping[str, Any]) -> tuple[str, list[str]] | None:
     return user, [g for g in (annotations.get(CREATED_BY_GROUPS) or "").split("\n") if g]
 
 
-def user_may_use(api, user: str, groups: list[str], namespace: str) -> Callable[[str], Denial | None]:
+def user_may_use(api: KubeApi, user: str, groups: list[str], namespace: str) -> Callable[[str], Denial | None]:
     """For decide(): may this user name the policy? Asked of the API server (a SubjectAccessReview)."""
     def check(name: str) -> Denial | None:
         if user and api.allowed(user, groups, USE_VERB, POLICY_PLURAL, namespace, name):
@@ -70,7 +71,7 @@ def user_may_use(api, user: str, groups: list[str], namespace: str) -> Callable[
     return check
 
 
-def creator_may_use(api, guard: IdentityGuard, run: Mapping[str, Any]) -> Callable[[str], Denial | None]:
+def creator_may_use(api: KubeApi, guard: IdentityGuard, run: Mapping[str, Any]) -> Callable[[str], Denial | None]:
     """For decide() at admission: may the run's creator, as the API server recorded them, name the policy?"""
     def check(name: str) -> Denial | None:
         why = f"spec.policyRef names {name!r}, which needs the RBAC verb {USE_VERB} on {POLICY_PLURAL}/{name}"

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Callable, Mapping
 
 from coderun.api.coderunpolicy import CodeRunPolicyStatus, WarmPoolStatus
+from ..kube_api import KubeApi
 from ..results.status import policy_accepted_status
 from .writer import printable, to_wire
 
@@ -20,7 +21,7 @@ PolicyKey = tuple[str, str]  # (namespace, name)
 
 
 class PolicyStatusWriter:
-    def __init__(self, api, clock: Callable[[], datetime]):
+    def __init__(self, api: KubeApi, clock: Callable[[], datetime]):
         self.api, self.now = api, clock
         self._lock = threading.Lock()
         self._pools: dict[PolicyKey, WarmPoolStatus] = {}  # what each policy's status says of its pool
@@ -50,7 +51,7 @@ class PolicyStatusWriter:
                 key: stand for key, stand in stands.items() if self._pools.get(key) != stand}
             changed.update({key: None for key in self._pools if key not in stands})
         written = {key: stand for key, stand in changed.items()
-                   if self._patch(key, CodeRunPolicyStatus(warm_pool=stand))}
+                   if self._patch(key, CodeRunPolicyStatus.model_validate({"warmPool": stand}))}
         with self._lock:
             for key, stand in written.items():
                 if stand is None:

@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping
 
+from ..kube_api import KubeApi
 from .. import k8s as real_k8s
 from .. import metrics
 from coderun.api.coderunpolicy import spec_digest
@@ -33,7 +34,7 @@ from coderun.api.models import CodeRunSpec, ResourceLimits
 from coderun.api.reasons import Phase, Reason
 from ..builders.egress import credential_expiry, uses_proxy
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
-from ..policy import Decision, Denial, InvalidPolicyMark
+from ..policy import Decision, Denial, InvalidPolicyMark, Policy
 from ..policy.approval import approval_verdict, shown_identity
 from ..policy.decide import no_requester, parse_spec, verdict
 from ..policy.load import InvalidPolicy, policy_from_object
@@ -71,7 +72,7 @@ FULL_PASS_TICKS = 12
 
 
 class Controller:
-    def __init__(self, api=real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    def __init__(self, api: KubeApi = real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  proxy: EgressProxy | None = None, audit: AuditAgent | None = None,
                  own_namespace: str = "coderun-system"):
         self.api = api
@@ -152,6 +153,7 @@ class Controller:
         if getattr(held, "uid", None) == meta.get("uid") and \
                 getattr(held, "digest", None) == spec_digest(policy.get("spec") or {}):
             return  # the same policy (uid and spec digest): keep what it compiled
+        loaded: Policy | InvalidPolicyMark
         try:
             loaded = policy_from_object(policy, proxy_enabled=self.proxy is not None)
         except InvalidPolicy as e:
@@ -316,7 +318,8 @@ class Controller:
             return None
         digest = image_digest(decision.runtime.image, self._node_images())
         key = cache_key(spec, decision, digest)
-        if spec.cache and spec.cache.enabled and key and self._answer_from_cache(run, spec, decision, digest, key):
+        if spec.cache and spec.cache.enabled and key and digest and \
+                self._answer_from_cache(run, spec, spec.cache.ttl_seconds, decision, digest, key):
             return None
         return Admitted(spec, decision, key, takes_slot=decision.policy.max_concurrent_runs is not None)
 
@@ -378,7 +381,7 @@ class Controller:
                 continue
             if status.get("podName") or (status.get("reason") == Reason.QUEUED and _created_before(other, run)):
                 ahead += 1
-        if ahead < policy.max_concurrent_runs:
+        if policy.max_concurrent_runs is None or ahead < policy.max_concurrent_runs:
             return True
         self._wait(run, decision, Reason.QUEUED,
                    f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
@@ -402,18 +405,18 @@ class Controller:
         if status.get("reason") != reason:
             self.writer.event(run, "Normal", reason, message)
 
-    def _answer_from_cache(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, digest: str,
-                           key: str) -> bool:
+    def _answer_from_cache(self, run: Mapping[str, Any], spec: CodeRunSpec, ttl_seconds: int, decision: Decision,
+                           digest: str, key: str) -> bool:
         """A finished run with the same inputs and decision within the TTL answers this one: no pod at all. The
         store keeps finished runs slim, so the one picked is read whole from the API server (one GET)."""
         meta, now = run["metadata"], self.now()
         candidates = (r for r in self.store.finished_in(meta["namespace"], key)
                       if r["metadata"]["uid"] != meta["uid"])
-        picked = pick_reusable(candidates, key, spec.cache.ttl_seconds, now)
+        picked = pick_reusable(candidates, key, ttl_seconds, now)
         if picked is None:
             return False
         source = self.api.get_run(meta["namespace"], picked["metadata"]["name"])
-        if not is_same_source(source, picked, key):
+        if source is None or not is_same_source(source, picked, key):
             return False  # gone or replaced since: run for real
         try:
             artifacts = copy_artifacts(self.api, run, source)
@@ -450,7 +453,9 @@ class Controller:
                 artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
             except ArtifactsConflict as e:
                 artifacts, skipped, conflict = [], [], e
-            outcome = outcome_from_frame(spec, frame, redact, oom_evidence(collected, answer), effective, parse_time(status.get("startTime")), artifacts,
+            assert spec is not None  # a run whose spec does not parse is refused before it has a sandbox
+            outcome = outcome_from_frame(spec, frame, redact, oom_evidence(collected, answer), effective,
+                                         parse_time(status.get("startTime")), artifacts,
                                          [s.model_dump() for s in frame.artifactsSkipped] + skipped)
             if conflict:
                 outcome = replace(outcome, phase=Phase.FAILED, reason=Reason.NAME_CONFLICT, message=str(conflict))
@@ -476,14 +481,15 @@ class Controller:
         had_sandbox = bool((run.get("status") or {}).get("startMode"))  # not one refused before it started
         if self.proxy is not None and had_sandbox and isinstance(decision, Decision) and \
                 uses_proxy(decision.policy.egress):
-            outcome = self._with_network(run, decision, outcome)
+            outcome = self._with_network(self.proxy, run, decision, outcome)
         return self.writer.finish(run, outcome)
 
-    def _with_network(self, run: Mapping[str, Any], decision: Decision, outcome: Outcome) -> Outcome:
+    def _with_network(self, proxy: EgressProxy, run: Mapping[str, Any], decision: Decision,
+                      outcome: Outcome) -> Outcome:
         """Revoke first (a program's children may outlive it for a moment), then what every proxy pod logged."""
         expires = credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, self.now().timestamp())
         try:
-            answers, complete = self.proxy.end_run(run["metadata"]["uid"], expires)
+            answers, complete = proxy.end_run(run["metadata"]["uid"], expires)
         except ProxyUnavailable as e:
             log.warning("run %s: %s; its requests are not in its status", run["metadata"]["name"], e)
             answers, complete = [], False

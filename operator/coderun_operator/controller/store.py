@@ -38,7 +38,8 @@ def resource_version(obj: Mapping[str, Any]) -> int | None:
 def owner_uid(pod: Mapping[str, Any]) -> str | None:
     for owner in pod["metadata"].get("ownerReferences") or ():
         if owner.get("kind") == "CodeRun" and owner.get("controller"):
-            return owner.get("uid")
+            uid = owner.get("uid")
+            return uid if isinstance(uid, str) else None
     return None
 
 
@@ -52,13 +53,16 @@ _KEPT_SPEC = ("policyRef", "ttlSecondsAfterFinished", "session")  # the expiry's
 _KEPT_STATUS = ("phase", "reason", "startTime", "completionTime", "podName", "startMode", "cacheKey", "cachedFrom")
 
 
+def _picked(mapping: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: mapping[k] for k in keys if k in mapping}
+
+
 def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
     """What the controller needs of a finished run: identity, outcome, its pod's name, the cache's fields and
     the TTL its expiry is computed from, in fresh dicts, so nothing keeps the whole object alive."""
     meta, spec, status = run["metadata"], run.get("spec") or {}, run.get("status") or {}
-    pick = lambda mapping, keys: {k: mapping[k] for k in keys if k in mapping}  # noqa: E731
-    projected = {"metadata": pick(meta, _KEPT_METADATA), "spec": pick(spec, _KEPT_SPEC),
-                 "status": pick(status, _KEPT_STATUS)}
+    projected = {"metadata": _picked(meta, _KEPT_METADATA), "spec": _picked(spec, _KEPT_SPEC),
+                 "status": _picked(status, _KEPT_STATUS)}
     ttl = (status.get("decision") or {}).get("ttlSecondsAfterFinished")
     if ttl is not None:
         projected["status"]["decision"] = {"ttlSecondsAfterFinished": ttl}  # only this, never a whole record
@@ -211,8 +215,8 @@ class Store:
         uid = owner_uid(pod)
         with self._lock:
             self._pool.pop(pod["metadata"].get("uid"), None)
-            held = self._pods.get(uid)
-            if held is not None and held["metadata"].get("uid") == pod["metadata"].get("uid"):
+            held = self._pods.get(uid) if uid is not None else None
+            if uid is not None and held is not None and held["metadata"].get("uid") == pod["metadata"].get("uid"):
                 del self._pods[uid]
         return uid
 

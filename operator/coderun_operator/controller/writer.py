@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 from coderun.api.models import ApiModel, CodeRunStatus
 from coderun.api.reasons import Phase
 from coderun.api.text import one_line
+from ..kube_api import KubeApi
 from .. import metrics
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
@@ -40,7 +41,7 @@ def printable(candidate: Mapping[str, Any]) -> dict[str, Any]:
 class StatusWriter:
     """`on_finished(namespace)` is told of every run that reached a terminal status (its slot is free)."""
 
-    def __init__(self, api, store: Store, clock: Callable[[], datetime], on_finished: Callable[[str], None]):
+    def __init__(self, api: KubeApi, store: Store, clock: Callable[[], datetime], on_finished: Callable[[str], None]):
         self.api, self.store, self.now = api, store, clock
         self._on_finished = on_finished
 
@@ -48,7 +49,8 @@ class StatusWriter:
         """Patch /status; when the API server refuses it, ever smaller versions. The status written (its wire
         form), or None when the run is gone. The store takes the API server's answer, so no stale event undoes
         it."""
-        meta, refusals = run["metadata"], []
+        meta = run["metadata"]
+        refusals: list[str] = []
         for candidate in smaller_statuses(to_wire(status), status_budget(run), refusals):
             try:
                 written = self.api.patch_run_status(meta["namespace"], meta["name"], printable(candidate))
@@ -79,7 +81,7 @@ class StatusWriter:
 
     def event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         try:
-            self.api.post_event(run, type_, reason, one_line(message))
+            self.api.post_event(dict(run), type_, reason, one_line(message))
         except (self.api.Transient, self.api.Refused) as e:  # an Event is a courtesy, never a reason to retry
             log.warning("run %s: event not posted: %s", run["metadata"].get("name"), e)
 

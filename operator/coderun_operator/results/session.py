@@ -151,9 +151,10 @@ def _busy_message(run_name: str) -> str:
 def _idle_expiry(last_activity: str | None, idle_seconds: int | None) -> str | None:
     """When the idle clock ends the session: computed from the written time, so a refresh and the write that
     set it agree to the millisecond."""
-    if not last_activity or not idle_seconds:
+    last = parse_time(last_activity)
+    if last is None or not idle_seconds:
         return None
-    return rfc3339(parse_time(last_activity) + timedelta(seconds=idle_seconds))
+    return rfc3339(last + timedelta(seconds=idle_seconds))
 
 
 def _run_times(run: Mapping[str, Any]) -> str | None:
@@ -185,8 +186,8 @@ def _ending(status: Mapping[str, Any], pod: Mapping[str, Any] | None, busy: bool
     return None
 
 
-def _conditions(conditions: list[dict] | None, ready: bool, ended: bool, reason: str, message: str,
-                generation: int | None, now: datetime) -> list[dict]:
+def _conditions(conditions: list[dict[str, Any]] | None, ready: bool, ended: bool, reason: str, message: str,
+                generation: int | None, now: datetime) -> list[dict[str, Any]]:
     conditions = set_condition(conditions, SessionConditionType.READY, ready, reason, message, generation, now)
     return set_condition(conditions, SessionConditionType.ENDED, ended, reason, message, generation, now)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from coderun.api.coderunpolicy import CodeRunPolicyStatus
 from coderun.api.models import CREATED_AT_ANNOTATION, CodeRunSpec, CodeRunStatus, ResourceLimits, Validation
@@ -58,8 +58,8 @@ def millis_between(start: datetime | None, end: datetime | None) -> int | None:
 _CONDITION_ORDER = {t.value: i for i, t in enumerate(ConditionType)}
 
 
-def set_condition(conditions: list[dict] | None, type_: str, status: bool, reason: str, message: str,
-                  generation: int | None, now: datetime) -> list[dict]:
+def set_condition(conditions: list[dict[str, Any]] | None, type_: str, status: bool, reason: str, message: str,
+                  generation: int | None, now: datetime) -> list[dict[str, Any]]:
     """Upsert one condition; lastTransitionTime moves only when the status flips (API conventions)."""
     value = "True" if status else "False"
     out, previous = [], None
@@ -70,7 +70,7 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool, reaso
             out.append(c)
     moved = previous is None or previous.get("status") != value
     out.append({"type": type_, "status": value, "reason": reason, "message": message,
-                "lastTransitionTime": rfc3339(now) if moved else previous["lastTransitionTime"],
+                "lastTransitionTime": rfc3339(now) if moved or previous is None else previous["lastTransitionTime"],
                 "observedGeneration": generation})
     return sorted(out, key=lambda c: _CONDITION_ORDER.get(c["type"], len(_CONDITION_ORDER)))
 
@@ -89,10 +89,11 @@ class Outcome:
 
 
 def _generation(run: Mapping[str, Any]) -> int | None:
-    return run["metadata"].get("generation")
+    generation = run["metadata"].get("generation")
+    return generation if isinstance(generation, int) else None
 
 
-def _accepted(run: Mapping[str, Any], decision: Decision, now: datetime) -> list[dict]:
+def _accepted(run: Mapping[str, Any], decision: Decision, now: datetime) -> list[dict[str, Any]]:
     """The Accepted condition of an admitted run."""
     return set_condition(run.get("status", {}).get("conditions"), ConditionType.ACCEPTED, True, Reason.ACCEPTED,
                          f"policy {decision.policy.name!r} allows this run", _generation(run), now)
@@ -131,7 +132,7 @@ def decision_fields(decision: Decision) -> dict[str, Any]:
 
 def refusal_fields(denial: Denial) -> dict[str, Any]:
     """A refusal as the status records it: the rule and, when a policy said no, which version of which."""
-    fields = {"policyRule": denial.rule}
+    fields: dict[str, Any] = {"policyRule": denial.rule}
     if denial.policy is not None:
         fields.update(policy=denial.policy, policyDigest=denial.policy_digest)
     return fields
@@ -227,7 +228,8 @@ def policy_accepted_status(policy: Mapping[str, Any], refusal: str | None, now: 
     # escaped as the writer would escape it, so the comparison below sees what the status holds
     message = "the operator applies this policy to the runs that select it" if accepted else \
         one_line(f"runs that select this policy are refused until it is fixed: {refusal}")
-    held = next((c for c in status.get("conditions") or () if c.get("type") == ConditionType.ACCEPTED), {})
+    held: Mapping[str, Any] = next((c for c in status.get("conditions") or ()
+                                    if c.get("type") == ConditionType.ACCEPTED), {})
     if (held.get("status"), held.get("reason"), held.get("message"), held.get("observedGeneration"),
             status.get("observedGeneration")) == ("True" if accepted else "False", reason, message, generation,
                                                    generation):
@@ -237,7 +239,7 @@ def policy_accepted_status(policy: Mapping[str, Any], refusal: str | None, now: 
     return CodeRunPolicyStatus.model_validate({"observedGeneration": generation, "conditions": conditions})
 
 
-_FAILURE_HINTS = {
+_FAILURE_HINTS: dict[str, str] = {
     Reason.TIMEOUT: "the program did not finish within {timeout}s; make it faster or raise spec.limits.timeoutSeconds",
     Reason.OOM_KILLED: "the program exceeded its memory limit of {memory}; use less memory or raise spec.limits.memory",
     Reason.OUTPUT_LIMIT_EXCEEDED: "the program wrote far more output than the {output} bytes kept per stream and was "
@@ -278,7 +280,7 @@ def head_bytes(text: str, limit: int) -> tuple[str, bool]:
     return data[:limit].decode("utf-8", "ignore"), True
 
 
-def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: ResourceLimits | None) -> str:
+def _message(reason: str, frame: RunnerFrame, error: dict[str, Any] | None, limits: ResourceLimits | None) -> str:
     if reason == Reason.COMPLETED:
         return "the program exited with code 0"
     if reason == Reason.NON_ZERO_EXIT:
@@ -297,6 +299,8 @@ def _message(reason: str, frame: RunnerFrame, error: dict | None, limits: Resour
 
 
 def _signal_name(number: int | None) -> str:
+    if number is None:
+        return ""
     try:
         return f" ({signal.Signals(number).name})"
     except (ValueError, TypeError):
@@ -305,7 +309,8 @@ def _signal_name(number: int | None) -> str:
 
 def outcome_from_frame(spec: CodeRunSpec, frame: RunnerFrame, redactor: Redactor,
                        container_oom: bool, limits: ResourceLimits | None,
-                       pod_created: datetime | None, artifacts: list[dict], skipped: list[dict]) -> Outcome:
+                       pod_created: datetime | None, artifacts: list[dict[str, Any]],
+                       skipped: list[dict[str, Any]]) -> Outcome:
     """Map the runner's report to phase, reason and a message that says what to change.
 
     Every string that came from the program is redacted: output, the exception, artifact names, and the
@@ -367,7 +372,7 @@ def redacted_error(error: Mapping[str, Any] | None, redactor: Redactor) -> tuple
             "line": error.get("line")}, n_type + n_message
 
 
-def redacted_names(entries: list[Mapping[str, Any]], redactor: Redactor) -> tuple[list[dict[str, Any]], int]:
+def redacted_names(entries: Sequence[Mapping[str, Any]], redactor: Redactor) -> tuple[list[dict[str, Any]], int]:
     """Artifact entries with their program-chosen names redacted and capped; how many secrets went."""
     named, total = [], 0
     for entry in entries:

@@ -19,15 +19,16 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import ValidationError
 
 from coderun.api.coderunsession import CodeRunSessionSpec
 from coderun.api.identity import CREATED_BY
-from coderun.api.models import ResourceLimits
+from coderun.api.models import CodeRunSpec, EgressRule, ResourceLimits
 from coderun.api.reasons import Phase, Reason, SessionPhase, SessionReason
 from coderun.sandbox.runner.protocol import FRAME_PREFIX, accepted_line
+from ...kube_api import KubeApi
 from ...builders import code_hash
 from ...builders.names import CONTAINER_NAME, LABEL_SESSION_UID
 from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
@@ -39,7 +40,7 @@ from ...policy.decide import parse_spec
 from ...policy.evaluate import needs_use_permission, select_policy
 from ...policy.session import run_in_session, session_verdict
 from ...proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
-from ...builders.egress import EgressAccess
+from ...builders.egress import EgressAccess, ProxyRoute
 from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_streamed_frame
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
@@ -112,8 +113,8 @@ def frame_with(nonce: str) -> Callable[[bytes], bool]:
 
 
 class Sessions:
-    def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime], key_namespace: str,
-                 hand_back: SessionReply, reconcile_runs: Callable[[list[str]], None],
+    def __init__(self, api: KubeApi, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
+                 key_namespace: str, hand_back: SessionReply, reconcile_runs: Callable[[list[str]], None],
                  list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
                  may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]],
                  proxy: EgressProxy | None = None,
@@ -241,7 +242,7 @@ class Sessions:
         if not status.get("podName"):
             self._admit(session)
             return
-        policy = self.store.policies(session["metadata"]["namespace"]).get(status.get("policy"))
+        policy = self.store.policies(session["metadata"]["namespace"]).get(status.get("policy") or "")
         if not isinstance(policy, Policy) or policy.sessions is None or not policy.sessions.allowed:
             self._end(session, SessionReason.POLICY_REMOVED, f"policy {status.get('policy')!r} was deleted or no "
                       "longer allows sessions; create a new session under a policy that does")
@@ -355,7 +356,8 @@ class Sessions:
             self.pods[uid] = held
         return held
 
-    def _ensure_routes(self, session: Mapping[str, Any], egress, proxy_route) -> str | None:
+    def _ensure_routes(self, session: Mapping[str, Any], egress: Sequence[EgressRule],
+                       proxy_route: ProxyRoute | None) -> str | None:
         """The session pod's NetworkPolicy holding the routes of its policy as it is now (made at the session's
         admission, brought up to date at a run's start when the policy's egress changed since: a policy tightened
         after an incident reaches live sessions too); why it cannot be, when its name is taken by another's."""
@@ -398,11 +400,13 @@ class Sessions:
         """The event brings the session as one of this operator's own status writes left it, and a later write
         of its own has been answered since."""
         written = self._written.get(meta["uid"])
-        return bool(written) and meta.get("resourceVersion") in written and meta["resourceVersion"] != written[-1]
+        if not written:
+            return False
+        return meta.get("resourceVersion") in written and meta["resourceVersion"] != written[-1]
 
     def _own_last_write(self, meta: Mapping[str, Any]) -> bool:
         written = self._written.get(meta["uid"])
-        return bool(written) and meta.get("resourceVersion") == written[-1]
+        return bool(written) and written is not None and meta.get("resourceVersion") == written[-1]
 
     def _write(self, session: dict[str, Any], wire: dict[str, Any]) -> dict[str, Any] | None:
         meta = session["metadata"]
@@ -494,10 +498,11 @@ class Sessions:
         if creator != (meta.get("annotations") or {}).get(CREATED_BY):
             return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"CodeRunSession {name} was created by another "
                            "identity: only its creator may run in it; create a session of your own")
-        policy = self.store.policies(meta["namespace"]).get(sstatus.get("policy"))
+        policy = self.store.policies(meta["namespace"]).get(sstatus.get("policy") or "")
         if not sstatus.get("podName") or not isinstance(policy, Policy):
-            return self._wait(run, None, f"CodeRunSession {name} is {sstatus.get('phase') or 'not admitted yet'}; "
-                              "the run starts once it is Ready")
+            self._wait(run, None, f"CodeRunSession {name} is {sstatus.get('phase') or 'not admitted yet'}; "
+                       "the run starts once it is Ready")
+            return None
         decision = run_in_session(spec, ResourceLimits.model_validate(sstatus["effectiveLimits"]), policy)
         if isinstance(decision, Denial):
             return Outcome(Phase.REJECTED, decision.reason, decision.message, refusal_fields(decision))
@@ -511,17 +516,20 @@ class Sessions:
         if head["metadata"]["uid"] != meta["uid"]:
             # The same words until its turn: naming the run ahead of it would rewrite every queued run's status
             # each time one ends (a harness's 80 queued runs: 80 writes a run, and the session 5 times slower).
-            return self._wait(run, decision, f"waits its turn in CodeRunSession {name}: runs go one at a time, in "
-                              "creation order")
+            self._wait(run, decision, f"waits its turn in CodeRunSession {name}: runs go one at a time, in "
+                       "creation order")
+            return None
         if sstatus.get("phase") not in (SessionPhase.READY, SessionPhase.BUSY):
-            return self._wait(run, decision, f"CodeRunSession {name} is {sstatus.get('phase')}; the run starts once "
-                              "it is Ready")
+            self._wait(run, decision, f"CodeRunSession {name} is {sstatus.get('phase')}; the run starts once "
+                       "it is Ready")
+            return None
         # Busy is no reason to wait once the runs before this one are finished (the status says Ready a write
         # later). A run still in the sandbox is (one created earlier whose event came late is head now), and so
         # is a document on its way (a run deleted meanwhile): the sandbox and its attach are theirs.
         if session["metadata"]["uid"] in self._sending or any(
                 in_session(r, sstatus) for r in queue if r["metadata"]["uid"] != meta["uid"]):
-            return self._wait(run, decision, f"waits for the run in CodeRunSession {name}'s sandbox to end")
+            self._wait(run, decision, f"waits for the run in CodeRunSession {name}'s sandbox to end")
+            return None
         return Admitted(spec, decision)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision | None, message: str) -> None:
@@ -568,14 +576,16 @@ class Sessions:
                 self._sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
             channel = self._channel(session, pod_name)
         try:
-            return self._start_in(channel, run, spec, decision, session, egress, master, wire_sequence, now)
+            self._start_in(channel, run, spec, decision, session, egress, master, wire_sequence, now)
+            return None
         except BaseException:
             self._done_sending(suid, meta["uid"])  # nothing went: the session must not stay Busy for it
             self.streams.pop(meta["uid"], None)
             raise
 
-    def _start_in(self, channel: Channel, run: Mapping[str, Any], spec, decision: Decision, session: dict[str, Any],
-                  egress, master: bytes, sequence: int, now) -> None:
+    def _start_in(self, channel: Channel, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
+                  session: dict[str, Any], egress: EgressAccess | None, master: bytes, sequence: int,
+                  now: datetime) -> None:
         """The run's start in its status, then its document on a thread of its own."""
         meta, suid, pod_name = run["metadata"], session["metadata"]["uid"], session["status"]["podName"]
         status = started_in_session_status(run, decision, pod_name, code_hash(spec), now,
@@ -584,6 +594,7 @@ class Sessions:
             self._done_sending(suid, meta["uid"])
             self._wake_queue(run)
             return None
+        assert status.start_time is not None  # started_in_session_status records it
         nonce = run_nonce(master, meta["uid"], status.start_time)
         document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
                                     session_key(master, session["metadata"]["uid"]), sequence,
@@ -642,7 +653,7 @@ class Sessions:
                 raise self.api.Transient("the sessions' key Secret cannot be read yet")
         return self._master
 
-    def _in_sandbox(self, run: Mapping[str, Any], session: Mapping[str, Any]) -> Outcome | HeldFrame | None:
+    def _in_sandbox(self, run: Mapping[str, Any], session: dict[str, Any]) -> Outcome | HeldFrame | None:
         """A run whose document went to the sandbox: its stream's thread brings its frame. Without one (the stream
         broke, or the operator restarted) the sandbox's log has it once the run ended, or the sandbox's end says
         why there is none (memory: the OOM killer took the whole sandbox, runner and all). The tick looks again

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Reason, StartMode
 from coderun.sandbox.runner.protocol import ACCEPTED_PREFIX, FRAME_PREFIX
+from ...kube_api import KubeApi
 from ... import metrics
 from ...builders import LABEL_POOL, build_network_policy, claim_patch, code_hash, warm_input
 from ...builders.egress import EgressAccess
@@ -46,7 +47,7 @@ WarmReply = Callable[[str, str, "str | None", str], None]
 
 
 class Claims:
-    def __init__(self, api, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
+    def __init__(self, api: KubeApi, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
                  wake_pool: Callable[[], None], hand_back: WarmReply):
         self.api, self.store, self.writer, self.now = api, store, writer, clock
         self._wake_pool, self._hand_back = wake_pool, hand_back

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from coderun.api.coderunpolicy import WarmPoolStatus
+from ...kube_api import KubeApi
 from ... import metrics
 from ...builders import LABEL_POOL, LABEL_POOL_LANGUAGE, build_pool_pod
 from ...builders.names import fit_name
@@ -33,7 +34,7 @@ REFUSED_RETRY_SECONDS = 30
 class Refill:
     """`on_pools` is told, after each pass, how every policy's pool stands ((namespace, policy) -> size, ready)."""
 
-    def __init__(self, api, store: Store, proxy: EgressProxy | None = None,
+    def __init__(self, api: KubeApi, store: Store, proxy: EgressProxy | None = None,
                  on_pools: Callable[[Mapping[tuple[str, str], WarmPoolStatus]], None] = lambda stands: None,
                  clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)):
         self.api, self.store, self.proxy, self.clock = api, store, proxy, clock
@@ -74,7 +75,7 @@ class Refill:
             for policy in policies.values():
                 for key, (language, decision) in wanted_pools(namespace, policy).items():
                     wanted[(namespace, key)] = (language, decision, policy.warm_pool_size)
-        by_pool: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        by_pool: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
         settled = time.monotonic() - self.started > STARTUP_GRACE_SECONDS
         now = self.clock()
         for pod in self.store.pool_pods():

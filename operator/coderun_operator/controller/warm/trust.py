@@ -10,11 +10,13 @@ from typing import Any, Mapping
 
 from kubernetes.utils import parse_quantity
 
+from coderun.api.models import ResourceLimits, Runtime
 from coderun.sandbox.runner.protocol import FRAME_PREFIX, INPUT_INCOMPLETE, accepted_line as line_for_nonce_digest
 from ...builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE,
                          build_pool_pod)
 from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
 from ...policy import Decision, Policy
+from ...results.frame import RunnerFrame
 from ...results.pod_state import is_running, terminated
 from ...results.status import parse_time
 
@@ -22,7 +24,7 @@ from ...results.status import parse_time
 POOL_IDLE_SECONDS = 3600
 
 
-def pool_key(namespace: str, policy: Policy | str, digest: str, runtime, limits) -> str:
+def pool_key(namespace: str, policy: Policy | str, digest: str, runtime: Runtime, limits: ResourceLimits) -> str:
     """What makes pods interchangeable: namespace, policy (name and exact spec), image, sandbox runtime and the
     resources fixed at pod creation. Timeout and output caps travel with the input, so they may differ."""
     name = policy if isinstance(policy, str) else policy.name
@@ -69,6 +71,10 @@ def outlived(pod: Mapping[str, Any], now: datetime) -> bool:
     return started is not None and (now - started).total_seconds() >= POOL_IDLE_SECONDS
 
 
+def _same(a: Mapping[str, Any], b: Mapping[str, Any], fields: tuple[str, ...]) -> bool:
+    return all((a.get(f) or None) == (b.get(f) or None) for f in fields)
+
+
 def is_genuine(pod: Mapping[str, Any], decision: Decision) -> bool:
     """The pod is exactly the pool pod the operator builds for this pool, in every field that decides what runs
     and what it can reach. Anyone who may create pods in the namespace can copy the labels; a pod of their own
@@ -81,14 +87,13 @@ def is_genuine(pod: Mapping[str, Any], decision: Decision) -> bool:
                   "dnsConfig", "initContainers", "ephemeralContainers", "shareProcessNamespace", "hostUsers")
     container_fields = ("image", "command", "args", "env", "envFrom", "securityContext", "stdin", "stdinOnce",
                         "volumeMounts", "workingDir")
-    same = lambda a, b, fields: all((a.get(f) or None) == (b.get(f) or None) for f in fields)  # noqa: E731
-    if not same(have, wanted, pod_fields) or len(have.get("containers") or ()) != 1:
+    if not _same(have, wanted, pod_fields) or len(have.get("containers") or ()) != 1:
         return False
     # Unset means true for these two: only an explicit false is the pool's.
     if have.get("automountServiceAccountToken") is not False or have.get("enableServiceLinks") is not False:
         return False
     container, expected = have["containers"][0], wanted["containers"][0]
-    return (same(container, expected, container_fields)
+    return (_same(container, expected, container_fields)
             and _quantities((container.get("resources") or {}).get("limits")) ==
             _quantities(expected["resources"]["limits"])
             and [(v.get("name"), _quantities(v.get("emptyDir"))) for v in have.get("volumes") or ()] ==
@@ -135,14 +140,14 @@ def accepted_line(pod: Mapping[str, Any]) -> str:
     return line_for_nonce_digest(claimed_digest(pod))
 
 
-def ran_this_claim(frame, pod: Mapping[str, Any]) -> bool:
+def ran_this_claim(frame: RunnerFrame, pod: Mapping[str, Any]) -> bool:
     """A warm pod's frame is this run's only if it carries the nonce whose digest the claim recorded: a pod
     someone else attached to first ran their input, not this run's."""
     return isinstance(frame.nonce, str) and hmac.compare_digest(nonce_digest(frame.nonce), claimed_digest(pod))
 
 
-def incomplete_input(frame) -> bool:
-    return frame.reason == INPUT_INCOMPLETE
+def incomplete_input(frame: RunnerFrame) -> bool:
+    return bool(frame.reason == INPUT_INCOMPLETE)
 
 
 def has_frame(received: bytes) -> bool:
