@@ -37,16 +37,21 @@ def test_metrics_liveness_events_and_printer_columns(operator, namespace):
     assert re.search(rf'{bad["metadata"]["name"]}\s+Failed\s+NonZeroExit\s+1\s+\d+', table), table
 
 
-def active_runs(operator):
-    return float(re.search(r"^coderun_active_runs (\S+)$", fetch(operator.operator.metrics_url())[1], re.M).group(1))
+def active_runs(operator, namespace: str) -> float:
+    """The namespace's own series (absent: none active); it moves with no other namespace's runs."""
+    found = re.search(rf'^coderun_active_runs\{{namespace="{re.escape(namespace)}"\}} (\S+)$',
+                      fetch(operator.operator.metrics_url())[1], re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def test_the_active_runs_gauge_follows_runs_and_forgets_deleted_ones(operator, namespace):
+    assert active_runs(operator, namespace) == 0  # a new namespace: no series yet
     name = operator.create_run(namespace, {"language": "python", "code": "import time; time.sleep(60)",
                                            "limits": {"timeoutSeconds": 90}})
     operator.wait_running(namespace, name)
-    assert active_runs(operator) >= 1
-    before = active_runs(operator)
+    assert active_runs(operator, namespace) == 1
     operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-    # A run deleted before it finished must not stay counted (the gauge used to grow forever).
-    wait_for(lambda: active_runs(operator) <= before - 1, 30, "the deleted run to leave the active gauge")
+    # A run deleted before it finished must not stay counted (the gauge used to grow forever): its namespace's
+    # series goes, whatever other namespaces run meanwhile.
+    wait_for(lambda: active_runs(operator, namespace) == 0, 30, "the deleted run to leave its namespace's gauge")
+    assert f'coderun_active_runs{{namespace="{namespace}"}}' not in fetch(operator.operator.metrics_url())[1]

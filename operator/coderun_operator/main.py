@@ -57,7 +57,7 @@ def main() -> None:
     # standby ready before its first read of the Lease returns).
     logging.getLogger("coderun.leader").info("coderun-operator %s in pod %s: standby until it holds Lease %s/%s",
                                              __version__, pod, namespace, lease)
-    metrics.serve(handlers.controller.store.active_count)  # the standby's too: a scrape of either replica answers
+    metrics.serve(handlers.controller.store.active_by_namespace)  # the standby's too: a scrape of either replica answers
     probes = health.Health(liveness.replace("0.0.0.0", "127.0.0.1"))
     health.serve(int(os.environ.get("CODERUN_HEALTH_PORT", "8081")), probes)
     leader.mark_own_pod(namespace, pod, leading=False)  # a restarted leader's container starts as a standby

@@ -1,10 +1,12 @@
-"""Prometheus metrics: runs by outcome, latency histograms, active runs. Fed from the statuses we write."""
+"""Prometheus metrics: runs by outcome, latency histograms, active runs by namespace. Fed from the statuses we
+write, and the active runs from the store at each scrape."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from .policy import DEFAULT_POLICY
 
@@ -20,7 +22,6 @@ STARTUP_SECONDS = Histogram("coderun_run_startup_seconds", "Sandbox pod created 
 CACHE_HITS = Counter("coderun_cache_hits_total", "Runs answered from an identical earlier result", ["language"])
 API_REQUESTS = Counter("coderun_api_requests_total", "Requests the operator sent to the API server (watches not "
                        "included: kopf keeps one per resource)", ["call"])
-ACTIVE = Gauge("coderun_active_runs", "Runs accepted and not yet finished")
 LEADER = Gauge("coderun_leader", "1 on the replica that holds the Lease and processes runs, 0 on a standby")
 POOL_READY = Gauge("coderun_pool_ready_pods", "Warm pool pods ready to be claimed", ["namespace", "policy", "language"])
 POOL_CLAIMS = Counter("coderun_pool_claims_total", "Runs started on a warm pool pod", ["language"])
@@ -33,6 +34,26 @@ POOL_REFILL_SECONDS = Histogram("coderun_pool_refill_seconds", "Warm pool pod cr
 OTHER_LANGUAGE = "other"
 
 
+class ActiveRuns:
+    """coderun_active_runs{namespace}: read from the store at each scrape, so a namespace's series is exactly its
+    own runs (one total would move with any other namespace's). Only namespaces with active runs are listed, so
+    the series are bounded by what runs now, and a namespace whose runs all ended disappears."""
+
+    def __init__(self) -> None:
+        self.by_namespace: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("coderun_active_runs", "Runs accepted and not yet finished, by namespace",
+                                   labels=["namespace"])
+        for namespace, count in sorted(self.by_namespace().items()):
+            family.add_metric([namespace], count)
+        yield family
+
+
+ACTIVE = ActiveRuns()
+REGISTRY.register(ACTIVE)
+
+
 def language_label(language: object) -> str:
     """A caller writes spec.language: only languages a policy offers become label values, so no caller can
     create new time series."""
@@ -43,9 +64,9 @@ PORT = int(os.environ.get("CODERUN_METRICS_PORT", "9108"))
 _serving: set[int] = set()
 
 
-def serve(active_runs: Callable[[], int], port: int = PORT) -> None:
+def serve(active_by_namespace: Callable[[], Mapping[str, int]], port: int = PORT) -> None:
     """Once per port: a replicated operator starts it before the election, kopf's startup asks again."""
-    ACTIVE.set_function(active_runs)
+    ACTIVE.by_namespace = active_by_namespace
     if port not in _serving:
         start_http_server(port)
         _serving.add(port)

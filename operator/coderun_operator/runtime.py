@@ -45,7 +45,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, controller: Cont
         memo["certificate_stop"] = threading.Event()
         threading.Thread(target=certificate.keep_fresh, args=(memo["certificate_stop"],), name="webhook-certificate",
                          daemon=True).start()
-    metrics.serve(controller.store.active_count)
+    metrics.serve(controller.store.active_by_namespace)
 
 
 async def start(memo: kopf.Memo, controller: Controller) -> None:

@@ -244,3 +244,14 @@ class Store:
                 self._scheduled.discard(uid)
                 due.append(uid)
         return due
+
+    def active_by_namespace(self) -> dict[str, int]:
+        """Unfinished runs per namespace, only namespaces that have some: the metrics gauge's series stay as many
+        as the namespaces running something now."""
+        counts: dict[str, int] = {}
+        with self._lock:
+            for run in self._runs.values():
+                if not is_terminal(run):
+                    namespace = run["metadata"].get("namespace", "")
+                    counts[namespace] = counts.get(namespace, 0) + 1
+        return counts
