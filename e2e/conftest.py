@@ -27,6 +27,7 @@ KUBECONFIG = REPO / ".cluster" / "kubeconfig"
 from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402 - the API constants, never re-declared
 from coderun.api.reasons import TERMINAL_PHASES as TERMINAL  # noqa: E402
+from framework.standins import StandinHits  # noqa: E402
 
 
 def _kubectl_path() -> str:
@@ -385,6 +386,12 @@ def spare_warm_namespaces(cluster):
 
 
 @pytest.fixture
+def standin_hits(cluster) -> StandinHits:
+    """What reaches the stand-ins for the internet and a metadata service from now on (framework/standins.py)."""
+    return StandinHits()
+
+
+@pytest.fixture
 def namespace(cluster, request) -> str:
     """A fresh namespace for one test, labelled Pod Security `restricted` as the chart labels run namespaces."""
     marker = request.node.get_closest_marker("namespace_labels")
@@ -450,8 +457,12 @@ class _WatchCensus:
 class PodCensus(_WatchCensus):
     """Every sandbox pod ever created in a namespace, by run."""
 
+    BARRIER = "e2e.coderun.io/census-barrier"
+
     def __init__(self, cluster, namespace):
         self.pods_by_run: defaultdict[str, set[str]] = defaultdict(set)
+        self._marks: set[str] = set()
+        self._cluster, self._namespace = cluster, namespace
         super().__init__(cluster.core.list_namespaced_pod, namespace)
 
     def _count(self, event) -> None:
@@ -459,6 +470,28 @@ class PodCensus(_WatchCensus):
         run = (pod.metadata.labels or {}).get("coderun.io/run")
         if run:
             self.pods_by_run[run].add(pod.metadata.uid)
+        mark = (pod.metadata.annotations or {}).get(self.BARRIER)
+        if mark:
+            self._marks.add(mark)
+
+    def catch_up(self, timeout: float = 30) -> None:
+        """Return once the census has counted every pod event up to now: it annotates a pod of the namespace and
+        waits for that change, which a watch delivers after every earlier one (resourceVersion order)."""
+        mark = uuid.uuid4().hex
+        patched = []
+
+        def seen() -> bool:
+            if not patched:
+                for pod in self._cluster.core.list_namespaced_pod(self._namespace).items:
+                    try:
+                        self._cluster.core.patch_namespaced_pod(pod.metadata.name, self._namespace, {
+                            "metadata": {"annotations": {self.BARRIER: mark}}})
+                    except ApiException:
+                        continue  # gone meanwhile: another
+                    patched.append(pod.metadata.name)
+                    break
+            return mark in self._marks
+        wait_for(seen, timeout, "the pod census to catch up with a change made after the runs")
 
 
 class RunWriteCensus(_WatchCensus):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import APPROVER_VERBS, CREATOR_VERBS, create_as, grant, wait_for
-from test_policy import apply_policy, status_of
+from framework.policy import apply_policy, status_of
 
 
 def annotate_as(cluster, user: str, namespace: str, name: str, annotation: str, check: bool = False):

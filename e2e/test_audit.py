@@ -35,10 +35,10 @@ TOUCHY = textwrap.dedent("""\
     except OSError:
         pass
     try:
-        subprocess.run(["wget", "http://example.com"])
+        subprocess.run(["wget", "http://example.coderun.test"])
     except FileNotFoundError:
         pass
-    print(subprocess.run(["sh", "-c", "curl http://example.com"], capture_output=True).returncode)
+    print(subprocess.run(["sh", "-c", "curl http://example.coderun.test"], capture_output=True).returncode)
 """)
 FILES = [{"path": "data.csv", "content": "a,b\n1,2\n"}]
 SMALL = {"cpu": "250m", "memory": "128Mi", "timeoutSeconds": 30}
@@ -67,7 +67,7 @@ def assert_touched(audit: dict) -> None:
     connects = [(c["address"], c["port"]) for c in audit["connectAttempts"]]
     assert ("10.96.0.1", 443) in connects, audit
     argv = [p["argv"] for p in audit["processes"]]
-    assert ["sh", "-c", "curl http://example.com"] in argv, audit
+    assert ["sh", "-c", "curl http://example.coderun.test"] in argv, audit
     shell = next(p for p in audit["processes"] if p["argv"][:1] == ["sh"])
     assert shell.get("exitCode") == 127, shell
     assert audit["counts"]["failedExecs"] >= 1, audit  # wget is not in the image: Python's execs fail

@@ -4,8 +4,8 @@ import base64
 import time
 
 from conftest import wait_for
-from test_operator_restart import PodCensus
-from test_policy import apply_policy
+from conftest import PodCensus
+from framework.policy import apply_policy
 
 CACHED = {"enabled": True, "ttlSeconds": 600}
 PLOT = ("import os, random\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'n.txt'), 'w')"

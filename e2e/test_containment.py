@@ -3,6 +3,7 @@ import json
 import textwrap
 
 from coderun.api.models import GROUP, PLURAL, VERSION
+from framework.policy import Listeners, apply_policy
 
 
 PROBE = textwrap.dedent("""
@@ -39,6 +40,7 @@ PROBE = textwrap.dedent("""
         "node_apiserver": connect(NODE, 6443),
         "node_kubelet": connect(NODE, 10250),
         "other_run": connect(OTHER, 8080),
+        "node_listener": connect(NODE, ALLOWED),
     }
     print(json.dumps(report))
 """)
@@ -56,10 +58,25 @@ def test_hostile_code_is_contained(operator, namespace):
     listener = operator.create_run(namespace, {"language": "python", "code": LISTENER,
                                                "limits": {"timeoutSeconds": 45, "cpu": "500m"}})
     other_ip = operator.pod_ip(namespace, operator.wait_running(namespace, listener))
-    code = f"NODE = {operator.node_ip()!r}\nOTHER = {other_ip!r}\n" + PROBE
-    prober = operator.create_run(namespace, {"language": "python", "code": code,
-                                             "limits": {"timeoutSeconds": 30, "cpu": "500m"}})
-    status = operator.wait_run(namespace, prober)["status"]
+    node = operator.node_ip()
+    node_listeners = Listeners(node)
+    try:
+        # The positive control: the same probe under a policy that opens one port on the node to it. Its connect
+        # gets there, so a "blocked" below is the policy's doing, not a probe or a network that reaches nothing.
+        apply_policy(operator, namespace, "one-port", {"allowClusterEgress": True, "egress": [
+            {"cidr": f"{node}/32", "ports": [{"port": node_listeners.port(0)}]}]})
+        code = f"NODE = {node!r}\nOTHER = {other_ip!r}\nALLOWED = {node_listeners.port(0)}\n" + PROBE
+        limits = {"timeoutSeconds": 30, "cpu": "500m"}
+        prober = operator.create_run(namespace, {"language": "python", "code": code, "limits": limits})
+        control = operator.create_run(namespace, {"language": "python", "code": code, "limits": limits,
+                                                  "policyRef": "one-port"})
+        status = operator.wait_run(namespace, prober)["status"]
+        control_status = operator.wait_run(namespace, control)["status"]
+    finally:
+        node_listeners.close()
+    assert control_status["phase"] == "Succeeded", control_status.get("stderr")
+    assert json.loads(control_status["stdout"])["node_listener"] == "open", control_status["stdout"]
+    assert {port for port, _ in node_listeners.peers} == {node_listeners.port(0)}, node_listeners.peers
     assert status["phase"] == "Succeeded", status.get("stderr")
     report = json.loads(status["stdout"])
     assert report["uid"] == 65532 and report["capabilities"] == "0000000000000000"
@@ -70,7 +87,7 @@ def test_hostile_code_is_contained(operator, namespace):
     assert all("ro" in options.split(",") for options in report["root_mount"]), report["root_mount"]
     assert report["setuid_root"] in ("PermissionError", "OSError")  # EPERM, or EINVAL: uid 0 has no mapping
     assert report["runner_stdout"] == "PermissionError" and report["runner_memory"] == "PermissionError"
-    for target in ("api_service", "node_apiserver", "node_kubelet", "other_run"):
+    for target in ("api_service", "node_apiserver", "node_kubelet", "other_run", "node_listener"):
         assert report[target] != "open", (target, report[target])
     operator.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, listener)
 

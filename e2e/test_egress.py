@@ -12,209 +12,32 @@ no proxy. Synchronisation is always a polled predicate with a deadline.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import json
-import subprocess
-import tempfile
-import textwrap
-import time
-import uuid
-import zipfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.models import GROUP, VERSION
-from conftest import NAMESPACE_LABELS, OPERATOR_MODE, wait_for, wait_for_pool
-from test_hostile import BREACH, PRELUDE, facts_of
-from test_session import create_session, run_in, wait_session
+from conftest import OPERATOR_MODE, wait_for, wait_for_pool
+from framework.hostile import BREACH, facts_of
+from framework.sessions import create_session, run_in, wait_session
+from framework.standins import INTERNET_V4, INTERNET_V6
+from framework.egress import (FETCH, PROXY_NAMESPACE, SMALL, Destinations, apply_policy,  # noqa: F401 - a fixture
+                             destinations, egress_policy, network_log, python, run)
 
 pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress proxy is installed by the chart: "
                                  "CODERUN_E2E_OPERATOR=chart (make test)"),
               pytest.mark.cold_only,  # each test makes its own policies (one with a warm pool of its own)
               pytest.mark.timeout(900)]
 
-PROXY_NAMESPACE, PROXY_SERVICE = "coderun-system", "coderun-egress-proxy"
-DESTINATION_LABELS = {**NAMESPACE_LABELS, "coderun.io/egress-destination": "true"}  # e2e/install.sh's extraEgress
-SMALL = {"timeoutSeconds": 20, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 WHEEL = "coderun_egress_probe-1.0-py3-none-any.whl"
-PYTHON_IMAGE = "coderun.local/sandbox-python:v2"
-
-SERVER = r'''
-import hashlib, http.server, ssl, threading
-WHEEL = "coderun_egress_probe-1.0-py3-none-any.whl"
-DATA = open("/index/wheel", "rb").read()
-PAGES = {"/simple/": b'<a href="coderun-egress-probe/">coderun-egress-probe</a>',
-         "/simple/coderun-egress-probe/": ('<a href="/files/%s#sha256=%s">%s</a>'
-                                           % (WHEEL, hashlib.sha256(DATA).hexdigest(), WHEEL)).encode(),
-         "/files/" + WHEEL: DATA}
-class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # Head and body are two writes: with Nagle on, the body waits for the head's ACK, which a client on a kept-alive
-    # connection (the proxy's) delays by 40 ms. Servers people run do not do that; nor does this one.
-    disable_nagle_algorithm = True
-    def do_GET(self):
-        path = self.path.split("?")[0]
-        if path.startswith("/bytes/"):
-            body = b"x" * min(int(path[7:]), 64 << 20)
-        else:
-            body = PAGES.get(path) or ("hello from %s" % self.headers.get("Host", "?")).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html" if path.startswith("/simple/") else "application/octet-stream")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-tls = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), Handler)
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain("/certs/tls.crt", "/certs/tls.key")
-tls.socket = context.wrap_socket(tls.socket, server_side=True)
-threading.Thread(target=tls.serve_forever, daemon=True).start()
-http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
-'''
-
-
-@dataclass
-class Destinations:
-    namespace: str
-    ca: str                   # the web server's certificate (self-signed), PEM
-    web_ip: str               # the Services' cluster IPs and the pod's own address
-    pypi_ip: str
-    pod_ip: str
-    proxy_ip: str
-
-    def name(self, service: str) -> str:
-        return f"{service}.{self.namespace}.svc.cluster.local"
-
-
-def probe_wheel() -> bytes:
-    """A wheel pip accepts: a module, METADATA, WHEEL and a RECORD of both with their hashes."""
-    files = {"coderun_egress_probe/__init__.py": b"VALUE = 42\n",
-             "coderun_egress_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: coderun-egress-probe\n"
-                                                             b"Version: 1.0\n",
-             "coderun_egress_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: coderun-e2e\n"
-                                                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()}"
-                     f",{len(data)}\n" for path, data in files.items())
-    record += "coderun_egress_probe-1.0.dist-info/RECORD,,\n"
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w") as wheel:
-        for path, data in {**files, "coderun_egress_probe-1.0.dist-info/RECORD": record.encode()}.items():
-            wheel.writestr(path, data)
-    return out.getvalue()
-
-
-def certificate(names: list[str]) -> tuple[str, str]:
-    with tempfile.TemporaryDirectory() as work:
-        key, cert = Path(work) / "key.pem", Path(work) / "cert.pem"
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                        str(cert), "-days", "2", "-subj", f"/CN={names[0]}", "-addext",
-                        "subjectAltName=" + ",".join(f"DNS:{n}" for n in names)], check=True, capture_output=True)
-        return cert.read_text(), key.read_text()
-
-
-def create_destinations(cluster) -> Destinations:
-    """The server pod, its Services and their names, in a namespace of their own (the caller deletes it)."""
-    ns = f"e2e-egress-dest-{uuid.uuid4().hex[:5]}"
-    cluster.core.create_namespace({"metadata": {"name": ns, "labels": DESTINATION_LABELS}})
-    names = [f"{s}.{ns}.svc.cluster.local" for s in ("web", "pypi", "other")]
-    cert, key = certificate(names)
-    cluster.core.create_namespaced_secret(ns, {"metadata": {"name": "web-tls"}, "type": "kubernetes.io/tls",
-                                               "stringData": {"tls.crt": cert, "tls.key": key}})
-    cluster.core.create_namespaced_config_map(ns, {"metadata": {"name": "index"}, "binaryData": {
-        "wheel": base64.b64encode(probe_wheel()).decode()}})
-    cluster.core.create_namespaced_pod(ns, {"metadata": {"name": "web", "labels": {"app": "web"}}, "spec": {
-        "automountServiceAccountToken": False, "enableServiceLinks": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "web", "image": PYTHON_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["python3", "-c", SERVER], "ports": [{"containerPort": 8080},
-                                                                       {"containerPort": 8443}],
-                        "readinessProbe": {"tcpSocket": {"port": 8443}, "periodSeconds": 1},
-                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "certs", "mountPath": "/certs"},
-                                         {"name": "index", "mountPath": "/index"}]}],
-        "volumes": [{"name": "certs", "secret": {"secretName": "web-tls"}},
-                    {"name": "index", "configMap": {"name": "index"}}]}})
-    for service, ports in (("web", (8080, 8443)), ("pypi", (8080,)), ("other", (8080, 8443))):
-        cluster.core.create_namespaced_service(ns, {"metadata": {"name": service}, "spec": {
-            "selector": {"app": "web"}, "ports": [{"name": f"p{p}", "port": p, "targetPort": p} for p in ports]}})
-    cluster.core.create_namespaced_service(ns, {"metadata": {"name": "rebind"}, "spec": {
-        "type": "ExternalName", "externalName": "kubernetes.default.svc.cluster.local"}})
-    wait_for(lambda: any(c.type == "Ready" and c.status == "True" for c in
-                         cluster.core.read_namespaced_pod("web", ns).status.conditions or ()), 90, "the web pod")
-    def address(service: str, namespace: str = ns) -> str:
-        return cluster.core.read_namespaced_service(service, namespace).spec.cluster_ip
-
-    return Destinations(ns, cert, address("web"), address("pypi"),
-                        cluster.core.read_namespaced_pod("web", ns).status.pod_ip,
-                        address(PROXY_SERVICE, PROXY_NAMESPACE))
-
-
-@pytest.fixture(scope="module")
-def destinations(operator) -> Destinations:
-    dest = create_destinations(operator)
-    yield dest
-    operator.core.delete_namespace(dest.namespace, propagation_policy="Background")
-
-
-def egress_policy(dest: Destinations, name: str = "default", **extra) -> dict:
-    """The names the runs may reach, and the Service addresses they resolve to (the Service range is the
-    cluster's own: a cidr rule must cover it, and allowClusterEgress allow that)."""
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": {
-        "admission": "Record", "allowClusterEgress": True, "egress": [
-            {"host": dest.name("web"), "ports": [{"port": 8080}, {"port": 8443}]},
-            {"host": dest.name("pypi"), "ports": [{"port": 8080}]},
-            {"host": dest.name("rebind"), "ports": [{"port": 443}]},
-            {"host": "kubernetes.default.svc.cluster.local", "ports": [{"port": 443}]},
-            {"cidr": f"{dest.web_ip}/32", "ports": [{"port": 8080}, {"port": 8443}]},
-            {"cidr": f"{dest.pypi_ip}/32", "ports": [{"port": 8080}]}], **extra}}
-
-
-def apply_policy(cluster, namespace: str, policy: dict) -> None:
-    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, policy)
 
 
 @pytest.fixture
 def egress_namespace(operator, destinations, namespace) -> str:
     apply_policy(operator, namespace, egress_policy(destinations))
     return namespace
-
-
-def run(cluster, namespace: str, code: str, language: str = "python", timeout: float = 120, **spec) -> dict:
-    """The run once it ended (the whole object: its name, its status)."""
-    name = cluster.create_run(namespace, {"language": language, "code": code, "limits": SMALL, **spec})
-    return cluster.wait_run(namespace, name, timeout)
-
-
-def network_log(cluster, namespace: str, status: dict) -> list[dict]:
-    configmap = cluster.core.read_namespaced_config_map(status["network"]["logConfigMap"], namespace)
-    return [json.loads(line) for line in configmap.data["requests.jsonl"].splitlines()]
-
-
-def python(*parts: str) -> str:
-    """A program: the hostile suite's PRELUDE (report, attempt, tcp, udp), then each part dedented on its own."""
-    return PRELUDE + "".join(textwrap.dedent(part) for part in parts)
-
-
-FETCH = r'''
-import urllib.error, urllib.request, ssl
-def fetch(url, cafile="ca.pem"):
-    """A GET as any Python program writes it: urllib reads HTTP_PROXY / HTTPS_PROXY itself."""
-    try:
-        context = ssl.create_default_context(cafile=cafile) if url.startswith("https:") else None
-        with urllib.request.urlopen(url, timeout=15, context=context) as r:
-            return r.status, r.read().decode(errors="replace")[:200], ""
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(errors="replace")[:400], e.headers.get("X-Coderun-Refused") or ""
-    except Exception as e:
-        return type(e).__name__, str(e)[:300], ""
-'''
 
 
 def test_python_reaches_an_allowed_name_over_http_and_https_and_is_refused_another_saying_why(operator, destinations,
@@ -484,12 +307,12 @@ def attacks(dest: Destinations, node: str) -> list[EgressAttack]:
     return [
         EgressAttack("direct-connections", f'''
             report(web_service_other_port=tcp("{dest.web_ip}", 9999), web_service=tcp("{dest.web_ip}", 8080),
-                   web_pod=tcp("{dest.pod_ip}", 8443), any_ip=tcp("1.1.1.1", 443), node=tcp("{node}", 6443),
+                   web_pod=tcp("{dest.pod_ip}", 8443), any_ip=tcp("{INTERNET_V4}", 443), node=tcp("{node}", 6443),
                    api=tcp("10.96.0.1", 443))''',
                      blocked("web_service_other_port", "web_service", "web_pod", "any_ip", "node", "api")),
         EgressAttack("udp-quic-ipv6", f'''
-            report(quic=udp("{dest.web_ip}", 8443), quic_public=udp("1.1.1.1", 443),
-                   v6=tcp("2606:4700:4700::1111", 443), v6_link_local=tcp(scoped("fe80::1"), 3128))''',
+            report(quic=udp("{dest.web_ip}", 8443), quic_public=udp("{INTERNET_V4}", 443),
+                   v6=tcp("{INTERNET_V6}", 443), v6_link_local=tcp(scoped("fe80::1"), 3128))''',
                      blocked("quic", "quic_public", "v6", "v6_link_local")),
         EgressAttack("dns-from-the-sandbox", f'''
             query = b"\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x03web\\x00\\x00\\x01\\x00\\x01"
@@ -551,7 +374,7 @@ _INPUTS: dict[str, str] = {}
 
 
 def test_hostile_programs_are_contained_each_with_its_reason_while_a_canary_reaches_its_name(
-        operator, destinations, egress_namespace):
+        operator, destinations, egress_namespace, standin_hits):
     cluster, dest = operator, destinations
     # A run whose credential the attackers are handed: it ends (revoked) before they use it.
     earlier_name = cluster.create_run(egress_namespace, {"language": "python", "code": "print(1)", "limits": SMALL})
@@ -590,3 +413,5 @@ def test_hostile_programs_are_contained_each_with_its_reason_while_a_canary_reac
     for name in canaries:
         status = cluster.wait_run(egress_namespace, name, 240)["status"]
         assert facts_of(status)["canary"] == [200, f"hello from {dest.name('web')}:8443"], status
+    # "blocked" above is the program's word: the stand-ins say whether a packet got there (the node's get there).
+    standin_hits.assert_no_pod_reached_them()

@@ -32,8 +32,10 @@ from kubernetes.client.rest import ApiException
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 from coderun.sandbox.runner.protocol import FRAME_PREFIX
+from framework.standins import METADATA_V4, StandinHits
 from conftest import (NAMESPACE_LABELS, TERMINAL, WARM_MODE, apply_warm_pool, count_start_modes, millicpu,
                       parse_timestamp, wait_for)
+from framework.hostile import BREACH, PRELUDE, facts_of
 
 SMALL = {"timeoutSeconds": 8, "cpu": "250m", "memory": "128Mi", "disk": "16Mi"}
 DISK_LIMIT = 16 * 1024 * 1024
@@ -54,7 +56,6 @@ CANARY_PAUSE = 2.0              # between two canaries
 MIN_CANARIES = 5
 HEALTH_WITHIN = 1.0
 PROMPT_MS = 10_000              # program end -> status written (validation, redaction, write) in normal time
-BREACH = ("allowed", "open", "reply")
 PROGRAM_REASONS = {"Completed", "NonZeroExit", "Timeout", "OOMKilled", "OutputLimitExceeded", "Signaled",
                    "DiskLimitExceeded", "ProcessLimitExceeded", "SandboxViolation"}
 
@@ -67,53 +68,6 @@ FORGED = json.dumps({"version": 1, "reason": "Completed", "exitCode": 0, "stdout
 
 # The module's fixture runs the whole table (5-6 minutes on 2 cores, 10-12 on a loaded machine) before its first test.
 pytestmark = pytest.mark.timeout(1500)
-
-PRELUDE = r'''
-import ctypes, errno, json, os, resource, signal, socket, stat, struct, sys, time
-LIBC = ctypes.CDLL(None, use_errno=True)
-OUT = os.environ.get("CODERUN_OUTPUT_DIR", "/tmp/outputs")
-def report(**facts):
-    sys.stdout.write(json.dumps(facts) + "\n")
-    sys.stdout.flush()
-def attempt(fn):
-    try:
-        fn()
-        return "allowed"
-    except BaseException as e:
-        return type(e).__name__
-def attempt_list(path):
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-def sysc(number, *args):
-    return LIBC.syscall(ctypes.c_long(number), *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
-def addr_of(host, port, kind):
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    info = socket.getaddrinfo(host, port, family, kind, 0, socket.AI_NUMERICHOST)[0]
-    return info[0], info[4]
-def tcp(host, port, timeout=2):
-    try:
-        family, addr = addr_of(host, port, socket.SOCK_STREAM)
-        s = socket.socket(family, socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        s.connect(addr)
-        return "open"
-    except BaseException as e:
-        return type(e).__name__
-def udp(host, port, payload=b"coderun-hostile", timeout=2):
-    try:
-        family, addr = addr_of(host, port, socket.SOCK_DGRAM)
-        s = socket.socket(family, socket.SOCK_DGRAM)
-        s.settimeout(timeout)
-        s.sendto(payload, addr)
-        s.recvfrom(2048)
-        return "reply"
-    except BaseException as e:
-        return type(e).__name__
-def scoped(addr):
-    return addr + "%eth0" if addr.lower().startswith("fe80") else addr
-'''
 
 
 # The JavaScript programs' report() and attempt(), as the Python PRELUDE's: an error's code (EPERM) or name.
@@ -140,17 +94,6 @@ class Hostile:
     pad_code_to: int = 0         # pad the code with a comment up to this many characters
     slow: bool = False           # runs to a deadline: batched with its kind so quick batches stay quick
     language: str = "python"     # javascript: JS_PRELUDE before the code, no Python header
-
-
-def facts_of(status: dict) -> dict:
-    """The program's own report: the last JSON object line it printed."""
-    for line in reversed((status.get("stdout") or "").split("\n")):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return {}
 
 
 def refused(*keys: str) -> Callable[[dict, dict], bool]:
@@ -269,10 +212,10 @@ PROGRAMS: list[Hostile] = [
                  "/etc/kubernetes", "/run/containerd", "/var/run/cri-dockerd.sock"]
         report(present=[p for p in paths if os.path.exists(p)])''',
             "Completed", lambda s, f: f["present"] == []),
-    Hostile("metadata-address", r'''
+    Hostile("metadata-address", rf'''
         import urllib.request
-        report(http=tcp("169.254.169.254", 80), https=tcp("169.254.169.254", 443),
-               get=attempt(lambda: urllib.request.urlopen("http://169.254.169.254/latest/meta-data/", timeout=3).read()))''',
+        report(http=tcp("{METADATA_V4}", 80), https=tcp("{METADATA_V4}", 443),
+               get=attempt(lambda: urllib.request.urlopen("http://{METADATA_V4}/latest/meta-data/", timeout=3).read()))''',
             "Completed", refused("http", "https", "get"), limits={"timeoutSeconds": 15}),
     # ------------------------------------------------------------------ privilege
     Hostile("setuid-root", r'''
@@ -392,7 +335,7 @@ PROGRAMS: list[Hostile] = [
     Hostile("write-etc", r'''
         report(passwd=attempt(lambda: open("/etc/passwd", "a")), new=attempt(lambda: open("/etc/evil", "w")),
                preload=attempt(lambda: open("/etc/ld.so.preload", "w")),
-               hosts=attempt(lambda: open("/etc/hosts", "a").write("10.0.0.1 evil\n")))''',
+               hosts=attempt(lambda: open("/etc/hosts", "a").write("198.51.100.1 evil\n")))''',
             "Completed", refused("passwd", "new", "preload", "hosts")),
     Hostile("overwrite-runner", r'''
         runner = "/opt/coderun/coderun/sandbox/runner/"
@@ -443,9 +386,9 @@ PROGRAMS: list[Hostile] = [
     # ------------------------------------------------------------------ the network, both families
     Hostile("dns", r'''
         resolv = open("/etc/resolv.conf").read() if os.path.exists("/etc/resolv.conf") else ""
-        query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01"
+        query = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x07coderun\x04test\x00\x00\x01\x00\x01"
         report(cluster=attempt(lambda: socket.getaddrinfo("kubernetes.default.svc.cluster.local", 443)),
-               public=attempt(lambda: socket.getaddrinfo("example.com", 443)),
+               public=attempt(lambda: socket.getaddrinfo("example.coderun.test", 443)),
                kube_dns=udp("10.96.0.10", 53, query), node_dns=udp(NODE, 53, query),
                nameservers=[l.split()[1] for l in resolv.splitlines() if l.startswith("nameserver")])''',
             "Completed", refused("cluster", "public", "kube_dns", "node_dns")),
@@ -917,9 +860,9 @@ PROGRAMS: list[Hostile] = [
             and finish_ms(s) < PROMPT_MS,
             spec={"expect": {"stdoutJSONSchema": {"$ref": "#/$defs/missing"}}}),
     Hostile("schema-remote-ref-metadata", "print(1)", "Completed",
-            lambda s, f: s["validation"]["valid"] is False and ("169.254.169.254" in errors(s) or "$ref" in errors(s))
+            lambda s, f: s["validation"]["valid"] is False and (METADATA_V4 in errors(s) or "$ref" in errors(s))
             and finish_ms(s) < PROMPT_MS,
-            spec={"expect": {"stdoutJSONSchema": {"$ref": "http://169.254.169.254/latest/meta-data/schema.json"}}}),
+            spec={"expect": {"stdoutJSONSchema": {"$ref": f"http://{METADATA_V4}/latest/meta-data/schema.json"}}}),
     Hostile("schema-self-ref-loop", "print(1)", "Completed",
             lambda s, f: s.get("validation") is not None and finish_ms(s) < PROMPT_MS,
             spec={"expect": {"stdoutJSONSchema": {"$ref": "#"}}}),
@@ -1209,6 +1152,7 @@ class SuiteResult:
     canaries: list[tuple] = field(default_factory=list)
     health: list[tuple[float, str]] = field(default_factory=list)
     trap_hits: list[tuple] = field(default_factory=list)
+    standins: StandinHits | None = None  # from the suite's start
     log: str = ""
     seconds: float = 0.0
     batches: int = 0
@@ -1317,6 +1261,7 @@ def hostile(operator) -> SuiteResult:
         apply_warm_pool(cluster, namespace, WARM_POOL, defaults={k: v for k, v in SMALL.items() if k != "timeoutSeconds"})
     result = SuiteResult(namespace=namespace)
     log_start = cluster.operator.log_mark()
+    result.standins = StandinHits()
     node = cluster.node_ip()
     trap = HostTrap(node)
     header = (f"NODE = {node!r}\nNODE6 = {cluster.node_ipv6_addresses()!r}\nTRAP = {trap.port!r}\n"
@@ -1436,6 +1381,12 @@ def test_the_operator_logged_no_traceback(hostile: SuiteResult):
 
 def test_nothing_reached_the_node(hostile: SuiteResult):
     assert not hostile.trap_hits, f"the host trap saw traffic from the sandboxes: {hostile.trap_hits[:20]}"
+
+
+def test_nothing_reached_the_stand_ins_for_the_outside_world(hostile: SuiteResult):
+    """The metadata, DNS and schema-$ref programs above dial or name the stand-ins (e2e/cluster/standins.py):
+    no sandbox's packet (nor the operator's fetch of a $ref) arrived there, while the node's probes did."""
+    hostile.standins.assert_no_pod_reached_them()
 
 
 def test_no_sandbox_pod_was_left_behind(hostile: SuiteResult):

@@ -11,8 +11,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import OPERATOR_MODE
-from test_egress import FETCH, SMALL, apply_policy, create_destinations, egress_policy, python
-from test_hostile import facts_of
+from framework.egress import FETCH, apply_policy, create_destinations, egress_policy, python
+from framework.sessions import SMALL
+from framework.hostile import facts_of
+from framework.egress import FLOOD
 
 pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress proxy is installed by the chart: "
                                  "CODERUN_E2E_OPERATOR=chart (make test)"),
@@ -20,38 +22,6 @@ pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress pr
               pytest.mark.timeout(600)]
 
 REQUESTS, CONNECTIONS = 24_000, 60
-# Every request pipelined on its connection: one thread writes them, the main one counts the answers (a refusal
-# is a 403 whose body names the policy). A connection squid closes is opened again for what was not answered.
-FLOOD = r'''
-import base64, os, socket, threading, urllib.parse
-from concurrent.futures import ThreadPoolExecutor
-proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
-login = "%s:%s" % (urllib.parse.unquote(proxy.username), urllib.parse.unquote(proxy.password))
-REQUEST = ("GET http://{target}/flood HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic %s\r\n\r\n"
-           % base64.b64encode(login.encode()).decode()).encode()
-MARK = b"HTTP/1.1 403 "
-def connection(count):
-    answered, reconnects = 0, 0
-    while answered < count:
-        sock = socket.create_connection((proxy.hostname, proxy.port), timeout=60)
-        wanted = count - answered
-        threading.Thread(target=lambda: sock.sendall(REQUEST * wanted), daemon=True).start()
-        seen, tail = 0, b""
-        while seen < wanted:
-            chunk = sock.recv(1 << 20)
-            if not chunk:
-                break
-            text = tail + chunk
-            seen += text.count(MARK)
-            tail = text[-(len(MARK) - 1):]
-        sock.close()
-        answered += seen
-        reconnects += seen < wanted
-    return answered, reconnects
-with ThreadPoolExecutor({connections}) as pool:
-    results = list(pool.map(connection, [{requests} // {connections}] * {connections}))
-report(answered=sum(a for a, _ in results), reconnects=sum(r for _, r in results))
-'''
 
 
 @pytest.fixture(scope="module")

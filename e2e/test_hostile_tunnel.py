@@ -9,8 +9,8 @@ import pytest
 
 from coderun.egress.relay import CHUNK_BYTES
 from conftest import OPERATOR_MODE
-from test_egress import apply_policy, destinations, egress_policy, network_log, python, run  # noqa: F401 - a fixture
-from test_hostile import facts_of
+from framework.egress import apply_policy, destinations, egress_policy, network_log, python, run  # noqa: F401 - a fixture
+from framework.hostile import facts_of
 
 pytestmark = [pytest.mark.skipif(OPERATOR_MODE != "chart", reason="the egress proxy is installed by the chart: "
                                  "CODERUN_E2E_OPERATOR=chart (make test)"),

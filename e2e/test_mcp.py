@@ -2,13 +2,8 @@
 the policy-shaped tool list, structured results, an image artifact, progress through a long run, and a cancelled
 call's run deleted. (No kubeconfig and a dead API server are tests/unit/test_mcp_server.py's: no cluster needed.)"""
 import base64
-import contextlib
 import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import anyio
 import pytest
@@ -23,8 +18,8 @@ from coderun.mcp_server import STATIC_SCHEMAS
 from coderun.tools import input_schema
 from coderun.tools.policy_schema import policy_input_schema
 from conftest import KUBECONFIG, wait_for
+from framework.mcp import CODERUN, streamable_http_server
 
-CODERUN = str(Path(sys.executable).parent / "coderun")
 # A PNG written by hand (no matplotlib): a 4x4 red square, to $CODERUN_OUTPUT_DIR/plot without a suffix, so
 # only its bytes say it is an image.
 PNG_PROGRAM = """import os, struct, zlib
@@ -105,32 +100,6 @@ def test_the_session_runs_code_and_reports_failures_compactly(operator, namespac
     assert denied.is_error and "policy rule runtimes" in denied.content[0].text
     assert runtimes.content[0].text.startswith("javascript: image coderun.local/sandbox-node:v2")
     assert "python: image coderun.local/sandbox-python:v2" in runtimes.content[0].text
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@contextlib.contextmanager
-def streamable_http_server(namespace: str):
-    """`coderun mcp --transport streamable-http` for the namespace, listening: (the server, its /mcp URL)."""
-    port = _free_port()
-    server = subprocess.Popen([CODERUN, "mcp", "-n", namespace, "--transport", "streamable-http", "--port", str(port)],
-                              env={**os.environ, "KUBECONFIG": str(KUBECONFIG)}, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: _listening(port) or server.poll() is not None, 30, "coderun mcp to listen")
-        assert server.poll() is None, server.stderr.read()
-        yield server, f"http://127.0.0.1:{port}/mcp"
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_the_streamable_http_transport_serves_the_same_tools(operator, namespace):

@@ -20,8 +20,8 @@ from mcp.client.streamable_http import streamable_http_client
 from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, VERSION
 from conftest import KUBECONFIG, wait_for
-from test_mcp import streamable_http_server
-from test_session import allow_sessions, wait_session
+from framework.mcp import streamable_http_server
+from framework.sessions import allow_sessions, wait_session
 
 CODERUN = str(Path(sys.executable).parent / "coderun")
 

@@ -1,7 +1,7 @@
 """The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
 
 from conftest import PodCensus, wait_for
-from test_policy import apply_policy
+from framework.policy import apply_policy
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 
@@ -66,7 +66,7 @@ def test_a_session_run_in_the_sandbox_when_the_operator_dies_ends_with_its_own_r
     """The run's stream goes with the operator; its frame, under a nonce only the operator can work out again,
     is in the sandbox's log: the next leader finishes the run from it, and the session's interpreter (keepState)
     serves the next run under the same key."""
-    from test_session import allow_sessions, create_session, run_in, wait_session
+    from framework.sessions import allow_sessions, create_session, run_in, wait_session
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace, keepState=True)
     pod = wait_session(operator, namespace, session)["podName"]

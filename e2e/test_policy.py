@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 
 import pytest
@@ -12,35 +10,14 @@ from kubernetes.client.rest import ApiException
 from coderun.api.coderunpolicy import POLICY_PLURAL, spec_digest
 from coderun.api.models import GROUP, VERSION, CodeRunSpec
 from coderun.client import CodeRunClient, PolicyDenied
+from framework.policy import Listeners, apply_policy, status_of
+from framework.standins import INTERNET_V6, METADATA_V4
 from conftest import (APPROVER_VERBS, CREATOR_VERBS, KUBECONFIG, RunWriteCensus, create_as, grant, parse_timestamp,
                       wait_for)
 
 # A run's writes after its creation: admitted (queued), started, running, finished, the cache's label, and room
 # for a kopf annotation or a retried patch; never one per run ahead of it.
 MAX_WRITES_PER_RUN = 8
-
-
-def apply_policy(cluster, namespace: str, name: str, spec: dict) -> None:
-    """Create the policy, or replace its spec; return once the operator applies that generation to new runs."""
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunPolicy", "metadata": {"name": name}, "spec": spec}
-    try:
-        applied = cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        # a JSON patch of the spec alone: the operator writes the status meanwhile, so a whole-object replace
-        # with the resourceVersion read a moment before can conflict
-        applied = cluster.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, POLICY_PLURAL, name, [{"op": "replace", "path": "/spec", "value": spec}],
-            _content_type="application/json-patch+json")
-    generation = applied["metadata"]["generation"]
-    wait_for(lambda: (cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, name)
-                      .get("status") or {}).get("observedGeneration", 0) >= generation,
-             30, f"the operator to apply generation {generation} of policy {name}", interval=0.1)
-
-
-def status_of(run: dict) -> dict:
-    return run.get("status") or {}
 
 
 def test_a_namespace_default_policy_applies_and_is_recorded(operator, namespace):
@@ -263,52 +240,25 @@ def test_naming_a_policy_takes_the_use_verb_and_the_baseline_cannot_be_named(ope
     assert "above the maximum 128Mi" in refusal(operator, namespace, escape, "maximums.memory")
 
 
-class Listeners:
-    """Two TCP listeners on the node: one a policy allows, one it does not."""
-
-    def __init__(self, host: str):
-        self.sockets = [socket.create_server((host, 0)) for _ in range(2)]
-        self.peers: list[tuple[int, str]] = []
-        for s in self.sockets:
-            threading.Thread(target=self._serve, args=(s,), daemon=True).start()
-
-    def port(self, i: int) -> int:
-        return self.sockets[i].getsockname()[1]
-
-    def _serve(self, s: socket.socket) -> None:
-        while True:
-            try:
-                conn, peer = s.accept()
-            except OSError:
-                return
-            self.peers.append((s.getsockname()[1], peer[0]))
-            conn.sendall(b"hello")
-            conn.close()
-
-    def close(self) -> None:
-        for s in self.sockets:
-            s.close()
-
-
 EGRESS_PROBE = """
-import socket
 def tcp(host, port):
     try:
         with socket.create_connection((host, port), timeout=2) as c:
             return c.recv(5).decode()
     except OSError as e:
         return type(e).__name__
-print(tcp({node!r}, {allowed}), tcp({node!r}, {other}), tcp("169.254.169.254", 80), tcp("2001:db8::1", {allowed}))
+print(tcp({node!r}, {allowed}), tcp({node!r}, {other}), tcp({metadata!r}, 80), tcp({internet_v6!r}, {allowed}))
 """
 
 
-def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
+def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace, standin_hits):
     node = operator.node_ip()
     listeners = Listeners(node)
     try:
         apply_policy(operator, namespace, "egress", {"allowClusterEgress": True, "egress": [  # the node is the cluster's
-            {"cidr": f"{node}/32", "ports": [{"port": listeners.port(0)}]}, {"cidr": "2001:db8::/32"}]})
-        code = EGRESS_PROBE.format(node=node, allowed=listeners.port(0), other=listeners.port(1))
+            {"cidr": f"{node}/32", "ports": [{"port": listeners.port(0)}]}, {"cidr": f"{INTERNET_V6}/128"}]})
+        code = EGRESS_PROBE.format(node=node, allowed=listeners.port(0), other=listeners.port(1), metadata=METADATA_V4,
+                                   internet_v6=INTERNET_V6)
         run = operator.wait_run(namespace, operator.create_run(namespace, {
             "language": "python", "code": code, "policyRef": "egress", "limits": {"timeoutSeconds": 20}}))
         status = status_of(run)
@@ -323,3 +273,5 @@ def test_egress_reaches_exactly_what_the_policy_allows(operator, namespace):
     run = operator.wait_run(namespace, operator.create_run(namespace, {
         "language": "python", "code": code, "limits": {"timeoutSeconds": 20}}))
     assert "hello" not in status_of(run)["stdout"], status_of(run)
+    # The stand-ins answer too ("stand", not "hello"): that no pod's packet reached them is theirs to say.
+    standin_hits.assert_no_pod_reached_them()

@@ -16,49 +16,12 @@ from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, VERSION
 from coderun.client import CodeRunClient, RunRejected
 from conftest import CREATOR_VERBS, KUBECONFIG, apply_warm_pool, grant, parse_timestamp, pool_ready, wait_for
-from test_warm import pool_pod_names
-from test_policy import apply_policy, status_of
+from framework.warm import pool_pod_names
+from framework.policy import status_of
 from session_programs import AFTER_TAMPERING, TAMPER, TAMPERED, UNTOUCHED
+from framework.sessions import SMALL, allow_sessions, create_session, run_in, session_status, wait_session
 
 SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
-SMALL = {"memory": "256Mi", "cpu": "250m", "disk": "64Mi", "timeoutSeconds": 20}
-
-
-def allow_sessions(cluster, namespace: str, ttl: int | None = None, **sessions) -> None:
-    apply_policy(cluster, namespace, "default", {"sessions": {"allowed": True, **sessions},
-                                                 "defaults": {"cpu": "250m", "memory": "256Mi"},
-                                                 **({"ttlSecondsAfterFinished": ttl} if ttl is not None else {})})
-
-
-def create_session(cluster, namespace: str, user: str | None = None, **spec) -> str:
-    """`kubectl create -f -` of a CodeRunSession (as `user` with --as), as the README writes it; its name."""
-    name = f"s-{uuid.uuid4().hex[:8]}"
-    spec = {k: v for k, v in {"language": "python", "limits": SMALL, **spec}.items() if v is not None}
-    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": name},
-                "spec": spec}
-    cluster.kubectl(*(("--as", user) if user else ()), "create", "-n", namespace, "-f", "-",
-                    input=json.dumps(manifest))
-    return name
-
-
-def session_status(cluster, namespace: str, name: str) -> dict:
-    return cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SESSION_PLURAL, name).get(
-        "status") or {}
-
-
-def wait_session(cluster, namespace: str, name: str, condition: str = "Ready", timeout: int = 90) -> dict:
-    """`kubectl wait --for=condition=...`, as a user waits; the status once it holds."""
-    waited = cluster.kubectl("wait", "-n", namespace, f"crsess/{name}", f"--for=condition={condition}",
-                             f"--timeout={timeout}s", check=False)
-    status = session_status(cluster, namespace, name)
-    assert waited.returncode == 0, (f"{name} not {condition} after {timeout}s: {waited.stderr}", status,
-                                    cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide").stdout)
-    return status
-
-
-def run_in(cluster, namespace: str, session: str, code: str, timeout: float = 60, **spec) -> dict:
-    name = cluster.create_run(namespace, {"language": "python", "session": session, "code": code, **spec})
-    return status_of(cluster.wait_run(namespace, name, timeout))
 
 
 def refused_at_apply(cluster, namespace: str, session: str) -> str:
@@ -322,7 +285,7 @@ SESSION_ORDER = ["program-view", "success", "exception", "exit-code", "stdin-and
 def in_session_and_cold(operator, namespace: str, session: str, name: str, spec: dict) -> dict:
     """A test_warm program run in the session and cold beside it, their statuses equal where it counts (and what it
     must see, seen): the session run's status."""
-    from test_warm import SEEN, comparable, differences
+    from framework.warm import SEEN, comparable, differences
     in_session = status_of(operator.wait_run(namespace, operator.create_run(
         namespace, {**spec, "session": session}, name=f"{name}-session"), 120))
     cold = status_of(operator.wait_run(namespace, operator.create_run(namespace, spec, name=f"{name}-cold"), 120))
@@ -337,7 +300,7 @@ def in_session_and_cold(operator, namespace: str, session: str, name: str, spec:
 
 
 def test_a_session_run_has_the_status_a_cold_run_of_the_same_program_has(operator, namespace):
-    from test_warm import CASES
+    from framework.warm import CASES
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace, limits={})  # the policy's defaults, as the cold runs get
     wait_session(operator, namespace, session)
@@ -349,7 +312,7 @@ def test_a_session_run_has_the_status_a_cold_run_of_the_same_program_has(operato
 def test_a_node_session_run_is_prestarted_and_has_the_status_a_cold_run_has(operator, namespace):
     """A Node session (a fresh process per run) runs each program in a node started before it came, as its status
     says, and ends it as cold: the uncaught error's stack and line, argv and execArgv, the exit code."""
-    from test_warm import CASES
+    from framework.warm import CASES
     allow_sessions(operator, namespace)
     session = create_session(operator, namespace, language="javascript", limits={})
     wait_session(operator, namespace, session)

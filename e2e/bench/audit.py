@@ -24,7 +24,7 @@ from latency import new_namespace  # noqa: E402
 from conftest import Cluster, wait_for  # noqa: E402
 from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, VERSION  # noqa: E402
-from test_egress import PYTHON_IMAGE  # noqa: E402
+from framework.egress import PYTHON_IMAGE  # noqa: E402
 
 TIMED = "import time\nstart = time.perf_counter()\n{body}\nprint(round(time.perf_counter() - start, 6))\n"
 PROGRAMS = {

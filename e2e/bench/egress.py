@@ -26,8 +26,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/
 sys.path.insert(2, str(Path(__file__).resolve().parents[2] / "tests"))  # what e2e's modules import (pytest's pythonpath)
 from latency import Stopwatch, new_namespace, summary  # noqa: E402
 from conftest import Cluster, wait_for  # noqa: E402
-from test_egress import FETCH, PYTHON_IMAGE, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
-from test_hostile import facts_of  # noqa: E402
+from framework.egress import FETCH, PYTHON_IMAGE, apply_policy, create_destinations, egress_policy, python  # noqa: E402
+from framework.sessions import SMALL  # noqa: E402
+from framework.hostile import facts_of  # noqa: E402
 
 IDLE = "print(1)"
 # The program's GETs: one untimed first (the proxy's first lookup of the name), then `count` timed, each on a

@@ -22,9 +22,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # e2e/, after e2e/
 sys.path.insert(2, str(Path(__file__).resolve().parents[2] / "tests"))  # what e2e's modules import (pytest's pythonpath)
 from latency import Stopwatch, new_namespace  # noqa: E402
 from conftest import Cluster, wait_for  # noqa: E402
-from test_egress import PROXY_NAMESPACE, SMALL, apply_policy, create_destinations, egress_policy, python  # noqa: E402
-from test_hostile import facts_of  # noqa: E402
-from test_hostile_egress_log import FLOOD  # noqa: E402
+from framework.egress import PROXY_NAMESPACE, apply_policy, create_destinations, egress_policy, python  # noqa: E402
+from framework.sessions import SMALL  # noqa: E402
+from framework.hostile import facts_of  # noqa: E402
+from framework.egress import FLOOD  # noqa: E402
 
 PROXY_SELECTOR = "app.kubernetes.io/component=egress-proxy"
 # Run in the squid container: for each uid, (admitted, logged) as the pod's files say now.

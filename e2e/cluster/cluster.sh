@@ -38,8 +38,11 @@ log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 
-# The node's address: the source of its route to a documentation address (a route lookup sends nothing).
-node_ip() { ip -4 route get 192.0.2.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; }
+# The node's address: the first global IPv4 address of the device its default route leaves by.
+node_ip() {
+  local dev; dev=$(ip -4 route show default | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
+  [ -n "$dev" ] && ip -4 -o addr show dev "$dev" scope global | awk '{ sub("/.*", "", $4); print $4; exit }'
+}
 
 is_running() { local f=$PIDS/$1.pid; [ -f "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; }
 

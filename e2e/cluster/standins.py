@@ -34,6 +34,9 @@ METADATA_V6 = "fd00:ec2::254"
 ADDRESSES = (INTERNET_V4, METADATA_V4, INTERNET_V6, METADATA_V6)
 TCP_PORTS = (80, 443)
 UDP_PORTS = (53, 443)
+# The one port a pod may reach on purpose: a positive control from a pod no policy selects dials it, so that a
+# hit on the ports above, from any pod, is a hole whichever test is running beside.
+CONTROL_PORT = 8181
 # The only names outside the cluster the cluster DNS answers; everything else outside the cluster is NXDOMAIN.
 ZONE = "coderun.test"
 INTERNET_NAME = f"example.{ZONE}"
@@ -114,12 +117,14 @@ def _server(kind: type, address: str, port: int, handler: type, hits: _Hits) -> 
 def serve(hits_path: str) -> None:
     add_addresses()
     hits = _Hits(hits_path)
-    servers = [_server(socketserver.TCPServer, a, p, _TCP, hits) for a in ADDRESSES for p in TCP_PORTS]
+    servers = [_server(socketserver.TCPServer, a, p, _TCP, hits) for a in ADDRESSES
+               for p in (*TCP_PORTS, CONTROL_PORT)]
     servers += [_server(socketserver.UDPServer, a, p, _UDP, hits) for a in ADDRESSES for p in UDP_PORTS]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
     for t in threads:
         t.start()
-    print(f"stand-ins listening on {', '.join(ADDRESSES)} tcp {TCP_PORTS} udp {UDP_PORTS}; hits in {hits_path}",
+    print(f"stand-ins listening on {', '.join(ADDRESSES)} tcp {TCP_PORTS} and {CONTROL_PORT}, udp {UDP_PORTS}; "
+          f"hits in {hits_path}",
           flush=True)
     for t in threads:
         t.join()
