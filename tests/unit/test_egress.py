@@ -70,9 +70,9 @@ def test_a_refusal_quotes_what_the_client_sent_printable_and_bounded():
 
 
 @pytest.mark.parametrize("addresses, port, allowed, says", [
-    (["140.82.112.5"], 443, True, None),
+    (["203.0.113.10"], 443, True, None),
     (["10.96.0.1"], 443, False, "it resolves to 10.96.0.1, inside 10.96.0.0/16 (the cluster's Service range)"),
-    (["140.82.112.5", "169.254.169.254"], 443, False, "169.254.169.254"),
+    (["203.0.113.10", "169.254.169.254"], 443, False, "169.254.169.254"),
     (["::ffff:127.0.0.1"], 443, False, "it resolves to 127.0.0.1, inside 127.0.0.0/8 (loopback)"),
     (["0.0.0.0"], 443, False, "0.0.0.0/8"),
     (["10.96.5.7"], 443, True, None),          # a cidr rule covers it, on this port
@@ -207,7 +207,7 @@ def test_answers_are_sent_in_any_order_with_workers():
     assert converse(answer, b"0 slow\n1 fast\n", workers=2) == ["1 OK", "0 OK"]
 
 
-def acl(words, resolve=lambda name, port, tenant: ["140.82.112.5"], revoked=()):
+def acl(words, resolve=lambda name, port, tenant: ["203.0.113.10"], revoked=()):
     return helpers.answer_acl(words, KEYS, revoked, NOW, resolve, PROTECTED)
 
 
@@ -243,7 +243,7 @@ def test_a_tenant_s_slow_names_cost_its_own_lookups_never_another_tenant_s():
     def resolve(name, port):
         if name.endswith(".slow.test"):
             dns_answers.wait(30)
-        return ["140.82.112.5"]
+        return ["203.0.113.10"]
 
     lookups = helpers.BoundedLookups(resolve, seconds=0.2, per_tenant=2)
     token = mint("k1", KEY, grant(rules=(Rule(host="*.slow.test"), Rule(host="api.github.com"))))
@@ -270,7 +270,7 @@ def test_a_lookup_past_the_tenant_s_bound_waits_for_a_slot_rather_than_being_ref
     def resolve(name, port):
         if name in answers:
             answers[name].wait(30)
-        return ["140.82.112.5"]
+        return ["203.0.113.10"]
 
     lookups = helpers.BoundedLookups(resolve, seconds=10, per_tenant=2)
     results = {}
@@ -290,7 +290,7 @@ def test_a_lookup_past_the_tenant_s_bound_waits_for_a_slot_rather_than_being_ref
     assert "c.test" not in results  # waiting for a slot: neither resolved nor refused
     answers["a.test"].set()
     threads[2].join(5)
-    assert results.get("c.test") == ["140.82.112.5"]
+    assert results.get("c.test") == ["203.0.113.10"]
     answers["b.test"].set()
     for thread in threads[:2]:
         thread.join(5)
@@ -479,7 +479,7 @@ def test_the_acl_helper_s_budget_check_counts_requests_as_it_admits_them_and_byt
 
     def budget(**changes):
         words = ["u-1", mint("k1", KEY, grant(**changes)), "api.github.com", "443", "-", "budget"]
-        return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["140.82.112.5"], PROTECTED,
+        return helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["203.0.113.10"], PROTECTED,
                                   lambda uid: moved.get(uid, Usage()), runs.admit)
 
     three = credential.Budget(bytes=None, requests=3)
@@ -567,7 +567,7 @@ def test_a_credential_naming_its_proxy_pod_is_refused_at_any_other_pod_saying_wh
         verify(bound, KEYS, NOW, pod="coderun-egress-proxy-b")
     assert verify(mint("k1", KEY, grant()), KEYS, NOW, pod="coderun-egress-proxy-b").proxy_pod is None
     words = ["u-1", bound, "api.github.com", "443", "-", "request"]
-    answer = helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["140.82.112.5"], PROTECTED,
+    answer = helpers.answer_acl(words, KEYS, (), NOW, lambda n, p, _: ["203.0.113.10"], PROTECTED,
                                 pod="coderun-egress-proxy-b")
     assert 'reason="WrongProxyPod"' in answer
     assert helpers.answer_auth(["u-1", bound], KEYS, (), NOW, "coderun-egress-proxy-b").startswith("ERR")
