@@ -22,7 +22,10 @@ def missing_operator_extra() -> list[str]:
         spec, _, marker = requirement.partition(";")
         if not re.search(r"""extra\s*==\s*["']operator["']""", marker):
             continue
-        name = re.match(r"[A-Za-z0-9._-]+", spec.strip()).group()
+        named = re.match(r"[A-Za-z0-9._-]+", spec.strip())
+        if named is None:  # not a requirement (metadata always names one first)
+            continue
+        name = named.group()
         try:
             metadata.distribution(name)
         except metadata.PackageNotFoundError:

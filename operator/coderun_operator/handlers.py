@@ -7,6 +7,7 @@ retries what a transient API failure left undone.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import kopf
 
@@ -23,27 +24,27 @@ controller = Controller(proxy=proxy.from_environment(k8s, os.environ),
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     runtime.configure(settings, memo, controller)
 
 
 @kopf.on.startup()
-async def start(memo: kopf.Memo, **_) -> None:
+async def start(memo: kopf.Memo, **_: Any) -> None:
     await runtime.start(memo, controller)
 
 
 @kopf.on.cleanup()
-async def stop(memo: kopf.Memo, **_) -> None:
+async def stop(memo: kopf.Memo, **_: Any) -> None:
     await runtime.stop(memo)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def run_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+def run_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     controller.on_run(dict(body), deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event(GROUP, VERSION, POLICY_PLURAL)
-def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     controller.on_policy(dict(body), deleted=event["type"] == "DELETED")
     # Written now rather than at the next tick: `kubectl wait --for=condition=Accepted` returns once it applies.
     # (The webhook's path loads policies too, but never waits on this write.)
@@ -51,12 +52,12 @@ def policy_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, SESSION_PLURAL)
-def session_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+def session_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     controller.on_session(dict(body), deleted=event["type"] == "DELETED")
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_MANAGED_BY: MANAGER, LABEL_SANDBOX: "true"})
-def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
+def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     controller.on_pod(dict(body), deleted=event["type"] == "DELETED")
 
 
@@ -65,14 +66,14 @@ def pod_changed(event: kopf.RawEvent, body: kopf.Body, **_) -> None:
 if runtime.WEBHOOK_PORT:
     @kopf.on.validate(GROUP, VERSION, PLURAL, id="validate-run", operation="CREATE",
                       ignore_failures=runtime.IGNORE_WEBHOOK_FAILURES)
-    def validate_run(body: kopf.Body, userinfo: kopf.UserInfo, **_) -> None:
+    def validate_run(body: kopf.Body, userinfo: kopf.UserInfo, **_: Any) -> None:
         refusal = webhook.review_run(dict(body), controller, userinfo)
         if refusal:
             raise kopf.AdmissionError(refusal, code=403)
 
     @kopf.on.validate(GROUP, VERSION, POLICY_PLURAL, id="validate-policy",
                       ignore_failures=runtime.IGNORE_WEBHOOK_FAILURES)
-    def validate_policy(body: kopf.Body, **_) -> None:
+    def validate_policy(body: kopf.Body, **_: Any) -> None:
         refusal = webhook.review_policy(dict(body))
         if refusal:
             raise kopf.AdmissionError(refusal, code=422)
