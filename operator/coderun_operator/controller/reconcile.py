@@ -56,7 +56,7 @@ from .placement import Admitted, Again, Collected, Decide, Placement
 from .policy_status import PolicyStatusWriter
 from .session import Sessions
 from .session.placement import SessionPlacement
-from .store import Store, is_terminal, resource_version
+from .store import Store, is_terminal, list_runs_once, resource_version
 from .warm import Claims, Refill
 from .warm.placement import WarmPlacement
 from .workqueue import WorkQueue
@@ -98,9 +98,7 @@ class Controller:
         self._policies_listing = threading.Lock()
         # own_namespace: where the sessions' key Secret lives (the operator's namespace)
         self.sessions = Sessions(api, self.store, self.writer, clock, own_namespace, self._session_streamed,
-                                 self._reconcile_runs, self._list_runs_once, self.identity.problem,
-                                 lambda obj: creator_may_use(api, self.identity, obj), proxy,
-                                 self.claims.claim_for_session)
+                                 self.identity, proxy, self.claims)
         # where a run's program runs (placement.py): chosen once per start, then named by its status's startMode
         self.cold = ColdPlacement(api, self.store, self.writer, clock)
         self.warm = WarmPlacement(self.claims)
@@ -118,6 +116,9 @@ class Controller:
             self._retrying.discard(uid)
             self.claims.forget(uid)
             self.sessions.finished(run)  # a session run's frame, held for its finish
+            if (run.get("spec") or {}).get("session"):
+                self.sessions.wake_queue(run)  # the run behind it, once its document (if any) is in
+                self._wake_session_runs()
             if not is_terminal(run):  # a run deleted with its sandbox frees a slot
                 self._freed.add(run["metadata"]["namespace"])
                 self._start_queued()
@@ -127,11 +128,13 @@ class Controller:
 
     def on_session(self, session: Mapping[str, Any], deleted: bool) -> None:
         self.sessions.on_session(session, deleted, self.ensure_policies_listed)
+        self._wake_session_runs()
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         self._note_digest(pod)
         if self.sessions.on_pod(pod, deleted, self.ensure_policies_listed):
             self.store.forget_pod(pod)  # a pool pod a session claimed is no longer the pool's
+            self._wake_session_runs()
             return
         uid = self.store.forget_pod(pod) if deleted else self.store.put_pod(pod)
         if uid is None:
@@ -189,6 +192,7 @@ class Controller:
             if run is not None:
                 self._guarded(uid, run, lambda: self._expire(run))
         self.sessions.tick(self.ensure_policies_listed)
+        self._wake_session_runs()
         self.policy_status.flush()
 
     def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
@@ -206,9 +210,9 @@ class Controller:
         if run is not None and not is_terminal(run):
             self.sessions.after_run(run, self.ensure_policies_listed)
 
-    def _reconcile_runs(self, uids: list[str]) -> None:
-        for uid in uids:
-            self.reconcile(uid)
+    def _wake_session_runs(self) -> None:
+        """The runs a change of their session may move (a session's event, a run's end), outside every lock."""
+        self.sessions.woken.drain(self.reconcile)
 
     # ------------------------------------------------------------------ reconcile
     def reconcile(self, uid: str, pod_event_deleted: bool = False) -> None:
@@ -223,6 +227,7 @@ class Controller:
                 self._guarded(uid, run, lambda: step(run))
         self._start_queued()
         self.in_session.pass_turns(self.ensure_policies_listed)
+        self._wake_session_runs()
 
     def _reconcile(self, run: Mapping[str, Any], pod_event_deleted: bool) -> None:
         uid = run["metadata"]["uid"]
@@ -368,7 +373,7 @@ class Controller:
         waiting runs start in creation order. Runs in a session are not counted: they wait in their session's
         own queue, in its pod."""
         meta, policy = run["metadata"], decision.policy
-        self._list_runs_once(meta["namespace"])
+        list_runs_once(self.api, self.store, meta["namespace"])
         ahead = 0
         for other in self.store.unfinished_in(meta["namespace"]):
             status = other.get("status") or {}
@@ -387,14 +392,6 @@ class Controller:
                    f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
                    "this one starts when a slot frees, in creation order")  # no position: a write per finish
         return False
-
-    def _list_runs_once(self, namespace: str) -> None:
-        """Once per namespace after a start: the watch may not have delivered every run yet (a restart, a burst),
-        and a run the count or a session's queue misses would break the cap or the order."""
-        if namespace not in self.store.listed_namespaces:
-            for listed in self.api.list_runs(namespace):
-                self.store.put_run(listed)
-            self.store.listed_namespaces.add(namespace)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision, reason: str, message: str) -> None:
         """Pending with the decision recorded; written only when something changed (the tick comes back often)."""

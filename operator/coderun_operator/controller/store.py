@@ -22,6 +22,7 @@ from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import TERMINAL_PHASES
 from ..builders import LABEL_POOL
 from ..builders.names import LABEL_SESSION_UID
+from ..kube_api import KubeApi
 from ..policy import Decision, Denial
 
 # A run's spec parsed (or the InvalidSpec denial), and the decision its status records (None until it does).
@@ -67,6 +68,15 @@ def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
     if ttl is not None:
         projected["status"]["decision"] = {"ttlSecondsAfterFinished": ttl}  # only this, never a whole record
     return projected
+
+
+def list_runs_once(api: KubeApi, store: Store, namespace: str) -> None:
+    """Once per namespace after a start: the watch may not have delivered every run yet (a restart, a burst),
+    and a run a slot's count or a session's queue misses would break the cap or the order."""
+    if namespace not in store.listed_namespaces:
+        for listed in api.list_runs(namespace):
+            store.put_run(listed)
+        store.listed_namespaces.add(namespace)
 
 
 class Store:

@@ -2,7 +2,9 @@
 create its sandbox pod, keep its status (results/session.compute_session_status) and end it (idle, lifetime, pod
 lost, OOM, policy removed) on events and the controller's tick; and take a run naming a session through it, one at
 a time in creation order: its document (MAC'd under the session's key, a fresh nonce) over the session's
-attach (controller/attach.Channel, kept open from run to run), its frame handed back to the controller's finish.
+attach (controller/attach.Channel, kept open from run to run), its frame handed back to the controller's finish
+(`hand_back`, the one call into the controller). The runs a change of a session may move are queued in `woken`,
+which the controller drains outside every run lock; `placement.py` is the run-side seam the controller sees.
 
 A session's key is derived from one key the operator keeps in a Secret of its own namespace (HMAC of the
 session's uid): nothing per session to create or delete, and a restarted operator derives it again.
@@ -19,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from pydantic import ValidationError
 
@@ -49,7 +51,9 @@ from ...results.status import (Outcome, decision_fields, parse_time, queued_stat
                                started_in_session_status, unplaced_status, waiting_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..placement import Admitted
-from ..store import Store
+from ..identity import IdentityGuard, creator_may_use
+from ..store import Store, list_runs_once
+from ..workqueue import WorkQueue
 from ..writer import StatusWriter, to_wire
 from ..attach import STREAM_LIMIT_BYTES, Channel
 
@@ -77,6 +81,13 @@ SEQUENCE_BLOCK = 64
 # session's status as it was (Ready) until the write after it: the status's words cost the run no time, and a
 # harness's short runs back to back no write each.
 BUSY_AFTER_SECONDS = 0.25
+
+
+class WarmPods(Protocol):
+    """The warm pool as a session sees it (warm.Claims; the two parts of the controller import neither the other)."""
+
+    def claim_for_session(self, session: Mapping[str, Any], decision: Decision,
+                          lifetime_seconds: int) -> dict[str, Any] | None: ...
 
 
 @dataclass(frozen=True)
@@ -114,22 +125,19 @@ def frame_with(nonce: str) -> Callable[[bytes], bool]:
 
 class Sessions:
     def __init__(self, api: KubeApi, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
-                 key_namespace: str, hand_back: SessionReply, reconcile_runs: Callable[[list[str]], None],
-                 list_runs_once: Callable[[str], None], identity_problem: Callable[[], str | None],
-                 may_use: Callable[[Mapping[str, Any]], Callable[[str], Denial | None]],
-                 proxy: EgressProxy | None = None,
-                 claim_warm: Callable[[Mapping[str, Any], Decision, int], dict[str, Any] | None] = lambda *_: None):
+                 key_namespace: str, hand_back: SessionReply, identity: IdentityGuard,
+                 proxy: EgressProxy | None = None, claims: WarmPods | None = None):
         self.api, self.store, self.writer, self.now = api, store, writer, clock
         # a warm pool pod for a session (warm.Claims.claim_for_session): the pod as claimed, or None
-        self._claim_warm = claim_warm
+        self._claims = claims
         self.proxy = proxy  # the egress proxy, for sessions of a policy with host rules
         self.key_namespace = key_namespace
-        self._hand_back, self._reconcile_runs, self._list_runs_once = hand_back, reconcile_runs, list_runs_once
-        # why the creators' annotations cannot be trusted now (the API server's identity policies are missing or
-        # do not enforce), or None: controller/identity.IdentityGuard
-        self._identity_problem = identity_problem
-        # for a session naming a policy other than `default`: may its creator (RBAC verb use) name it?
-        self._may_use = may_use
+        self._hand_back = hand_back
+        # Runs a change of their session may move: the controller reconciles them (it drains this after each
+        # event and step), so the sessions' side never calls into it.
+        self.woken: WorkQueue[str] = WorkQueue()
+        # who created a session and its runs, and whether the API server's record of it can be trusted now
+        self._identity = identity
         # run uid -> its frame, from the stream until the controller's finish of it succeeded (a retry of a
         # failed finish, or a reconcile that comes first, finishes from it rather than call the run lost)
         self.received: dict[str, RunnerFrame] = {}
@@ -179,7 +187,7 @@ class Sessions:
                 # write Busy for a run that is about to end (BUSY_AFTER_SECONDS writes it for one that lasts).
                 if not (self._own_last_write(meta) and meta["uid"] in self._sending):
                     self._refresh(dict(held), ensure_policies)
-        self._reconcile_runs(self._runs_to_wake(meta["namespace"], meta["name"]))
+        self._wake(self._runs_to_wake(meta["namespace"], meta["name"]))
 
     def on_pod(self, pod: Mapping[str, Any], deleted: bool, ensure_policies: Callable[[], None]) -> bool:
         """A session pod's event (False: not a session pod)."""
@@ -201,7 +209,7 @@ class Sessions:
             if session is not None:
                 self._refresh(session, ensure_policies)
         if session is not None:
-            self._reconcile_runs(self._runs_to_wake(session["metadata"]["namespace"], session["metadata"]["name"]))
+            self._wake(self._runs_to_wake(session["metadata"]["namespace"], session["metadata"]["name"]))
         return True
 
     def tick(self, ensure_policies: Callable[[], None]) -> None:
@@ -291,7 +299,8 @@ class Sessions:
         if isinstance(policy, Denial):
             self._end(session, SessionReason.POLICY_DENIED, policy.message)
             return
-        refused = self._may_use(session)(spec.policy_ref) if needs_use_permission(spec.policy_ref) else None
+        refused = creator_may_use(self.api, self._identity, session)(spec.policy_ref) \
+            if needs_use_permission(spec.policy_ref) else None
         if refused is not None:  # as for a run: naming a policy other than default takes the verb use
             self._end(session, SessionReason.POLICY_DENIED, refused.message)
             return
@@ -351,7 +360,8 @@ class Sessions:
             # asked of the API server, not only the watch: after a restart the session's event may come first
             held = next((p for p in self.api.list_pods(session["metadata"]["namespace"], {LABEL_SESSION_UID: uid})
                          if not p["metadata"].get("deletionTimestamp")), None)
-        held = held or self._claim_warm(session, decision, lifetime_seconds)
+        if held is None and self._claims is not None:
+            held = self._claims.claim_for_session(session, decision, lifetime_seconds)
         if held is not None:
             self.pods[uid] = held
         return held
@@ -426,9 +436,13 @@ class Sessions:
                       if (r.get("spec") or {}).get("session") == meta["name"]]
         return unfinished + self.store.finished_runs_of(meta["namespace"], meta["name"])
 
-    def _wake_queue(self, run: Mapping[str, Any]) -> None:
+    def wake_queue(self, run: Mapping[str, Any]) -> None:
         """The runs the end of this one (finished, gone, or never started) may move."""
-        self._reconcile_runs(self._runs_to_wake(run["metadata"]["namespace"], run["spec"]["session"]))
+        self._wake(self._runs_to_wake(run["metadata"]["namespace"], run["spec"]["session"]))
+
+    def _wake(self, uids: list[str]) -> None:
+        for uid in uids:
+            self.woken.add(uid)
 
     def _runs_to_wake(self, namespace: str, name: str) -> list[str]:
         """The runs a change of the session may move: the first in its queue while it lives (the others wait
@@ -490,7 +504,7 @@ class Sessions:
             return Outcome(Phase.REJECTED, Reason.SESSION_MISMATCH, f"the run's language {spec.language!r} is not "
                            f"the session's ({(session.get('spec') or {}).get('language')!r}); run it in a session of "
                            "its language, or without one")
-        problem = self._identity_problem()
+        problem = self._identity.problem()
         if problem:
             return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"the creators of the run and of CodeRunSession "
                            f"{name} cannot be verified, so no run may use a session: {problem}")
@@ -509,7 +523,7 @@ class Sessions:
         if decision.policy.approval_required():  # the policy changed since the session started
             return Outcome(Phase.REJECTED, Reason.POLICY_DENIED, f"policy {policy.name!r} now requires a person's "
                            "approval of each run, which sessions do not offer; run without a session")
-        self._list_runs_once(meta["namespace"])
+        list_runs_once(self.api, self.store, meta["namespace"])
         queue = [r for r in runs_in_order(r for r in self.store.unfinished_in(meta["namespace"])
                                           if (r.get("spec") or {}).get("session") == name)]
         head = queue[0] if queue else run
@@ -592,7 +606,7 @@ class Sessions:
                                            session["metadata"]["name"], egress.pod if egress else None)
         if self.writer.write(run, status) is None:
             self._done_sending(suid, meta["uid"])
-            self._wake_queue(run)
+            self.wake_queue(run)
             return None
         assert status.start_time is not None  # started_in_session_status records it
         nonce = run_nonce(master, meta["uid"], status.start_time)
@@ -609,14 +623,15 @@ class Sessions:
                     self._unkeyed.discard(suid)
                 elif sequence == 0 and (session["metadata"]["namespace"], session["metadata"]["name"]) in self.sessions:
                     self._unkeyed.add(suid)  # (not for a session deleted meanwhile: nothing would take it out)
+            finally:
                 self._done_sending(suid, meta["uid"])  # from here the run's own status says where it is
+            if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue (its
+                self.wake_queue(run)                   # deletion's event does, once the document is in)
+            try:
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:
                 # only now: a reconcile of the run while its frame is being finished must wait, not call it lost
                 self.streams.pop(meta["uid"], None)
-                self._done_sending(suid, meta["uid"])
-                if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue
-                    self._wake_queue(run)
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
@@ -801,7 +816,7 @@ class Sessions:
         session = self.session_of(run)
         if session is None:
             return
-        self._wake_queue(run)
+        self.wake_queue(run)
         meta = session["metadata"]
         if meta["uid"] in self._sending or any(
                 uid != run["metadata"]["uid"] for uid in self._waiting_runs(meta["namespace"], meta["name"])):
