@@ -30,7 +30,7 @@ from .. import k8s as real_k8s
 from .. import metrics
 from coderun.api.coderunpolicy import spec_digest
 from coderun.api.identity import APPROVED_BY
-from coderun.api.models import CodeRunSpec, ResourceLimits
+from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Phase, Reason
 from ..builders.egress import credential_expiry, uses_proxy
 from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
@@ -287,11 +287,6 @@ class Controller:
             decision = verdict(spec, recorded, self.store.policies(run["metadata"]["namespace"]), may_use)
         self.store.keep_typed(uid, spec, decision if recorded else None)
         return spec, decision
-
-    def _limits(self, run: Mapping[str, Any]) -> ResourceLimits | None:
-        """The run's effective limits, as its recorded decision holds them."""
-        _, decision = self._decide(run)
-        return decision.limits if isinstance(decision, Decision) else None
 
     # ------------------------------------------------------------------ admit
     def _admit(self, run: Mapping[str, Any]) -> None:
