@@ -25,8 +25,12 @@ from coderun.api.models import GROUP, KIND, PLURAL, VERSION
 PREFIX = f"/apis/{GROUP}/{VERSION}"
 
 
+# What a watch streams each event through (one chunk of the HTTP answer).
+Stream = Callable[[dict[str, Any]], None]
+
+
 class FakeApiServer:
-    def __init__(self):
+    def __init__(self) -> None:
         self.runs: dict[tuple[str, str], dict[str, Any]] = {}
         self.sessions: dict[tuple[str, str], dict[str, Any]] = {}  # CodeRunSessions: create, get, delete
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
@@ -109,7 +113,7 @@ class FakeApiServer:
 
     # ---- the API
     def handle(self, method: str, path: str, query: dict[str, str], body: Any,
-               stream: Callable[[dict[str, Any]], None]) -> tuple[int, Any]:
+               stream: Stream) -> tuple[int, Any]:
         parts = path.removeprefix(PREFIX).strip("/").split("/")
         readable = self._read_only(path)
         if readable is not None:
@@ -128,7 +132,7 @@ class FakeApiServer:
                 return self._create(namespace, body)
             if method == "GET" and name is None:
                 pass  # a list or a watch, outside the lock
-            elif (namespace, name) not in self.runs:
+            elif name is None or (namespace, name) not in self.runs:
                 return 404, _status(404, "NotFound", f'{PLURAL}.{GROUP} "{name}" not found')
             elif method == "GET":
                 return 200, copy.deepcopy(self.runs[(namespace, name)])
@@ -145,7 +149,7 @@ class FakeApiServer:
                 self.sessions[(namespace, obj["metadata"]["name"])] = obj
                 self.on_create_session(obj)
                 return 201, copy.deepcopy(obj)
-            if (namespace, name) not in self.sessions:
+            if name is None or (namespace, name) not in self.sessions:
                 return 404, _status(404, "NotFound", f'{SESSION_PLURAL}.{GROUP} "{name}" not found')
             if method == "DELETE":
                 del self.sessions[(namespace, name)]
@@ -181,7 +185,7 @@ class FakeApiServer:
         self.on_create(obj)
         return 201, copy.deepcopy(self.runs[(namespace, meta["name"])])
 
-    def _list(self, namespace: str | None, query: dict[str, str], stream) -> tuple[int, Any]:
+    def _list(self, namespace: str | None, query: dict[str, str], stream: Stream) -> tuple[int, Any]:
         def wanted(obj: dict[str, Any]) -> bool:
             meta = obj["metadata"]
             return (namespace in (None, meta["namespace"]) and _selected(query.get("labelSelector"),
@@ -197,9 +201,13 @@ class FakeApiServer:
         return 200, {"apiVersion": f"{GROUP}/{VERSION}", "kind": f"{KIND}List",
                      "metadata": {"resourceVersion": version}, "items": items}
 
-    def _watch(self, since: int, seconds: float, wanted, stream) -> None:
+    def _watch(self, since: int, seconds: float, wanted: Callable[[dict[str, Any]], bool], stream: Stream) -> None:
         deadline = threading.Event()
-        timer = threading.Timer(seconds, lambda: (deadline.set(), self._notify()))
+
+        def end() -> None:
+            deadline.set()
+            self._notify()
+        timer = threading.Timer(seconds, end)
         timer.start()
         try:
             while not deadline.is_set() and not self._stopping:
@@ -246,10 +254,10 @@ def _status(code: int, reason: str, message: str, status: str = "Failure") -> di
             "reason": reason, "code": code}
 
 
-def _handler(api: FakeApiServer):
+def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # chunked watches need it
-        def log_message(self, *args):  # quiet
+        def log_message(self, *args: Any) -> None:  # quiet
             pass
 
         def _serve(self, method: str) -> None:
@@ -285,13 +293,13 @@ def _handler(api: FakeApiServer):
                 self.end_headers()
                 self.wfile.write(data)
 
-        def do_GET(self):
+        def do_GET(self) -> None:
             self._serve("GET")
 
-        def do_POST(self):
+        def do_POST(self) -> None:
             self._serve("POST")
 
-        def do_DELETE(self):
+        def do_DELETE(self) -> None:
             self._serve("DELETE")
 
     return Handler
