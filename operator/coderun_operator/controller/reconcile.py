@@ -47,7 +47,7 @@ from ..results.frame import FrameError
 from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import container_status, eviction, image_with_digest
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
-                              parse_time, refusal_fields, rfc3339, waiting_status)
+                              parse_time, refusal_fields, rfc3339)
 from .audit import ask_agent, audited, oom_evidence
 from .children import ArtifactsConflict, copy_artifacts, store_artifacts, store_network_log
 from .cold import ColdPlacement
@@ -356,7 +356,7 @@ class Controller:
                                              "approval": verdict.record(rfc3339(self.now()))}))
             return False
         if not verdict.go:
-            self._wait(run, decision, Reason.AWAITING_APPROVAL, verdict.message)
+            self.writer.wait(run, decision, Reason.AWAITING_APPROVAL, verdict.message)
             return False
         if self.writer.write(run, approved_status(verdict.record(rfc3339(self.now())))) is None:
             return False  # the run is gone
@@ -383,19 +383,11 @@ class Controller:
                 ahead += 1
         if policy.max_concurrent_runs is None or ahead < policy.max_concurrent_runs:
             return True
-        self._wait(run, decision, Reason.QUEUED,
-                   f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this namespace; "
-                   "this one starts when a slot frees, in creation order")  # no position: a write per finish
+        # (no position in the words: it would cost a write per finish)
+        self.writer.wait(run, decision, Reason.QUEUED,
+                         f"policy {policy.name!r} allows {policy.max_concurrent_runs} concurrent runs in this "
+                         "namespace; this one starts when a slot frees, in creation order")
         return False
-
-    def _wait(self, run: Mapping[str, Any], decision: Decision, reason: str, message: str) -> None:
-        """Pending with the decision recorded; written only when something changed (the tick comes back often)."""
-        status = run.get("status") or {}
-        if status.get("reason") == reason and status.get("message") == message and status.get("decision"):
-            return
-        self.writer.write(run, waiting_status(run, decision, reason, message, self.now()))
-        if status.get("reason") != reason:
-            self.writer.event(run, "Normal", reason, message)
 
     def _answer_from_cache(self, run: Mapping[str, Any], spec: CodeRunSpec, ttl_seconds: int, decision: Decision,
                            digest: str, key: str) -> bool:

@@ -15,7 +15,8 @@ from ..kube_api import KubeApi
 from .. import metrics
 from ..results.budget import smaller_statuses, status_budget
 from ..results.lifecycle import expiry_time
-from ..results.status import Outcome, terminal_status
+from ..policy import Decision
+from ..results.status import Outcome, terminal_status, waiting_status
 from .store import Store
 
 log = logging.getLogger("coderun")
@@ -78,6 +79,19 @@ class StatusWriter:
         log.info("run %s/%s %s/%s", meta["namespace"], meta["name"], outcome.phase, outcome.reason)
         self.schedule_expiry(self.store.run(meta["uid"]) or run)
         return written
+
+    def wait(self, run: Mapping[str, Any], decision: Decision | None, reason: str, message: str,
+             tell: bool = True) -> None:
+        """Pending, saying why (queued, awaiting approval), with the decision when there is one; written only when
+        something changed (the tick comes back often). `tell`: an Event when the reason changes (not for a
+        session's queue, where a harness queues dozens of runs at once)."""
+        status = run.get("status") or {}
+        if status.get("reason") == reason and status.get("message") == message and \
+                (decision is None or status.get("decision")):
+            return
+        self.write(run, waiting_status(run, decision, reason, message, self.now()))
+        if tell and status.get("reason") != reason:
+            self.event(run, "Normal", reason, message)
 
     def event(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         try:

@@ -138,9 +138,12 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
     return fields
 
 
-def waiting_status(run: Mapping[str, Any], decision: Decision, reason: str, message: str,
+def waiting_status(run: Mapping[str, Any], decision: Decision | None, reason: str, message: str,
                    now: datetime) -> CodeRunStatus:
-    """Admitted but not started (queued, or waiting for approval): the decision is recorded now."""
+    """Admitted but not started (queued, or waiting for approval): the decision is recorded now; without one yet
+    (a session not Ready decides nothing), only why it waits."""
+    if decision is None:
+        return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": reason, "message": message})
     return CodeRunStatus.model_validate({
         "phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
         "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
@@ -157,11 +160,6 @@ def unplaced_status(reason: str, message: str) -> CodeRunStatus:
     nothing): Pending again, with no pod, to be placed anew."""
     return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": reason, "podName": None,
                                          "startMode": None, "startTime": None, "message": message})
-
-
-def queued_status(message: str) -> CodeRunStatus:
-    """Waiting with no decision recorded yet (a session not Ready yet decides nothing)."""
-    return CodeRunStatus.model_validate({"phase": Phase.PENDING, "reason": Reason.QUEUED, "message": message})
 
 
 def started_in_session_status(run: Mapping[str, Any], decision: Decision, pod_name: str, hash_: str, now: datetime,

@@ -47,8 +47,8 @@ from ...results.frame import FrameError, RunnerFrame, logged_frame, parse_stream
 from ...results.lifecycle import session_expiry_time
 from ...results.session import (admitted_status, busy_fields, compute_session_status, ended_status,
                                in_session, reserved_sequence, runs_in_order, start_failure)
-from ...results.status import (Outcome, decision_fields, parse_time, queued_status, refusal_fields,
-                               started_in_session_status, unplaced_status, waiting_status)
+from ...results.status import (Outcome, decision_fields, parse_time, refusal_fields, started_in_session_status,
+                               unplaced_status)
 from ..children import ensure_namespace_default_deny, ensure_network_policy, input_configmap
 from ..placement import Admitted
 from ..identity import IdentityGuard, creator_may_use
@@ -547,14 +547,7 @@ class Sessions:
         return Admitted(spec, decision)
 
     def _wait(self, run: Mapping[str, Any], decision: Decision | None, message: str) -> None:
-        status = run.get("status") or {}
-        if status.get("reason") == Reason.QUEUED and status.get("message") == message:
-            return None
-        if decision is None:
-            self.writer.write(run, queued_status(message))
-        else:
-            self.writer.write(run, waiting_status(run, decision, Reason.QUEUED, message, self.now()))
-        return None
+        self.writer.wait(run, decision, Reason.QUEUED, message, tell=False)
 
     def send(self, run: Mapping[str, Any], admitted: Admitted, egress: EgressAccess | None) -> Outcome | None:
         """Take the document's sequence number (reserving the next block in the session's status when the last
