@@ -220,7 +220,7 @@ class Controller:
 
     def _with_run(self, uid: str, step: Callable[[dict[str, Any]], None], unfinished_only: bool = True) -> None:
         """Run `step` on the run as the store holds it now, under its lock, unless it is gone (or finished, for
-        threads other than the event handlers, e.g. a warm pod's session); then start what a finish freed."""
+        threads other than the event handlers, e.g. a warm pod's attach); then start what a finish freed."""
         with self._lock(uid):
             run = self.store.run(uid)
             if run is not None and not (unfinished_only and is_terminal(run)):
