@@ -241,6 +241,7 @@ def test_naming_a_policy_takes_the_use_verb_and_the_baseline_cannot_be_named(ope
 
 
 EGRESS_PROBE = """
+import socket
 def tcp(host, port):
     try:
         with socket.create_connection((host, port), timeout=2) as c:
