@@ -66,7 +66,7 @@ class Later(list):
 def env():
     api, clock = FakeK8s(), Clock()
     ctl = Controller(api=api, clock=clock)
-    ctl.sessions.later = Later()
+    ctl.session_runs.later = Later()
     api.policies = [copy.deepcopy(POLICY)]
     ctl.on_policy(copy.deepcopy(POLICY), deleted=False)
     return api, clock, ctl
@@ -227,7 +227,7 @@ def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
     second = api.run(NS, "second")["status"]
     assert (second["phase"], second["reason"]) == ("Pending", "Queued") and "waits its turn" in second["message"]
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"  # not yet a quarter second
-    ctl.sessions.later.run()  # the first run is still in the sandbox a quarter second on
+    ctl.session_runs.later.run()  # the first run is still in the sandbox a quarter second on
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["currentRun"]) == ("Busy", "first")
     gate.set()
@@ -445,7 +445,7 @@ def restarted_mid_run(env, sandbox_log: Callable[[bytes, bytes], bytes]):
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
     restarted = Controller(api=api, clock=clock)
-    restarted.sessions.later = Later()
+    restarted.session_runs.later = Later()
     restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
@@ -484,7 +484,7 @@ def test_a_session_an_older_operator_numbered_goes_on_after_the_upgrade(env):
     status["documentsSent"] = 5  # as the older operator left it, its runner's last number 4
     state["sequence"] = 4
     upgraded = Controller(api=api, clock=clock)
-    upgraded.sessions.later = Later()
+    upgraded.session_runs.later = Later()
     upgraded.on_policy(copy.deepcopy(POLICY), deleted=False)
     upgraded.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     upgraded.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
@@ -530,13 +530,13 @@ def test_a_restarted_operator_that_sees_the_session_before_its_pod_keeps_the_ses
     api, clock, _ = env
     start_session(env)
     restarted = Controller(api=api, clock=clock)
-    restarted.sessions.later = Later()
+    restarted.session_runs.later = Later()
     restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     status = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert status["phase"] == "Ready" and ("Pod", NS, POD) in api.objects, status
     del api.objects[("Pod", NS, POD)]  # and when it is really gone, the session ends saying so
-    restarted.sessions.pods.clear()
+    restarted.sessions.book.pods.clear()
     restarted.tick()
     status = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (status["phase"], status["reason"]) == ("Ended", "PodDeleted"), status
@@ -600,7 +600,7 @@ def test_a_restarted_operator_does_not_end_sessions_before_it_has_the_policies(e
     api, clock, _ = env
     start_session(env)
     restarted = Controller(api=api, clock=clock)  # no policy event yet: the session's comes first
-    restarted.sessions.later = Later()
+    restarted.session_runs.later = Later()
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
 
@@ -654,11 +654,11 @@ def test_a_deleted_session_leaves_nothing_of_itself_in_the_operators_memory(env)
         settle()
         ctl.tick()
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["reason"] == "PodDeleted"
-    held = ctl.sessions
-    assert "sess-uid-1" in held._unkeyed and held._written
+    held, book = ctl.sessions, ctl.sessions.book
+    assert book.sends["sess-uid-1"].unkeyed and book.sends["sess-uid-1"].attach_failures and held._written
     ctl.on_session(api.objects.pop(("CodeRunSession", NS, "s1")), deleted=True)
-    assert (NS, "s1") not in held.sessions
-    by_uid = (held.pods, held._routes, held._written, held._unkeyed, held._attach_failures, held.channels)
+    assert (NS, "s1") not in book.sessions
+    by_uid = (book.pods, held._routes, held._written, book.sends, book.sending, book.channels)
     assert not any("sess-uid-1" in found for found in by_uid), by_uid
 
 
@@ -825,7 +825,7 @@ def test_an_operator_restarted_between_a_claim_and_the_sessions_status_keeps_the
     assert api.objects[("Pod", NS, claimed)]["metadata"]["labels"]["coderun.io/session-uid"] == "sess-uid-1"
     (spare,) = start_pool(env)  # the pool's next pod, ready
     restarted = Controller(api=api, clock=clock)
-    restarted.sessions.later = Later()
+    restarted.session_runs.later = Later()
     restarted.on_policy(copy.deepcopy(WARM_SESSIONS), deleted=False)
     restarted.on_pod(copy.deepcopy(api.objects[("Pod", NS, spare)]), deleted=False)
     restarted.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
@@ -835,7 +835,7 @@ def test_an_operator_restarted_between_a_claim_and_the_sessions_status_keeps_the
     stray = copy.deepcopy(api.objects[("Pod", NS, spare)])
     stray["metadata"]["labels"]["coderun.io/session-uid"] = "sess-uid-1"  # someone copies the label
     restarted.on_pod(stray, deleted=False)
-    assert restarted.sessions.pods["sess-uid-1"]["metadata"]["name"] == claimed
+    assert restarted.sessions.book.pods["sess-uid-1"]["metadata"]["name"] == claimed
 
 
 def test_a_session_whose_limits_the_pool_does_not_hold_gets_a_pod_of_its_own(env):
@@ -856,12 +856,12 @@ def test_whether_the_audit_waits_for_a_runs_record_is_the_sessions_spec_not_the_
         ctl.on_session(api.add_session(make_session(name, uid, keepState=keep)), deleted=False)
     keep_run, fresh_run = session_run("r1", "uid-1"), session_run("r2", "uid-2")
     fresh_run["spec"]["session"] = "s2"
-    assert ctl.sessions.keeps_state(keep_run) is True and ctl.sessions.keeps_state(fresh_run) is False
-    assert ctl.sessions.keeps_state(make_run("r3", "uid-3")) is False  # not in a session
+    assert ctl.session_runs.keeps_state(keep_run) is True and ctl.session_runs.keeps_state(fresh_run) is False
+    assert ctl.session_runs.keeps_state(make_run("r3", "uid-3")) is False  # not in a session
     asked = []
     agent = type("Agent", (), {"ask": lambda self, pod, since, wait: asked.append(wait) or "answer"})()
     pod = {"metadata": {"name": "p", "annotations": {"coderun.io/keep-state": "true"}}, "spec": {}}
-    assert ask_agent(agent, fresh_run, pod, ctl.sessions.keeps_state(fresh_run)) == "answer" and asked == [True]
+    assert ask_agent(agent, fresh_run, pod, ctl.session_runs.keeps_state(fresh_run)) == "answer" and asked == [True]
 
 
 def test_an_unclaimed_pool_pod_past_its_idle_time_is_replaced_though_its_deadline_has_room_for_a_session(env):
@@ -912,7 +912,7 @@ def test_runs_of_a_session_go_over_one_attach_with_one_session_write_each_and_la
     for i in range(1, 4):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
         settle()
-        ctl.sessions.later.run()  # a quarter second on, the run is over: no Busy to write
+        ctl.session_runs.later.run()  # a quarter second on, the run is over: no Busy to write
         assert api.run(NS, f"r{i}")["status"]["phase"] == "Succeeded"
     assert state["codes"] == ["print(6*7)"] * 3 and state["sequence"] == 2
     assert api.calls.count("attach") - attaches == 1  # the first run's attach served all three
@@ -964,11 +964,11 @@ def test_queued_runs_cost_the_session_no_write_each_and_a_busy_write_counts_the_
     api.patch_session_status = recording
     for i in range(1, 5):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
-    ctl.sessions.later.run()  # r1 is still in the sandbox a quarter second on
+    ctl.session_runs.later.run()  # r1 is still in the sandbox a quarter second on
     gate.set()
     for _ in range(4):
         settle()
-    ctl.sessions.later.run()  # r2, r3, r4 ended within theirs
+    ctl.session_runs.later.run()  # r2, r3, r4 ended within theirs
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 5)] == ["Succeeded"] * 4
     assert [(w["phase"], w.get("currentRun"), w["runsDone"]) for w in written] == [
         ("Ready", None, 0), ("Busy", "r1", 0), ("Ready", None, 4)]  # the reservation, r1's Busy, the end
@@ -988,7 +988,7 @@ def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still
         copy.deepcopy(api.objects[("CodeRunSession", ns, name)]) if status.get("phase") == "Ready" else
         patch(ns, name, status))  # Ready "still on its way": never lands
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    ctl.sessions.later.run()  # r1 lasts: Busy
+    ctl.session_runs.later.run()  # r1 lasts: Busy
     gate.set()
     settle()
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
@@ -1003,11 +1003,11 @@ def test_the_attach_goes_with_the_sessions_pod(env):
     serving_session(env)
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
-    (channel,) = ctl.sessions.channels.values()
+    (channel,) = ctl.sessions.book.channels.values()
     held = channel._attached
     assert held is not None and not held.closed
     ctl.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=True)
-    assert held.closed and not ctl.sessions.channels
+    assert held.closed and not ctl.sessions.book.channels
 
 
 def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(env):
@@ -1015,9 +1015,9 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     (80 queued runs looked at on each of the session's events cost the operator ~80 steps a run)."""
     api, _, ctl = env
     serving_session(env)
-    stepped, decide, follow = [], ctl.sessions.decide, ctl.sessions.follow  # a session run's steps
-    ctl.sessions.decide = lambda run: stepped.append(run["metadata"]["name"]) or decide(run)
-    ctl.sessions.follow = lambda run: stepped.append(run["metadata"]["name"]) or follow(run)
+    stepped, decide, follow = [], ctl.session_runs.decide, ctl.session_runs.follow  # a session run's steps
+    ctl.session_runs.decide = lambda run: stepped.append(run["metadata"]["name"]) or decide(run)
+    ctl.session_runs.follow = lambda run: stepped.append(run["metadata"]["name"]) or follow(run)
     runs = [api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:{i:02d}Z"))
             for i in range(1, 11)]
     for run in runs:
@@ -1055,7 +1055,7 @@ def test_a_failed_reservation_leaves_the_run_queued_and_the_session_free(env):
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     settle()
     assert not failures and state["codes"] == []  # refused, and nothing went
-    assert not ctl.sessions._sending and (api.run(NS, "r1").get("status") or {}).get("phase") != "Running"
+    assert not ctl.sessions.book.sending and (api.run(NS, "r1").get("status") or {}).get("phase") != "Running"
     ctl.reconcile("uid-1")  # the retry
     settle()
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
@@ -1078,7 +1078,7 @@ def test_a_failed_busy_write_costs_the_run_nothing(env):
         return patch(namespace, name, status)
     api.patch_session_status = flaky
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    ctl.sessions.later.run()
+    ctl.session_runs.later.run()
     assert [r["currentRun"] for r in refused] == ["r1"]
     gate.set()
     settle()
@@ -1094,7 +1094,7 @@ def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     ctl.on_run(api.objects.pop(("CodeRun", NS, "r1")), deleted=True)  # deleted while its program runs
-    ctl.sessions.later.run()  # a quarter second on, its document is still in the sandbox
+    ctl.session_runs.later.run()  # a quarter second on, its document is still in the sandbox
     ctl.tick()
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["currentRun"]) == ("Busy", "r1")  # the sandbox is still r1's
@@ -1127,7 +1127,7 @@ def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(
     serving_session(env, gate)
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     assert api.run(NS, "r2")["status"]["phase"] == "Running"
-    ctl.sessions._sending.clear()  # as once r2's document is in (its frame held for the container's end, say)
+    ctl.sessions.book.sending.clear()  # as once r2's document is in (its frame held for the container's end, say)
     early = api.add_run(session_run("r1", "uid-1", created="2026-11-22T10:00:01Z"))
     ctl.on_run(early, deleted=False)  # r1 comes first in creation order, but the sandbox is r2's
     status = api.run(NS, "r1")["status"]

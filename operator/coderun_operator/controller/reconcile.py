@@ -54,7 +54,7 @@ from .cold import ColdPlacement
 from .identity import IdentityGuard, creator_may_use
 from .placement import Admitted, Again, Collected, Decide, Placement
 from .policy_status import PolicyStatusWriter
-from .session import Sessions
+from .session import SessionBook, SessionReconciler, SessionRuns
 from .session.placement import SessionPlacement
 from .store import Store, is_terminal, list_runs_once, resource_version
 from .warm import Claims, Refill
@@ -97,12 +97,14 @@ class Controller:
         self.identity = IdentityGuard(api, clock)
         self._policies_listing = threading.Lock()
         # own_namespace: where the sessions' key Secret lives (the operator's namespace)
-        self.sessions = Sessions(api, self.store, self.writer, clock, own_namespace, self._session_streamed,
-                                 self.identity, proxy, self.claims)
+        # a session's own lifecycle, and its runs' side: they share what both read in one book
+        self.sessions = SessionReconciler(SessionBook(), api, self.store, self.writer, clock, own_namespace,
+                                          self.identity, proxy, self.claims)
+        self.session_runs = SessionRuns(self.sessions, self._session_streamed)
         # where a run's program runs (placement.py): chosen once per start, then named by its status's startMode
         self.cold = ColdPlacement(api, self.store, self.writer, clock)
         self.warm = WarmPlacement(self.claims)
-        self.in_session = SessionPlacement(self.sessions)
+        self.in_session = SessionPlacement(self.session_runs)
         self._placed: dict[str, Placement] = {p.mode: p for p in (self.cold, self.warm, self.in_session)}
 
     # ------------------------------------------------------------------ entry points (handlers call these)
@@ -115,7 +117,7 @@ class Controller:
             self._failures.pop(uid, None)
             self._retrying.discard(uid)
             self.claims.forget(uid)
-            self.sessions.finished(run)  # a session run's frame, held for its finish
+            self.session_runs.finished(run)  # a session run's frame, held for its finish
             if (run.get("spec") or {}).get("session"):
                 self.sessions.wake_queue(run)  # the run behind it, once its document (if any) is in
                 self._wake_session_runs()
@@ -208,7 +210,7 @@ class Controller:
                                                        self.in_session.streamed(run, sent, text, nonce)))
         run = self.store.run(uid)
         if run is not None and not is_terminal(run):
-            self.sessions.after_run(run, self.ensure_policies_listed)
+            self.session_runs.after_run(run, self.ensure_policies_listed)
 
     def _wake_session_runs(self) -> None:
         """The runs a change of their session may move (a session's event, a run's end), outside every lock."""
