@@ -20,6 +20,7 @@ from coderun_operator.proxy import EgressProxy, ProxySettings
 from fake_k8s import FakeK8s
 from support.controller import NS, T0, Clock, frame_log, make_run, policy_object, submit, terminate
 from support.warm import runner_answer, start_pool, submit_and_wait
+from support.sessions import POD, make_session, runner, session_run, settle, start_session
 
 KEY = b"s" * 32
 PROXY_IPS = {"proxy-a": "10.88.0.21", "proxy-b": "10.88.0.22"}
@@ -449,7 +450,6 @@ def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_
     """The session's pod is routed as a run of its policy is (its NetworkPolicy, owned by the session, before the
     pod); each run's document carries a credential for that run alone, pinned to one proxy pod, revoked and its
     requests collected when the run ends, as for a cold run."""
-    from test_controller_session import POD, runner, session_run, start_session
     api, _, ctl, admin = env
     ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
     start_session(env[:3])
@@ -473,7 +473,7 @@ def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_
                                          "verdict": "allowed", "bytes_sent": 10, "bytes_received": 20}]
     for name, uid in (("first", "uid-1"), ("second", "uid-2")):
         ctl.on_run(api.add_run(session_run(name, uid)), deleted=False)
-        settle_sessions()
+        settle(ctl)
     for variables, uid, name in zip(environments, ("uid-1", "uid-2"), ("first", "second")):
         token = variables["HTTPS_PROXY"].split(":", 2)[2].rsplit("@", 1)[0]
         assert verify(token, {"k1": KEY}, T0.timestamp(), user=uid).run == f"{NS}/{name}"
@@ -488,7 +488,6 @@ def test_a_session_of_a_policy_with_egress_gets_its_routes_and_each_run_its_own_
 def test_a_session_s_routes_follow_its_policy_and_a_run_cannot_start_without_a_proxy_pod(env):
     """A policy tightened while a session lives reaches it at its next run; with no proxy pod ready a run ends
     StartFailed saying so, and the session takes the next one."""
-    from test_controller_session import POD, runner, session_run, start_session
     api, _, ctl, _ = env
     ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
     start_session(env[:3])
@@ -497,21 +496,20 @@ def test_a_session_s_routes_follow_its_policy_and_a_run_cannot_start_without_a_p
     only_names = {**POLICY, "egress": POLICY["egress"][:1]}  # the cidr rule goes
     ctl.on_policy(policy_object(**only_names, sessions={"allowed": True}), deleted=False)
     ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
-    settle_sessions()
+    settle(ctl)
     assert api.run(NS, "first")["status"]["phase"] == "Succeeded"
     egress = api.objects[("NetworkPolicy", NS, POD)]["spec"]["egress"]
     assert [rule["to"][0].get("ipBlock") for rule in egress] == [None], egress  # the proxy's pods only
     for name in PROXY_IPS:
         api.objects[("Pod", PROXY_NS, name)] = proxy_pod(name, PROXY_IPS[name], ready=False)
     ctl.on_run(api.add_run(session_run("second", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
-    settle_sessions()
+    settle(ctl)
     second = api.run(NS, "second")["status"]
     assert (second["phase"], second["reason"]) == ("Failed", "StartFailed") and "egress proxy" in second["message"]
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
 
 
 def test_a_session_whose_network_policy_name_is_taken_by_another_object_does_not_start(env):
-    from test_controller_session import POD, make_session
     api, _, ctl, _ = env
     ctl.on_policy(policy_object(**POLICY, sessions={"allowed": True}), deleted=False)
     api.objects[("NetworkPolicy", NS, POD)] = {"kind": "NetworkPolicy", "metadata": {
@@ -522,7 +520,3 @@ def test_a_session_whose_network_policy_name_is_taken_by_another_object_does_not
     assert ("Pod", NS, POD) not in api.objects
 
 
-def settle_sessions():
-    for thread in threading.enumerate():
-        if thread.name.startswith("session-"):
-            thread.join(5)

@@ -2,7 +2,6 @@
 through one sandbox, refusals (ended session, another language), the idle timeout, and a session run's status
 written by the cold run's finish."""
 import copy
-import hashlib
 import json
 import threading
 from typing import Callable
@@ -26,30 +25,13 @@ from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s
 from support.controller import NS, T0, Clock, make_run
 from support.warm import pool_pods, start_pool
+from support.sessions import POD, make_session, runner, session_run, settle, start_session
 from datetime import timedelta
 import dataclasses
 
 POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
           "metadata": {"name": "default", "namespace": NS, "uid": "policy-uid"},
           "spec": {"sessions": {"allowed": True, "maxSessions": 2, "maxIdleTimeoutSeconds": 60}}}
-ALICE = {"coderun.io/created-by": "alice"}
-POD = "s1-session-sess-uid"  # the session's name and the start of its uid
-
-
-def make_session(name="s1", uid="sess-uid-1", **spec):
-    return {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunSession",
-            "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1, "annotations": dict(ALICE),
-                         "creationTimestamp": "2026-11-22T10:00:00Z"},
-            "spec": {"language": "python", **spec}}
-
-
-def session_run(name, uid, created="2026-11-22T10:00:01Z", **spec):
-    run = make_run(name, uid, session="s1", **spec)
-    run["metadata"]["annotations"] = dict(ALICE)
-    run["metadata"]["creationTimestamp"] = created
-    return run
-
-
 class Later(list):
     """The session controller's scheduled checks (a run still in the sandbox a quarter second on), held until a
     test runs them: the moment is the test's, not a timer's."""
@@ -72,44 +54,6 @@ def env():
     return api, clock, ctl
 
 
-def runner(api):
-    """A session runner: the key from the first document, the MAC checked on the rest, a frame per run."""
-    state = {"key": None, "sequence": 0, "codes": []}
-
-    def answer(document: bytes) -> bytes:
-        header, body = document.split(b"\n", 1)
-        length, _, signature = header.partition(b" ")
-        assert int(length) == len(body)
-        parsed = json.loads(body)
-        if state["key"] is None:
-            state["key"] = bytes.fromhex(json.loads(parsed["data"].pop("session.json"))["key"])
-        else:
-            sequence, mac = signature.split(b" ")
-            assert int(sequence) > state["sequence"]
-            state["sequence"] = int(sequence)
-            assert mac.decode() == session_document_mac(state["key"], state["sequence"], body)
-        state["codes"].append(parsed["data"]["code"])
-        frame = {"version": 1, "reason": "Completed", "exitCode": 0, "stdout": f"run {len(state['codes'])}\n",
-                 "stderr": "", "metrics": {"wallMillis": 5, "cpuMillis": 4, "maxRSSBytes": 1000},
-                 "nonce": parsed["nonce"]}
-        accepted = hashlib.sha256(parsed["nonce"].encode()).hexdigest()[:16]
-        line = json.dumps(frame, separators=(",", ":"))  # as the runner prints it (frame.py)
-        return f"CODERUN-ACCEPTED {accepted}\n\nCODERUN-RESULT-V1 {line}\n".encode()
-    return state, answer
-
-
-def start_session(env, **spec):
-    api, _, ctl = env
-    ctl.on_session(api.add_session(make_session(**spec)), deleted=False)
-    pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
-    pod["status"] = {"phase": "Running", "containerStatuses": [{
-        "name": "run", "image": "coderun.local/sandbox-python:v2",
-        "imageID": "coderun.local/sandbox-python@sha256:" + "f" * 64, "state": {"running": {}}}]}
-    api.objects[("Pod", NS, POD)] = pod
-    ctl.on_pod(copy.deepcopy(pod), deleted=False)
-    return api.objects[("CodeRunSession", NS, "s1")]
-
-
 def serving_session(env, gate: threading.Event | None = None):
     """A Ready session whose sandbox answers every document with a frame (runner), each once `gate` is set when
     one is given; the runner's state."""
@@ -118,12 +62,6 @@ def serving_session(env, gate: threading.Event | None = None):
     state, answer = runner(api)
     api.attach_answers[POD] = answer if gate is None else (lambda document: (gate.wait(5), answer(document))[1])
     return state
-
-
-def settle():
-    for thread in threading.enumerate():
-        if thread.name.startswith("session-"):
-            thread.join(5)
 
 
 # ---------------------------------------------------------------- pure parts
@@ -231,8 +169,8 @@ def test_two_runs_go_in_creation_order_and_the_second_waits_for_the_first(env):
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["currentRun"]) == ("Busy", "first")
     gate.set()
-    settle()
-    settle()
+    settle(ctl)
+    settle(ctl)
     first, second = api.run(NS, "first")["status"], api.run(NS, "second")["status"]
     assert (first["phase"], first["stdout"], first["startMode"]) == ("Succeeded", "run 1\n", "Session")
     assert (second["phase"], second["stdout"]) == ("Succeeded", "run 2\n")
@@ -246,7 +184,7 @@ def test_the_finish_writes_the_fields_a_cold_run_gets(env):
     api, _, ctl = env
     serving_session(env)
     ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     status = api.run(NS, "first")["status"]
     for field in ("phase", "reason", "exitCode", "stdout", "stderr", "metrics", "conditions", "codeHash", "image",
                   "policy", "policyDigest", "effectiveLimits", "decision", "startTime", "completionTime"):
@@ -329,7 +267,7 @@ def test_a_keep_state_session_holds_one_interpreter_and_ends_when_a_run_loses_it
         return f"{head}CODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
     api.attach_answers[POD] = lost
     ctl.on_run(api.add_run(session_run("hang", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     assert settings[0]["keepState"] is True
     status = api.run(NS, "hang")["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "Timeout") and "interpreter was lost" in status["message"]
@@ -354,7 +292,7 @@ def test_a_run_killed_by_an_unsent_sigkill_ends_by_the_containers_word_and_ends_
         return f"{head}CODERUN-RESULT-V1 {json.dumps(frame)}\n".encode()
     api.attach_answers[POD] = killed
     ctl.on_run(api.add_run(session_run("hog", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     waiting = api.run(NS, "hog")["status"]
     assert (waiting["phase"], waiting["startMode"]) == ("Running", "Session"), waiting
     pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
@@ -377,7 +315,7 @@ def test_a_run_whose_stream_ends_with_no_frame_waits_for_the_sandboxs_end_to_say
     start_session(env)
     api.attach_answers[POD] = lambda document: b""
     ctl.on_run(api.add_run(session_run("hog", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     assert api.run(NS, "hog")["status"]["phase"] == "Running"
     assert (api.objects[("CodeRunSession", NS, "s1")]["status"] or {}).get("phase") != "Ended"
     pod = copy.deepcopy(api.objects[("Pod", NS, POD)])
@@ -400,7 +338,7 @@ def test_a_stream_that_breaks_under_a_run_that_goes_on_leaves_the_run_to_its_fra
     printed = {}
     api.attach_answers[POD] = lambda document: (printed.__setitem__("log", answer(document)), b"")[1]
     ctl.on_run(api.add_run(session_run("long", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     api.logs[POD] = (printed["log"].split(b"CODERUN-RESULT-V1")[0].decode(), True)  # accepted, running on
     clock.now += timedelta(seconds=20)
     ctl.tick()
@@ -419,7 +357,7 @@ def test_a_run_waits_for_its_frame_as_long_as_its_own_timeout_and_the_pods_margi
     api.attach_answers[POD] = lambda document: (api.logs.__setitem__(
         POD, (answer(document).split(b"CODERUN-RESULT-V1")[0].decode(), True)), b"")[1]
     ctl.on_run(api.add_run(session_run("slow", "uid-1", limits={"timeoutSeconds": 200})), deleted=False)
-    settle()
+    settle(ctl)
     for seconds in (100, 150):  # past the margin alone, within the run's own timeout and it
         clock.now = T0 + timedelta(seconds=seconds)
         ctl.tick()
@@ -443,7 +381,7 @@ def restarted_mid_run(env, sandbox_log: Callable[[bytes, bytes], bytes]):
     api.attach_answers[POD] = lambda document: (api.logs.__setitem__(
         POD, (sandbox_log(document, answer(document)).decode(), True)), b"")[1]
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     restarted = Controller(api=api, clock=clock)
     restarted.session_runs.later = Later()
     restarted.on_policy(copy.deepcopy(POLICY), deleted=False)
@@ -462,7 +400,7 @@ def test_an_operator_restarted_while_a_run_is_in_the_sandbox_finishes_it_from_th
     assert (status["phase"], status["stdout"]) == ("Succeeded", "run 1\n"), status
     api.attach_answers[POD] = answer
     restarted.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
-    settle()
+    settle(restarted)
     status = api.run(NS, "r2")["status"]
     assert (status["phase"], status["stdout"]) == ("Succeeded", "run 2\n"), status
     # The second document went MAC'd with the first number the restarted operator could not know unused: past
@@ -477,7 +415,7 @@ def test_a_session_an_older_operator_numbered_goes_on_after_the_upgrade(env):
     api, clock, ctl = env
     state = serving_session(env)
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded" and state["sequence"] == 0
     status = api.objects[("CodeRunSession", NS, "s1")]["status"]
     del status["documentsReserved"]
@@ -489,7 +427,7 @@ def test_a_session_an_older_operator_numbered_goes_on_after_the_upgrade(env):
     upgraded.on_session(copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")]), deleted=False)
     upgraded.on_pod(copy.deepcopy(api.objects[("Pod", NS, POD)]), deleted=False)
     upgraded.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
-    settle()
+    settle(upgraded)
     assert (api.run(NS, "r2")["status"]["phase"], state["sequence"]) == ("Succeeded", 5)
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["documentsReserved"] == 5 + 64
 
@@ -611,7 +549,7 @@ def test_an_unreachable_sandbox_ends_the_session_after_a_few_attaches_and_never_
     api.attach_answers[POD] = ConnectionError("unreachable")
     ctl.on_run(api.add_run(session_run("first", "uid-1")), deleted=False)
     for _ in range(5):
-        settle()
+        settle(ctl)
         ctl.tick()
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["reason"]) == ("Ended", "PodDeleted") and "3 times" in session["message"]
@@ -634,10 +572,10 @@ def test_when_the_first_attach_fails_the_next_try_carries_the_sessions_key_again
     api.attach_answers[POD] = lambda document: (attempts.append(document.split(b"\n", 1)[0]), answer(document))[1]
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     for _ in range(3):
-        settle()
+        settle(ctl)
         ctl.tick()
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
-    settle()
+    settle(ctl)
     assert [api.run(NS, name)["status"]["phase"] for name in ("r1", "r2")] == ["Succeeded"] * 2
     assert len(attempts) == 2 and b" " not in attempts[0] and b" " in attempts[1], attempts  # r1 again as first
     assert state["key"] is not None and state["sequence"] >= 1  # r2 went with a MAC under the key r1 carried
@@ -651,7 +589,7 @@ def test_a_deleted_session_leaves_nothing_of_itself_in_the_operators_memory(env)
     api.fail["attach"] = lambda *_args: (_ for _ in ()).throw(ConnectionError("unreachable"))
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     for _ in range(5):  # until the attaches that failed in a row end it: nothing is in flight after that
-        settle()
+        settle(ctl)
         ctl.tick()
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["reason"] == "PodDeleted"
     held, book = ctl.sessions, ctl.sessions.book
@@ -678,7 +616,7 @@ def test_a_queued_run_is_written_once_while_it_waits_however_many_runs_end_ahead
     for run in runs:
         ctl.on_run(run, deleted=False)
     for _ in runs:
-        settle()
+        settle(ctl)
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 6)] == ["Succeeded"] * 5
     assert queued_writes and max(queued_writes.values()) == 1, queued_writes
 
@@ -791,7 +729,7 @@ def test_a_session_takes_a_warm_pool_pod_its_limits_fit_and_runs_there(env):
     api.attach_answers[pool_pod] = answer
     for i in (1, 2):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
-        settle()
+        settle(ctl)
     assert [api.run(NS, f"r{i}")["status"]["podName"] for i in (1, 2)] == [pool_pod] * 2
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in (1, 2)] == ["Succeeded"] * 2
     assert state["key"] is not None and state["sequence"] == 1  # the first document carried the session's key
@@ -911,7 +849,7 @@ def test_runs_of_a_session_go_over_one_attach_with_one_session_write_each_and_la
     attaches = api.calls.count("attach")
     for i in range(1, 4):
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:0{i}Z")), deleted=False)
-        settle()
+        settle(ctl)
         ctl.session_runs.later.run()  # a quarter second on, the run is over: no Busy to write
         assert api.run(NS, f"r{i}")["status"]["phase"] == "Succeeded"
     assert state["codes"] == ["print(6*7)"] * 3 and state["sequence"] == 2
@@ -934,7 +872,7 @@ def test_the_echo_of_the_sessions_last_write_coming_while_the_next_run_is_in_wri
     serving_session(env, gate)
     gate.set()
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     echo = copy.deepcopy(api.objects[("CodeRunSession", NS, "s1")])
     assert (echo["status"]["phase"], echo["status"]["runsDone"]) == ("Ready", 1)
     written, patch = [], api.patch_session_status
@@ -944,7 +882,7 @@ def test_the_echo_of_the_sessions_last_write_coming_while_the_next_run_is_in_wri
     ctl.on_session(echo, deleted=False)
     assert written == []
     gate.set()
-    settle()
+    settle(ctl)
     assert [(w.get("phase"), w.get("runsDone")) for w in written] == [("Ready", 2)]
 
 
@@ -967,7 +905,7 @@ def test_queued_runs_cost_the_session_no_write_each_and_a_busy_write_counts_the_
     ctl.session_runs.later.run()  # r1 is still in the sandbox a quarter second on
     gate.set()
     for _ in range(4):
-        settle()
+        settle(ctl)
     ctl.session_runs.later.run()  # r2, r3, r4 ended within theirs
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 5)] == ["Succeeded"] * 4
     assert [(w["phase"], w.get("currentRun"), w["runsDone"]) for w in written] == [
@@ -990,11 +928,11 @@ def test_the_next_run_goes_once_the_one_before_finished_though_the_session_still
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
     ctl.session_runs.later.run()  # r1 lasts: Busy
     gate.set()
-    settle()
+    settle(ctl)
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Busy"
     ctl.on_run(api.add_run(session_run("r2", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
-    settle()
+    settle(ctl)
     assert api.run(NS, "r2")["status"]["phase"] == "Succeeded"
 
 
@@ -1002,7 +940,7 @@ def test_the_attach_goes_with_the_sessions_pod(env):
     api, _, ctl = env
     serving_session(env)
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     (channel,) = ctl.sessions.book.channels.values()
     held = channel._attached
     assert held is not None and not held.closed
@@ -1023,7 +961,7 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
     for run in runs:
         ctl.on_run(run, deleted=False)
     for _ in runs:
-        settle()
+        settle(ctl)
     assert [api.run(NS, f"r{i}")["status"]["phase"] for i in range(1, 11)] == ["Succeeded"] * 10
     assert len(stepped) <= 3 * len(runs), stepped
     # Queued runs of a session that ends are each refused, saying why.
@@ -1033,7 +971,7 @@ def test_a_runs_end_wakes_the_next_run_only_and_a_sessions_end_wakes_every_one(e
         ctl.on_run(api.add_run(session_run(f"r{i}", f"uid-{i}", created=f"2026-11-22T10:00:{i:02d}Z")), deleted=False)
     ctl.on_pod(api.objects.pop(("Pod", NS, POD)), deleted=True)  # evicted while r11 runs
     gate.set()
-    settle()
+    settle(ctl)
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["reason"] == "PodDeleted"
     assert [api.run(NS, f"r{i}")["status"]["reason"] for i in (12, 13)] == ["SessionEnded"] * 2
 
@@ -1053,11 +991,11 @@ def test_a_failed_reservation_leaves_the_run_queued_and_the_session_free(env):
         return patch(namespace, name, status)
     api.patch_session_status = flaky
     ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
-    settle()
+    settle(ctl)
     assert not failures and state["codes"] == []  # refused, and nothing went
     assert not ctl.sessions.book.sending and (api.run(NS, "r1").get("status") or {}).get("phase") != "Running"
     ctl.reconcile("uid-1")  # the retry
-    settle()
+    settle(ctl)
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
     assert api.objects[("CodeRunSession", NS, "s1")]["status"]["phase"] == "Ready"
 
@@ -1081,7 +1019,7 @@ def test_a_failed_busy_write_costs_the_run_nothing(env):
     ctl.session_runs.later.run()
     assert [r["currentRun"] for r in refused] == ["r1"]
     gate.set()
-    settle()
+    settle(ctl)
     assert api.run(NS, "r1")["status"]["phase"] == "Succeeded"
     session = api.objects[("CodeRunSession", NS, "s1")]["status"]
     assert (session["phase"], session["runsDone"]) == ("Ready", 1)
@@ -1100,8 +1038,8 @@ def test_a_run_deleted_on_its_way_hands_the_sandbox_to_the_next_as_its_exchange_
     assert (session["phase"], session["currentRun"]) == ("Busy", "r1")  # the sandbox is still r1's
     assert api.run(NS, "r2")["status"]["phase"] == "Pending"
     gate.set()
-    settle()
-    settle()
+    settle(ctl)
+    settle(ctl)
     assert api.run(NS, "r2")["status"]["phase"] == "Succeeded"  # woken by r1's exchange ending, not a later tick
 
 
@@ -1116,7 +1054,7 @@ def test_a_refused_run_ahead_in_the_queue_hands_the_turn_to_the_next_at_once(env
     ctl.on_run(api.add_run(session_run("mine", "uid-2", created="2026-11-22T10:00:02Z")), deleted=False)
     assert "waits its turn" in api.run(NS, "mine")["status"]["message"]
     ctl.on_run(theirs, deleted=False)
-    settle()
+    settle(ctl)
     assert api.run(NS, "theirs")["status"]["reason"] == "SessionForbidden"
     assert api.run(NS, "mine")["status"]["phase"] == "Succeeded"
 
@@ -1133,6 +1071,6 @@ def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(
     status = api.run(NS, "r1")["status"]
     assert (status["phase"], status["reason"]) == ("Pending", "Queued") and "to end" in status["message"]
     gate.set()
-    settle()
-    settle()
+    settle(ctl)
+    settle(ctl)
     assert [api.run(NS, name)["status"]["phase"] for name in ("r1", "r2")] == ["Succeeded", "Succeeded"]

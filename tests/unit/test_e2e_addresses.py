@@ -133,10 +133,11 @@ def imported_modules(tree: ast.AST) -> set[str]:
     return names
 
 
-def test_no_e2e_module_imports_a_test_module():
-    """Shared helpers live in e2e/framework/, so a test module's helpers are not another's API."""
+def test_no_test_module_imports_another():
+    """Shared helpers live in e2e/framework/ and tests/support/, so a test module's helpers are not another's API
+    (function-level imports count)."""
     offenders = {}
-    for path in sorted((REPO / "e2e").rglob("*.py")):
+    for path in sorted([*(REPO / "e2e").rglob("*.py"), *(REPO / "tests").rglob("*.py")]):
         imported = {name for name in imported_modules(ast.parse(path.read_text())) if name.startswith("test_")}
         if imported:
             offenders[str(path.relative_to(REPO))] = sorted(imported)

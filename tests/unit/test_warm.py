@@ -2,7 +2,6 @@
 its nonce, the cold fallbacks (attach failure, input cut short, an operator that restarted) and refill."""
 import copy
 import json
-import threading
 
 import pytest
 
@@ -17,6 +16,7 @@ from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s, Transient
 from support.controller import NS, T0, Clock, frame_log, make_run
 from support.warm import POLICY, pool_pods, runner_answer, start_pool, submit_and_wait
+from support.sessions import settle
 
 @pytest.fixture
 def env():
@@ -345,9 +345,7 @@ def test_a_claim_the_status_could_not_record_sends_nothing_and_is_given_up(env):
     first = next(pod["metadata"]["name"] for pod in [api.objects[k] for k in api.objects if k[0] == "Pod"]
                  if pod["metadata"].get("labels", {}).get("coderun.io/run") == "demo")
     ctl.tick()
-    for thread in threading.enumerate():
-        if thread.name.startswith("warm-"):
-            thread.join(5)
+    settle(ctl)
     run = api.run(NS, "demo")
     assert run["status"]["phase"] == "Succeeded" and run["status"]["startMode"] == "Warm"
     assert ("Pod", NS, first) not in api.objects and run["status"]["podName"] != first
