@@ -1074,3 +1074,26 @@ def test_a_run_whose_event_comes_late_waits_while_a_later_run_is_in_the_sandbox(
     settle(ctl)
     settle(ctl)
     assert [api.run(NS, name)["status"]["phase"] for name in ("r1", "r2")] == ["Succeeded", "Succeeded"]
+
+
+def test_a_stream_thread_that_fails_on_its_way_leaves_no_run_waiting_for_it(env):
+    """While a run's uid is in `streams` its reconcile waits for the thread to bring its frame: a thread that raised
+    anywhere on its way (here as its document's mark is cleared, before the hand-back) must leave it, or the run
+    (and its session's queue behind it) would wait for ever."""
+    api, _, ctl = env
+    gate = threading.Event()
+    serving_session(env, gate)
+    book, threads = ctl.session_runs.book, []
+    clear = book.done_sending
+
+    def failing(session_uid, run_uid):
+        clear(session_uid, run_uid)
+        if threads and threading.current_thread() is threads[0]:
+            raise RuntimeError("failed on the stream's way")
+    book.done_sending = failing
+    ctl.on_run(api.add_run(session_run("r1", "uid-1")), deleted=False)
+    threads.extend(ctl.session_runs.streams.values())
+    assert len(threads) == 1  # the run went to its stream's thread
+    gate.set()
+    threads[0].join(5)
+    assert not threads[0].is_alive() and "uid-1" not in ctl.session_runs.streams

@@ -267,12 +267,20 @@ class Controller:
         """What a placement says of a run: its frame to finish from, an outcome to end it with, or a placement
         given up (the run is placed anew)."""
         if isinstance(result, Again):
-            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
+            self._place_again(run)
         elif isinstance(result, Collected):
             self._finish_collected(run, placement, result)
         elif isinstance(result, Outcome):
             self._finish(run, result)
             placement.release(run, (run.get("status") or {}).get("podName"))
+
+    def _place_again(self, run: Mapping[str, Any]) -> None:
+        """A placement given up: reconcile the run once its status says it has no sandbox. Not when that write
+        did not land (the run is gone): its stored copy still names the pod, and another pass would give the same
+        pod up again, and again."""
+        current = self.store.run(run["metadata"]["uid"])
+        if current is not None and not (current.get("status") or {}).get("podName"):
+            self._reconcile(current, False)
 
     def _decide(self, run: Mapping[str, Any], may_use: Callable[[str], Denial | None] = no_requester
                 ) -> tuple[CodeRunSpec | None, Decision | Denial]:
@@ -422,7 +430,7 @@ class Controller:
         """Store artifacts and the audit record, write the status, let the sandbox go, in that order (a crash in
         between is repaired). A frame that proves the program never ran there places the run anew."""
         if isinstance(placement.vet(run, collected), Again):
-            self._reconcile(self.store.run(run["metadata"]["uid"]) or run, False)
+            self._place_again(run)  # (never finished from this frame: its program did not run there)
             return
         meta, status = run["metadata"], run.get("status") or {}
         ns, pod, frame = meta["namespace"], collected.pod, collected.frame

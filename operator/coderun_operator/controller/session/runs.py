@@ -252,28 +252,35 @@ class SessionRuns:
         def serve() -> None:
             sent, received = False, b""
             try:
-                sent, received = channel.exchange(document, frame_with(nonce), timeout)
-                if sequence == 0 and sent:  # the key's document: until it went, every next run's carries it again
-                    if suid in self.book.sends:
-                        self.book.sends[suid].unkeyed = False
-                elif sequence == 0 and \
-                        (session["metadata"]["namespace"], session["metadata"]["name"]) in self.book.sessions:
-                    # (not for a session deleted meanwhile: nothing would take it out)
-                    self.book.sends.setdefault(suid, Sends()).unkeyed = True
-            finally:
-                self.book.done_sending(suid, meta["uid"])  # from here the run's own status says where it is
-            if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue (its
-                self.sessions.wake_queue(run)                   # deletion's event does, once the document is in)
-            try:
+                try:
+                    sent, received = channel.exchange(document, frame_with(nonce), timeout)
+                    if sequence == 0:
+                        self._key_sent(session, sent)
+                finally:
+                    self.book.done_sending(suid, meta["uid"])  # from here the run's own status says where it is
+                if self.store.run(meta["uid"]) is None:  # deleted on its way: no finish of it wakes the queue (its
+                    self.sessions.wake_queue(run)               # deletion's event does, once the document is in)
                 self._hand_back(meta["uid"], pod_name, sent, received.decode("ascii", "replace"), nonce)
             finally:
-                # only now: a reconcile of the run while its frame is being finished must wait, not call it lost
+                # only now, and whatever was raised on the way: while the run is in `streams` its reconcile waits for
+                # this thread, so a uid left there would leave the run (and its session's queue) waiting for ever
                 self.streams.pop(meta["uid"], None)
         thread = threading.Thread(target=serve, name=f"session-{meta['name'][:40]}", daemon=True)
         self.streams[meta["uid"]] = thread
         thread.start()
         self.later(BUSY_AFTER_SECONDS, functools.partial(self._still_busy, session, meta["name"], meta["uid"], now))
         return None
+
+    def _key_sent(self, session: Mapping[str, Any], sent: bool) -> None:
+        """The document that carries the session's key went (every next one goes MAC'd) or did not (the next run's
+        carries the key again). Read with .get: the session may be deleted (and forgotten) meanwhile."""
+        meta = session["metadata"]
+        sends = self.book.sends.get(meta["uid"])
+        if sent:
+            if sends is not None:
+                sends.unkeyed = False
+        elif (meta["namespace"], meta["name"]) in self.book.sessions:  # not for a session deleted meanwhile
+            self.book.sends.setdefault(meta["uid"], Sends()).unkeyed = True
 
     def _still_busy(self, session: Mapping[str, Any], run_name: str, run_uid: str, started: datetime) -> None:
         """BUSY_AFTER_SECONDS after a run's document went: if it is still on its way (no frame yet), the session's

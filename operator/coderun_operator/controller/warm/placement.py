@@ -57,7 +57,9 @@ class WarmPlacement(ColdPlacement):
         return AGAIN if self.claims.go_cold(run, pod_name, why) else None
 
     def vet(self, run: Mapping[str, Any], collected: Collected) -> Again | None:
-        """A frame that proves this run's program never ran in the pod gives the pod up."""
+        """A frame that proves this run's program never ran in the pod gives the pod up (AGAIN even when the write
+        back to Pending did not land: the frame is never this run's result; the controller places it again only
+        once its status has no pod)."""
         pod_name = collected.pod["metadata"]["name"]
         if isinstance(collected.frame, FrameError):
             return None
