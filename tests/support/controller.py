@@ -59,3 +59,12 @@ def terminate(env, run_name="demo", log=None, termination=None, reason="Complete
         "state": {"terminated": {"reason": reason, "exitCode": exit_code, "message": termination}}}]}
     ctl.on_pod(pod, deleted=False)
     return api.run(NS, run_name)
+
+
+def settle(ctl) -> None:
+    """Wait for the threads the controller has started and still holds: a session run's stream (SessionRuns.streams)
+    and a warm claim's attach (Claims.attaches). Each is dropped from its map as it ends, so what is held is what
+    runs."""
+    for thread in [*ctl.session_runs.streams.values(), *ctl.claims.attaches.values()]:
+        thread.join(5)
+        assert not thread.is_alive(), f"{thread.name} still runs after 5 s"

@@ -1,6 +1,5 @@
 """What the session tests of the controller share (test_controller_session, test_controller_egress): a session and
-its runs as the API server holds them, a runner that answers documents as the real one does, a Ready session,
-and `settle`, which waits for the controller's own attach threads (not for any thread whose name looks right)."""
+its runs as the API server holds them, a runner that answers documents as the real one does, a Ready session."""
 from __future__ import annotations
 
 import copy
@@ -65,12 +64,3 @@ def start_session(env, **spec):
     api.objects[("Pod", NS, POD)] = pod
     ctl.on_pod(copy.deepcopy(pod), deleted=False)
     return api.objects[("CodeRunSession", NS, "s1")]
-
-
-def settle(ctl) -> None:
-    """Wait for the threads the controller has started and still holds: a session run's stream (SessionRuns.streams)
-    and a warm claim's attach (Claims.attaches). Each is dropped from its map as it ends, so what is held is what
-    runs."""
-    for thread in [*ctl.session_runs.streams.values(), *ctl.claims.attaches.values()]:
-        thread.join(5)
-        assert not thread.is_alive(), f"{thread.name} still runs after 5 s"

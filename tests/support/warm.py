@@ -2,9 +2,8 @@
 import copy
 import hashlib
 import json
-import threading
 
-from support.controller import NS
+from support.controller import NS, settle
 
 POLICY = {"apiVersion": "coderun.io/v1alpha1", "kind": "CodeRunPolicy",
           "metadata": {"name": "default", "namespace": NS, "uid": "policy-uid"},
@@ -48,7 +47,5 @@ def runner_answer(nonce_from_input=True, **fields):
 def submit_and_wait(env, run):
     api, _, ctl = env
     ctl.on_run(api.add_run(run), deleted=False)
-    for thread in threading.enumerate():
-        if thread.name.startswith("warm-"):
-            thread.join(5)
+    settle(ctl)
     return api.run(NS, run["metadata"]["name"])

@@ -20,7 +20,8 @@ from coderun_operator.proxy import EgressProxy, ProxySettings
 from fake_k8s import FakeK8s
 from support.controller import NS, T0, Clock, frame_log, make_run, policy_object, submit, terminate
 from support.warm import runner_answer, start_pool, submit_and_wait
-from support.sessions import POD, make_session, runner, session_run, settle, start_session
+from support.sessions import POD, make_session, runner, session_run, start_session
+from support.controller import settle
 
 KEY = b"s" * 32
 PROXY_IPS = {"proxy-a": "10.88.0.21", "proxy-b": "10.88.0.22"}

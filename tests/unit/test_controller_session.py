@@ -25,7 +25,8 @@ from coderun.api.models import CodeRunSpec
 from fake_k8s import FakeK8s
 from support.controller import NS, T0, Clock, make_run
 from support.warm import pool_pods, start_pool
-from support.sessions import POD, make_session, runner, session_run, settle, start_session
+from support.sessions import POD, make_session, runner, session_run, start_session
+from support.controller import settle
 from datetime import timedelta
 import dataclasses
 

@@ -16,7 +16,7 @@ from prestart_check import assert_prestarts_as_the_decision_runs
 from fake_k8s import FakeK8s, Transient
 from support.controller import NS, T0, Clock, frame_log, make_run
 from support.warm import POLICY, pool_pods, runner_answer, start_pool, submit_and_wait
-from support.sessions import settle
+from support.controller import settle
 
 @pytest.fixture
 def env():
@@ -398,3 +398,26 @@ def test_a_refused_resize_costs_the_run_nothing_and_a_pool_reserving_its_limit_i
     api.attach_answers[name] = runner_answer()
     run = submit_and_wait(env, make_run("second", "uid-2"))
     assert (run["status"]["phase"], run["status"]["stdout"]) == ("Succeeded", "42\n")
+
+
+def test_a_run_deleted_while_its_warm_pod_is_given_up_is_not_placed_again_and_again(env):
+    """The write back to Pending finds the run gone: its stored copy still names the warm pod, which (deleted
+    gracefully) is still there; giving it up again from that copy would go round until the stack runs out."""
+    api, _, ctl = env
+    names = start_pool(env)
+    for name in names:
+        api.attach_answers[name] = lambda document: b""
+    run = submit_and_wait(env, make_run())
+    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
+    log, termination = frame_log(reason="InputIncomplete", exitCode=None, stdout="",
+                                 message="the input stream ended after 10 of 300 bytes")
+    api.logs[pod["metadata"]["name"]] = (log, True)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
+                                                                     "message": termination}}
+    api.objects[("Pod", NS, pod["metadata"]["name"])] = copy.deepcopy(pod)
+    deletions = []
+    api.delete_pod = lambda namespace, name, resource_version=None: deletions.append(name)  # graceful: it stays
+    del api.objects[("CodeRun", NS, "demo")]  # deleted; the controller has not seen the event yet
+    ctl.on_pod(pod, deleted=False)
+    assert deletions == [pod["metadata"]["name"]]  # given up once (the control: it was given up at all)
+    assert ("Pod", NS, "demo-sandbox") not in api.objects  # and never started cold
