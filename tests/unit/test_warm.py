@@ -223,10 +223,11 @@ def test_a_pod_that_cannot_be_attached_is_deleted_and_the_run_goes_cold(env):
     assert api.run(NS, "demo")["status"]["phase"] == "Pending"
 
 
-def test_input_cut_short_means_the_program_never_ran_so_the_run_goes_cold(env):
-    api, _, ctl = env
-    names = start_pool(env)
-    for name in names:  # the stream broke: the runner saw EOF before the whole input
+def ended_with_input_cut_short(env):
+    """A run claims a warm pod whose stream broke before the whole input (the runner saw EOF): the pod as the
+    kubelet reports it once the runner ended saying so, not yet delivered to the controller."""
+    api = env[0]
+    for name in start_pool(env):
         api.attach_answers[name] = lambda document: b""
     run = submit_and_wait(env, make_run())
     pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
@@ -235,7 +236,12 @@ def test_input_cut_short_means_the_program_never_ran_so_the_run_goes_cold(env):
     api.logs[pod["metadata"]["name"]] = (log, True)
     pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
                                                                      "message": termination}}
-    ctl.on_pod(pod, deleted=False)
+    return pod
+
+
+def test_input_cut_short_means_the_program_never_ran_so_the_run_goes_cold(env):
+    api, _, ctl = env
+    ctl.on_pod(ended_with_input_cut_short(env), deleted=False)
     status = api.run(NS, "demo")["status"]
     assert status["startMode"] == "Cold" and status["podName"] == "demo-sandbox" and status["phase"] == "Pending"
 
@@ -404,16 +410,7 @@ def test_a_run_deleted_while_its_warm_pod_is_given_up_is_not_placed_again_and_ag
     """The write back to Pending finds the run gone: its stored copy still names the warm pod, which (deleted
     gracefully) is still there; giving it up again from that copy would go round until the stack runs out."""
     api, _, ctl = env
-    names = start_pool(env)
-    for name in names:
-        api.attach_answers[name] = lambda document: b""
-    run = submit_and_wait(env, make_run())
-    pod = copy.deepcopy(api.objects[("Pod", NS, run["status"]["podName"])])
-    log, termination = frame_log(reason="InputIncomplete", exitCode=None, stdout="",
-                                 message="the input stream ended after 10 of 300 bytes")
-    api.logs[pod["metadata"]["name"]] = (log, True)
-    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"reason": "Completed", "exitCode": 0,
-                                                                     "message": termination}}
+    pod = ended_with_input_cut_short(env)
     api.objects[("Pod", NS, pod["metadata"]["name"])] = copy.deepcopy(pod)
     deletions = []
     api.delete_pod = lambda namespace, name, resource_version=None: deletions.append(name)  # graceful: it stays
