@@ -13,8 +13,6 @@ Several keys may be valid at once (rotation): the proxy accepts any key id it ho
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import hmac
 import json
@@ -23,10 +21,10 @@ from dataclasses import dataclass
 from typing import Collection, Iterable, Mapping
 
 from .rules import Rule
+# KEY_ID_PATTERN and MIN_KEY_BYTES are read here too (files.py, the operator's proxy.py): the egress keys' rules.
+from .signed import KEY_ID_PATTERN, MIN_KEY_BYTES, NOT_OURS, Unsealed, seal, unb64, unseal
 
 VERSION = "v1"
-KEY_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
-MIN_KEY_BYTES = 32
 # Squid refuses Basic credentials (user:password) over 8192 bytes; the user is the run's uid. A policy within
 # EGRESS_BUDGET makes a token well under this (the API refuses a larger one); nothing longer is even decoded.
 MAX_TOKEN_CHARS = 8000
@@ -80,16 +78,13 @@ WRONG_PROXY = "WrongProxyPod"
 
 def mint(key_id: str, key: bytes, grant: Grant) -> str:
     """The operator's side: the token for one run."""
-    if not KEY_ID_PATTERN.match(key_id) or len(key) < MIN_KEY_BYTES:
-        raise ValueError(f"a key id matches {KEY_ID_PATTERN.pattern} and a key has {MIN_KEY_BYTES} bytes or more")
     payload = {"ns": grant.namespace, "name": grant.name, "uid": grant.uid, "policy": grant.policy,
                "exp": grant.expires, "egress": [[r.host or r.cidr, list(r.ports)] for r in grant.rules]}
     if grant.budget is not None:
         payload["budget"] = [grant.budget.bytes, grant.budget.requests]
     if grant.proxy_pod is not None:
         payload["pod"] = grant.proxy_pod
-    body = f"{VERSION}.{key_id}.{_b64(json.dumps(payload, separators=(',', ':')).encode())}"
-    token = f"{body}.{_b64(_sign(key, body))}"
+    token = seal(VERSION, key_id, key, json.dumps(payload, separators=(',', ':')).encode())
     if len(token) > MAX_TOKEN_CHARS:
         raise ValueError(f"the token would be {len(token)} characters, above {MAX_TOKEN_CHARS}: the rules are "
                          f"over EGRESS_BUDGET")
@@ -119,19 +114,13 @@ def read_grant(token: str, keys: Mapping[str, bytes]) -> Grant:
     back the expiry it minted into a run's input this way."""
     if len(token) > MAX_TOKEN_CHARS:
         raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is too long")
-    parts = token.split(".")
-    if len(parts) != 4 or parts[0] != VERSION:
-        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is not a coderun egress token")
-    key = keys.get(parts[1])
-    expected = _sign(key, ".".join(parts[:3])) if key is not None else b""
     try:
-        signature = _unb64(parts[3])
-    except ValueError:
-        signature = b"-"
-    if key is None or not hmac.compare_digest(signature, expected):
-        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential's signature does not verify")
+        payload = unseal(token, VERSION, keys)
+    except Unsealed as e:
+        raise CredentialRefused(BAD_CREDENTIAL, "the proxy credential is not a coderun egress token"
+                                if e.what == NOT_OURS else "the proxy credential's signature does not verify") from None
     try:
-        return _grant(json.loads(_unb64(parts[2])))
+        return _grant(json.loads(unb64(payload)))
     except (ValueError, TypeError, KeyError) as e:  # signed, so only a broken operator gets here
         raise CredentialRefused(BAD_CREDENTIAL, f"the proxy credential's payload is malformed ({type(e).__name__})")
 
@@ -189,18 +178,3 @@ def _grant(payload: dict) -> Grant:
     if not (pod is None or isinstance(pod, str)):
         raise TypeError("pod")
     return Grant(fields["ns"], fields["name"], fields["uid"], fields["policy"], rules, payload["exp"], budget, pod)
-
-
-def _sign(key: bytes, body: str) -> bytes:
-    return hmac.new(key, body.encode(), hashlib.sha256).digest()
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError) as e:
-        raise ValueError("not base64url") from e
