@@ -45,12 +45,14 @@ installed() { "$HELM" status "$RELEASE" -n "$NAMESPACE" >/dev/null 2>&1; }
 install() {
   bash "$repo/e2e/cluster/build-binaries.sh" helm
   bash "$repo/e2e/operator.sh" stop  # one operator at a time: the host-process one would race the chart's
-  local images digest proxy_digest
+  local images digest proxy_digest store_digest
   images=$(bash "$repo/e2e/cluster/cluster.sh" images)
   digest=$(awk '$1 == "coderun.local/operator:v1" {print $2}' <<<"$images")
   proxy_digest=$(awk '$1 == "coderun.local/egress-proxy:v1" {print $2}' <<<"$images")
-  [ -n "$digest" ] && [ -n "$proxy_digest" ] || {
-    echo "install.sh: no digest for coderun.local/operator:v1 or coderun.local/egress-proxy:v1" >&2; exit 1; }
+  store_digest=$(awk '$1 == "coderun.local/store:v1" {print $2}' <<<"$images")
+  [ -n "$digest" ] && [ -n "$proxy_digest" ] && [ -n "$store_digest" ] || {
+    echo "install.sh: no digest for coderun.local/operator:v1, coderun.local/egress-proxy:v1 or coderun.local/store:v1" >&2
+    exit 1; }
   # The namespace the operator runs in is held to Pod Security `restricted`, which its pods meet.
   "$KUBECTL" create namespace "$NAMESPACE" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
   "$KUBECTL" label namespace "$NAMESPACE" --overwrite pod-security.kubernetes.io/enforce=restricted >/dev/null
@@ -71,15 +73,17 @@ install() {
   # The egress proxy may also reach pods of namespaces labelled as egress destinations: the e2e tests' in-cluster
   # web server and package index (e2e/test_egress.py), whose names a policy's cidr rule then allows.
   local destinations='[{"to": [{"namespaceSelector": {"matchLabels": {"coderun.io/egress-destination": "true"}}}]}]'
-  # The proxy asks little CPU here: the tests' requests are few, and the 2-core node's room is the sandboxes' (a
-  # pool beside a one-core cold run). The chart's defaults are for a cluster's traffic.
+  # The proxy, the store and the data service ask little CPU here: the tests' requests are few, and the 2-core
+  # node's room is the sandboxes' (a pool beside a one-core cold run). The chart's defaults are for a cluster's traffic.
   # --force-conflicts: fields `kubectl apply` set (make up-host) are taken over by the release, not a conflict.
   # 300 s: the agent and the proxy are Ready only once the operator has created their key Secret and the kubelet
   # has synced it into the mounted volume; on a loaded 2-core machine CI saw that take past 180 s.
   "$HELM" upgrade --install "$RELEASE" "$repo/charts/coderun" -n "$NAMESPACE" --force-conflicts \
     --set image.digest="$digest" --set egressProxy.image.digest="$proxy_digest" \
+    --set store.embedded.image.digest="$store_digest" \
     --set-json "egressProxy.extraEgress=$destinations" --set 'clusterNetwork.podCIDRs={10.88.0.0/16}' \
     --set egressProxy.resources.requests.cpu=20m --set egressProxy.adminResources.requests.cpu=5m \
+    --set store.embedded.resources.requests.cpu=10m --set data.resources.requests.cpu=10m \
     --set 'clusterNetwork.serviceCIDRs={10.96.0.0/16}' --set "clusterNetwork.nodeCIDRs={$node_ip/32}" \
     --wait --timeout 300s "$@" >/dev/null || { diagnose; exit 1; }
   local leader

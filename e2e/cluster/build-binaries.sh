@@ -164,10 +164,19 @@ go build -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$CORED
 SCRIPT
 )
 
+# Versity's S3 gateway, the chart's embedded store (e2e/images/recipes/store.sh puts it in an image).
+versitygw_script=$(cat <<'SCRIPT'
+make_build_module "$CODERUN_CACHE/src/versitygw-$VERSITYGW_VERSION" "github.com/versity/versitygw $VERSITYGW_VERSION"
+printf '//go:build tools\n\npackage tools\n\nimport _ "github.com/versity/versitygw/cmd/versitygw"\n' > tools.go
+go mod tidy >/dev/null
+go build -ldflags "-s -w -X main.Version=$VERSITYGW_VERSION" -o "$out/versitygw" github.com/versity/versitygw/cmd/versitygw
+SCRIPT
+)
+
 export KUBERNETES_VERSION ETCD_VERSION CONTAINERD_VERSION GVISOR_VERSION GVISOR_PATCH HELM_VERSION COREDNS_VERSION \
-  CODERUN_CACHE
+  VERSITYGW_VERSION CODERUN_CACHE
 components=("$@")
-[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes helm coredns)
+[ $# -gt 0 ] || components=(etcd containerd gvisor kubernetes helm coredns versitygw)
 for component in "${components[@]}"; do
   case $component in
     etcd) build_into etcd "$ETCD_VERSION" "$etcd_script" ;;
@@ -176,6 +185,7 @@ for component in "${components[@]}"; do
     kubernetes) build_into kubernetes "$KUBERNETES_VERSION" "$k8s_script" ;;
     helm) build_into helm "$HELM_VERSION" "$helm_script" ;;
     coredns) build_into coredns "$COREDNS_VERSION" "$coredns_script" ;;
+    versitygw) build_into versitygw "$VERSITYGW_VERSION" "$versitygw_script" ;;
     *) echo "unknown component $component" >&2; exit 2 ;;
   esac
 done

@@ -484,7 +484,7 @@ coderun_images() {
 import_images() {
   local name archive imported=$CLUSTER_DIR/containerd/imported
   touch "$imported"
-  for name in pause busybox python node operator egress-proxy; do
+  for name in pause busybox python node operator egress-proxy store; do
     archive=$("$repo/e2e/images/build.sh" "$name" | tail -1)
     grep -qxF "$archive" "$imported" && continue
     "$CONTAINERD_BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import "$archive" >/dev/null

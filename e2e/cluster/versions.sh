@@ -6,4 +6,5 @@ GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237   # a commit of gVisor's `go` 
 GVISOR_PATCH=-p3                  # bumped whenever build-binaries.sh patches gVisor differently
 HELM_VERSION=v4.3.1               # latest helm.sh/helm/v4 release on the Go module proxy
 COREDNS_VERSION=v1.15.0           # the cluster's DNS: latest github.com/coredns/coredns on the Go module proxy
+VERSITYGW_VERSION=v1.8.0          # the embedded S3 store (chart's store.embedded): github.com/versity/versitygw
 CODERUN_CACHE=${CODERUN_CACHE:-$HOME/.cache/coderun}

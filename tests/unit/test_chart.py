@@ -2,6 +2,7 @@
 hardening of what it renders, RBAC that is exactly what the code calls, a values schema that refuses typos."""
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -152,21 +153,22 @@ def test_rbac_grants_exactly_what_the_code_calls(helm):
                 rule["verbs"] != ["create"]:
             assert rule["resourceNames"] in (["coderun-webhook-tls"], ["coderun"], ["coderun-egress-proxy-keys"],
                                              ["coderun-egress-proxy"], ["coderun-audit-key"],
-                                             ["coderun-session-key"]), rule
+                                             ["coderun-session-key"], ["coderun-data-keys"], ["coderun-store"],
+                                             ["coderun-data"]), rule
     cert_manager = template(helm, "--set", "webhook.certManager.enabled=true", "--set", "egressProxy.enabled=false",
-                            "--set", "audit.enabled=false")
+                            "--set", "audit.enabled=false", "--set", "data.enabled=false")
     assert not any({"secrets", "validatingwebhookconfigurations"} & set(r["resources"])
                    and r.get("resourceNames") != ["coderun-session-key"] and r["verbs"] != ["create"]
                    for r in _bound_to_the_operator(cert_manager, "ClusterRole") +
                    _bound_to_the_operator(cert_manager, "Role"))
     # A Secret of the platform's own: read by name, never created.
     given = template(helm, "--set", "egressProxy.existingSecret=mine", "--set", "webhook.certManager.enabled=true",
-                     "--set", "audit.enabled=false")
+                     "--set", "audit.enabled=false", "--set", "data.enabled=false")
     secret_rules = [r for role in by_kind(given, "Role") for r in role["rules"] if "secrets" in r["resources"]]
     assert sorted(map(str, secret_rules)) == sorted(map(str, [*SESSION_KEY_RULES, {
         "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mine"], "verbs": ["get"]}]))
     given = template(helm, "--set", "audit.existingSecret=theirs", "--set", "egressProxy.enabled=false",
-                     "--set", "webhook.certManager.enabled=true")
+                     "--set", "webhook.certManager.enabled=true", "--set", "data.enabled=false")
     secret_rules = [r for role in by_kind(given, "Role") for r in role["rules"] if "secrets" in r["resources"]]
     assert sorted(map(str, secret_rules)) == sorted(map(str, [*SESSION_KEY_RULES, {
         "apiGroups": [""], "resources": ["secrets"], "resourceNames": ["theirs"], "verbs": ["get"]}]))
@@ -250,12 +252,14 @@ def test_the_chart_crds_match_the_models():
 
 
 def test_the_webhook_is_rendered_the_same_every_time_with_no_private_key(helm):
+    # The embedded store's keys are generated at install (templates/store.yaml): the one Secret the chart renders.
+    no_store = ["--set", "store.embedded.enabled=false", "--set", "data.enabled=false"]
     for values in ([], ["--set", "webhook.certManager.enabled=true"], ["--set", "webhook.existingSecret=mine"]):
-        first, second = (template(helm, *values, check=False) for _ in range(2))
+        first, second = (template(helm, *no_store, *values, check=False) for _ in range(2))
         assert first.returncode == 0 and first.stdout == second.stdout, values
         assert "PRIVATE KEY" not in first.stdout and "caBundle:" not in first.stdout, values
     objects = template(helm)
-    assert not by_kind(objects, "Secret")
+    assert [s["metadata"]["name"] for s in by_kind(objects, "Secret")] == ["coderun-store"]
     config, = by_kind(objects, "ValidatingWebhookConfiguration")
     handlers = (REPO / "operator" / "coderun_operator" / "handlers.py").read_text()
     for hook in config["webhooks"]:
@@ -304,9 +308,10 @@ def test_the_operator_network_policy_keeps_pods_off_the_webhook_and_metrics(helm
     assert rules["metrics"]["from"] == [
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]}
-    assert egress_ports == {53, 443, 6443, 3130, 9090}  # DNS, the API server, the proxy's admin, the audit agents
-    policy, = of_component(template(helm, "--set", "egressProxy.enabled=false", "--set", "audit.enabled=false"),
-                           "NetworkPolicy")
+    # DNS, the API server, the proxy's admin, the audit agents, the store, the data service.
+    assert egress_ports == {53, 443, 6443, 3130, 9090, 7070, 8080}
+    policy, = of_component(template(helm, "--set", "egressProxy.enabled=false", "--set", "audit.enabled=false",
+                                    "--set", "data.enabled=false"), "NetworkPolicy")
     assert {p["port"] for rule in policy["spec"]["egress"] for p in rule["ports"]} == {53, 443, 6443}
     policy, = of_component(template(helm, "--set", "clusterNetwork.podCIDRs={10.88.0.0/16,fd00:10:88::/64}"),
                            "NetworkPolicy")
@@ -423,7 +428,8 @@ def test_the_egress_proxy_is_hardened_and_holds_no_api_token(helm):
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["shm"]["emptyDir"]["medium"] == "Memory" and volumes["state"]["emptyDir"]["sizeLimit"] == "1Gi"
     assert volumes["keys"]["secret"]["secretName"] == "coderun-egress-proxy-keys"
-    assert not by_kind(objects, "Secret")  # the operator makes the key at start: nothing secret in the render
+    # The operator makes the key at start: nothing of the proxy's is secret in the render.
+    assert not [s for s in by_kind(objects, "Secret") if "egress" in s["metadata"]["name"]]
     operator, = of_component(objects, "Deployment")
     env = {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["CODERUN_EGRESS_PROXY"] == "coderun-system/coderun-egress-proxy"
@@ -665,7 +671,8 @@ def test_make_manifest_renders_everything_to_install_without_helm(helm, tmp_path
     objects = [o for o in yaml.safe_load_all(manifest.read_text()) if o]
     assert {c["metadata"]["name"] for c in by_kind(objects, "CustomResourceDefinition")} == set(
         yaml.safe_load((REPO / "crds" / name).read_text())["metadata"]["name"] for name in crd.CRDS)
-    assert {d["metadata"]["name"] for d in by_kind(objects, "Deployment")} == {"coderun", "coderun-egress-proxy"}
+    assert {d["metadata"]["name"] for d in by_kind(objects, "Deployment")} == {
+        "coderun", "coderun-egress-proxy", "coderun-data", "coderun-store"}
     account, = by_kind(objects, "ServiceAccount")
     binding, = [b for b in by_kind(objects, "ClusterRoleBinding") if b["roleRef"]["name"] == "coderun"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
@@ -743,3 +750,199 @@ def test_the_schema_follows_a_new_value_and_refuses_a_bad_annotation(values_sche
     assert values_schema.render(added) != values_schema.render(values)
     with pytest.raises(ValueError, match="newKnob"):
         values_schema.values_schema(values + "\n# A new knob.\n# @schema minimum 2\nnewKnob: 3\n")
+
+
+# --- the data plane: the embedded store and the data service (docs/data.md) ---
+
+RESTRICTED_CONTAINER = {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False, "privileged": False,
+                        "capabilities": {"drop": ["ALL"]}}
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _restricted_without_token(deployment: dict) -> dict:
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False, deployment["metadata"]["name"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container, = pod["containers"]
+    assert container["securityContext"] == RESTRICTED_CONTAINER, deployment["metadata"]["name"]
+    assert container["resources"]["limits"]["memory"] and container["resources"]["requests"]["cpu"]
+    return pod
+
+
+def test_the_embedded_store_serves_s3_on_its_volume_with_keys_made_at_install(helm):
+    objects = template(helm, "--set", "store.embedded.image.digest=sha256:" + "cd" * 32)
+    store, = of_component(objects, "Deployment", "store")
+    assert store["metadata"]["name"] == "coderun-store" and store["spec"]["replicas"] == 1
+    assert store["spec"]["strategy"]["type"] == "Recreate"  # one pod holds the volume
+    pod = _restricted_without_token(store)
+    container, = pod["containers"]
+    assert container["image"] == "coderun.local/store@sha256:" + "cd" * 32
+    assert [*container["command"], *container["args"]] == ["/usr/local/bin/versitygw", "--port", ":7070", "posix",
+                                                           "/data"]
+    env = _env(container)
+    assert {name: e["valueFrom"]["secretKeyRef"] for name, e in env.items()} == {
+        "ROOT_ACCESS_KEY": {"name": "coderun-store", "key": "access-key-id"},
+        "ROOT_SECRET_KEY": {"name": "coderun-store", "key": "secret-access-key"}}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "s3"}
+    assert container["ports"] == [{"name": "s3", "containerPort": 7070}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["data"] == {"name": "data", "emptyDir": {}}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data", "/tmp"}
+    service, = of_component(objects, "Service", "store")
+    assert service["spec"]["ports"] == [{"name": "s3", "port": 7070, "targetPort": "s3", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == store["spec"]["selector"]["matchLabels"]
+    secret, = of_component(objects, "Secret", "store")
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert data["endpoint"] == "http://coderun-store.coderun-system.svc:7070" and data["region"] == "us-east-1"
+    assert len(data["access-key-id"]) == 20 and len(data["secret-access-key"]) == 40
+    # Random at install (helm template has no cluster to look the kept ones up in): two renders, two pairs.
+    again, = of_component(template(helm), "Secret", "store")
+    assert again["data"]["secret-access-key"] != secret["data"]["secret-access-key"]
+    claim = {"persistentVolumeClaim": {"claimName": "coderun-store"}}
+    store, = of_component(template(helm, "--set-json", f"store.embedded.volume={json.dumps(claim)}"),
+                          "Deployment", "store")
+    assert {"name": "data", **claim} in store["spec"]["template"]["spec"]["volumes"]
+    two = {"emptyDir": {}, "hostPath": {"path": "/srv"}}
+    assert "store/embedded/volume" in template(helm, "--set-json", f"store.embedded.volume={json.dumps(two)}",
+                                               check=False).stderr
+
+
+def test_the_store_keeps_its_keys_across_upgrades():
+    """helm's lookup finds the Secret of the release's last install: the template reuses its keys rather than
+    making new ones (which would lock the data service out until its pods saw them)."""
+    text = (CHART / "templates" / "store.yaml").read_text()
+    assert re.search(r'lookup "v1" "Secret" \.Release\.Namespace \$name', text)
+    assert 'index $existing "access-key-id" | default' in text and 'index $existing "secret-access-key" | default' in text
+
+
+def test_the_data_service_checks_grants_with_mounted_keys_and_holds_no_api_token(helm):
+    objects = template(helm, "--set", "image.digest=sha256:" + "ab" * 32)
+    data, = of_component(objects, "Deployment", "data")
+    assert data["metadata"]["name"] == "coderun-data" and data["spec"]["replicas"] == 2
+    pod = _restricted_without_token(data)
+    container, = pod["containers"]
+    operator, = of_component(objects, "Deployment")
+    assert container["image"] == operator["spec"]["template"]["spec"]["containers"][0]["image"]  # the operator's
+    assert container["command"] == ["python", "-m", "coderun_operator.data"]
+    assert container["ports"] == [{"name": "data", "containerPort": 8080}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "data"}
+    env = {name: e["value"] for name, e in _env(container).items()}
+    assert env == {"CODERUN_DATA_PORT": "8080", "CODERUN_DATA_KEYS_DIR": "/etc/coderun/data-keys",
+                   "CODERUN_STORE_DIR": "/etc/coderun/store", "CODERUN_STORE_BUCKET": "coderun",
+                   "CODERUN_DATA_MAX_TRANSFERS": "32"}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    keys, store = mounts["/etc/coderun/data-keys"], mounts["/etc/coderun/store"]
+    assert keys["readOnly"] and store["readOnly"]
+    # The operator makes the keys at its start: optional until then; the store's Secret is there at install.
+    assert volumes[keys["name"]]["secret"] == {"secretName": "coderun-data-keys", "defaultMode": 0o440, "optional": True}
+    assert volumes[store["name"]]["secret"] == {"secretName": "coderun-store", "defaultMode": 0o440}
+    service, = of_component(objects, "Service", "data")
+    assert service["spec"]["ports"] == [{"name": "data", "port": 8080, "targetPort": "data", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == data["spec"]["selector"]["matchLabels"]
+    tuned, = of_component(template(helm, "--set", "data.maxTransfers=4", "--set", "store.bucket=runs-data"),
+                          "Deployment", "data")
+    env = {e["name"]: e["value"] for e in tuned["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["CODERUN_DATA_MAX_TRANSFERS"] == "4" and env["CODERUN_STORE_BUCKET"] == "runs-data"
+
+
+def _operator_env(objects: list[dict]) -> dict[str, str]:
+    operator, = of_component(objects, "Deployment")
+    return {e["name"]: e.get("value") for e in operator["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_the_operator_is_told_the_data_service_the_keys_and_the_store(helm):
+    env = _operator_env(template(helm))
+    assert {k: v for k, v in env.items() if k.startswith(("CODERUN_DATA", "CODERUN_STORE"))} == {
+        "CODERUN_DATA_SERVICE": "coderun-system/coderun-data", "CODERUN_DATA_KEYS_SECRET": "coderun-data-keys",
+        "CODERUN_DATA_KEY_ID": "k1", "CODERUN_DATA_KEYS_CREATE": "true",
+        "CODERUN_STORE_SECRET": "coderun-system/coderun-store", "CODERUN_STORE_BUCKET": "coderun"}
+    env = _operator_env(template(helm, "--set", "data.externalURL=https://data.example.com"))
+    assert env["CODERUN_DATA_URL"] == "https://data.example.com"
+    assert "externalURL" in template(helm, "--set", "data.externalURL=data.example.com", check=False).stderr
+    env = _operator_env(template(helm, "--set", "store.existingSecret=platform-s3"))
+    assert env["CODERUN_STORE_SECRET"] == "coderun-system/platform-s3"
+
+
+def test_without_the_data_service_nothing_of_the_data_plane_renders(helm):
+    objects = template(helm, "--set", "data.enabled=false")
+    assert not [o for o in objects if o["metadata"]["name"].startswith(("coderun-data", "coderun-store"))]
+    assert not [k for k in _operator_env(objects) if k.startswith(("CODERUN_DATA", "CODERUN_STORE"))]
+    policy, = of_component(objects, "NetworkPolicy")
+    assert {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])} == {
+        53, 443, 6443, 3130, 9090}
+    # The embedded store off, the data service on and no store of the platform's: refused, naming what to set.
+    refused = template(helm, "--set", "store.embedded.enabled=false", check=False)
+    assert refused.returncode != 0 and "store.existingSecret" in refused.stderr
+    objects = template(helm, "--set", "store.embedded.enabled=false", "--set", "data.enabled=false")
+    assert not of_component(objects, "Deployment", "store") and not of_component(objects, "Deployment", "data")
+
+
+def test_a_platforms_store_replaces_the_embedded_one(helm):
+    objects = template(helm, "--set", "store.existingSecret=platform-s3")
+    assert not [o for o in objects if o["metadata"]["name"] == "coderun-store"]
+    assert not of_component(objects, "Deployment", "store") and not by_kind(objects, "Secret")
+    data, = of_component(objects, "Deployment", "data")
+    volumes = {v["name"]: v for v in data["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["store"]["secret"]["secretName"] == "platform-s3"
+    role, = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "coderun-data-operator"]
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["platform-s3"], "verbs": ["get"]} in role["rules"]
+    # The store's address is not the chart's to know: the data pods and the operator may reach any.
+    policy, = of_component(objects, "NetworkPolicy", "data")
+    assert policy["spec"]["egress"] == [{}]
+    operator_policy, = of_component(objects, "NetworkPolicy")
+    assert {} in operator_policy["spec"]["egress"]
+    # The same with the embedded store switched off explicitly (the documented way).
+    objects = template(helm, "--set", "store.existingSecret=platform-s3", "--set", "store.embedded.enabled=false")
+    assert of_component(objects, "Deployment", "data") and not of_component(objects, "Deployment", "store")
+
+
+def test_only_the_data_service_and_the_operator_reach_the_store_and_anyone_reaches_the_data_port(helm):
+    objects = template(helm)
+    operator, = of_component(objects, "Deployment")
+    data, = of_component(objects, "Deployment", "data")
+    store, = of_component(objects, "Deployment", "store")
+    selector = {name: d["spec"]["selector"]["matchLabels"] for name, d in
+                (("operator", operator), ("data", data), ("store", store))}
+    policy, = of_component(objects, "NetworkPolicy", "store")
+    assert policy["spec"]["podSelector"]["matchLabels"] == selector["store"]
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"} and policy["spec"]["egress"] == []
+    rule, = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "s3", "protocol": "TCP"}]
+    assert rule["from"] == [{"podSelector": {"matchLabels": selector["data"]}},
+                            {"podSelector": {"matchLabels": selector["operator"]}}]
+    assert not any("namespaceSelector" in peer or "ipBlock" in peer for peer in rule["from"])  # sandboxes: never
+    policy, = of_component(objects, "NetworkPolicy", "data")
+    assert policy["spec"]["podSelector"]["matchLabels"] == selector["data"]
+    rule, = policy["spec"]["ingress"]
+    assert rule == {"ports": [{"port": "data", "protocol": "TCP"}]}  # no `from`: every caller holds a grant
+    dns, to_store = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53} and "to" not in dns
+    assert to_store == {"ports": [{"port": 7070, "protocol": "TCP"}],
+                        "to": [{"podSelector": {"matchLabels": selector["store"]}}]}
+    # The operator's own policy lets it reach both, and nothing else new.
+    policy, = of_component(objects, "NetworkPolicy")
+    reach = {p["port"]: rule.get("to") for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert reach[7070] == [{"podSelector": {"matchLabels": selector["store"]}}]
+    assert reach[8080] == [{"podSelector": {"matchLabels": selector["data"]}}]
+    assert {} not in policy["spec"]["egress"]
+    assert not of_component(template(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy", "store")
+
+
+def test_the_operator_reads_the_data_secrets_by_name_and_the_data_service_by_name(helm):
+    objects = template(helm)
+    role, = [r for r in by_kind(objects, "Role") if r["metadata"]["name"] == "coderun-data-operator"]
+    binding, = [b for b in by_kind(objects, "RoleBinding") if b["roleRef"]["name"] == "coderun-data-operator"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "coderun", "namespace": "coderun-system"}]
+    assert sorted(map(str, role["rules"])) == sorted(map(str, [
+        {"apiGroups": [""], "resources": ["services"], "resourceNames": ["coderun-data"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["coderun-data-keys"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["coderun-store"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]))
+    # The ready data pods' addresses: the ClusterRole's list on pods covers the release namespace.
+    cluster_rules = _bound_to_the_operator(objects, "ClusterRole")
+    assert ("", "pods", "list") in _granted(cluster_rules)

@@ -163,3 +163,76 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "coderun.auditAgent.namespace" -}}
 {{- default (printf "%s-audit" .Release.Namespace) .Values.audit.namespace.name -}}
 {{- end -}}
+
+{{/* The embedded store runs for the data service, unless the platform gives its own (store.existingSecret). */}}
+{{- define "coderun.store.embedded" -}}
+{{- if and (include "coderun.data.enabled" .) .Values.store.embedded.enabled (not .Values.store.existingSecret) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "coderun.store.name" -}}
+{{- printf "%s-store" (include "coderun.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret with endpoint, region, access-key-id and secret-access-key that the data service and operator read. */}}
+{{- define "coderun.store.secret" -}}
+{{- default (include "coderun.store.name" .) .Values.store.existingSecret -}}
+{{- end -}}
+
+{{- define "coderun.store.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "coderun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: store
+{{- end -}}
+
+{{- define "coderun.store.labels" -}}
+{{ include "coderun.store.selectorLabels" . }}
+app.kubernetes.io/part-of: coderun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "coderun.store.image" -}}
+{{- with .Values.store.embedded.image -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository .tag -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The data service runs only with a store to talk to; data.enabled without one is a mistake named here. */}}
+{{- define "coderun.data.enabled" -}}
+{{- if .Values.data.enabled -}}
+{{- if not (or .Values.store.embedded.enabled .Values.store.existingSecret) -}}
+{{- fail "data.enabled needs a store: set store.embedded.enabled=true or store.existingSecret (or data.enabled=false)" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- define "coderun.data.name" -}}
+{{- printf "%s-data" (include "coderun.fullname" .) -}}
+{{- end -}}
+
+{{/* The Secret of the grants' signing keys (one entry per key id), created by the operator at start if absent. */}}
+{{- define "coderun.data.keysSecret" -}}
+coderun-data-keys
+{{- end -}}
+
+{{- define "coderun.data.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "coderun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: data
+{{- end -}}
+
+{{- define "coderun.data.labels" -}}
+{{ include "coderun.data.selectorLabels" . }}
+app.kubernetes.io/part-of: coderun
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
