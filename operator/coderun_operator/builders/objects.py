@@ -8,7 +8,8 @@ from typing import Any, Mapping, Sequence
 
 from kubernetes.utils import parse_quantity
 
-from coderun.api.models import API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, CodeRunSpec, EgressRule, ResourceLimits
+from coderun.api.models import (API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, ArtifactCaps, CodeRunSpec, EgressRule,
+                                ResourceLimits)
 from ..policy import Decision, Policy
 from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
@@ -16,6 +17,12 @@ from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_
                     run_labels)
 
 INPUT_MOUNT = "/coderun/input"
+# Inputs by reference (docs/data.md): the runner fetches them into a volume of their own, never under /tmp, so
+# they do not count against the program's disk limit; the policy's data caps size it.
+INPUTS_MOUNT = "/coderun/inputs"
+# What stays inline (the artifacts ConfigMap, through the frame) when a run has the store; past it, the store.
+INLINE_ARTIFACT_FILE_BYTES = 256 * 1024
+INLINE_ARTIFACT_TOTAL_BYTES = 512 * 1024
 NETWORK_LOG_KEY = "requests.jsonl"
 AUDIT_RECORD_KEY = "audit.jsonl"
 TMP_MOUNT = "/tmp"
@@ -87,18 +94,39 @@ def _sandbox_json(decision: Decision) -> dict[str, Any]:
         # /tmp a tmpfs whose kernel refuses the entry and the page past the caps, at any CPU (the pod's memory
         # holds its bytes: sandbox_memory)
         "scratchTmpfs": True,
-        "artifacts": {"maxFiles": policy.artifact_max_files, "maxFileBytes": policy.artifact_max_file_bytes,
-                      "maxTotalBytes": policy.artifact_max_total_bytes},
+        "artifacts": artifact_caps(policy, with_store=False),
     }
 
 
-def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | None) -> dict[str, Any]:
-    return {
+def artifact_caps(policy: Policy, with_store: bool) -> dict[str, int]:
+    """The runner's artifact caps: the policy's (spec.data.artifacts) when the run has the store, of which the
+    first INLINE_* bytes stay inline; without the store, the inline caps bound them all."""
+    caps = policy.data.artifacts or ArtifactCaps()
+    inline = {"inlineFileBytes": INLINE_ARTIFACT_FILE_BYTES, "inlineTotalBytes": INLINE_ARTIFACT_TOTAL_BYTES}
+    if with_store:
+        return {"maxFiles": caps.max_files, "maxFileBytes": caps.max_file_bytes,
+                "maxTotalBytes": caps.max_total_bytes, **inline}
+    return {"maxFiles": caps.max_files, "maxFileBytes": min(caps.max_file_bytes, INLINE_ARTIFACT_FILE_BYTES),
+            "maxTotalBytes": min(caps.max_total_bytes, INLINE_ARTIFACT_TOTAL_BYTES), **inline}
+
+
+def _run_json(spec: CodeRunSpec, decision: Decision, env: Mapping[str, str] | None,
+              data: Mapping[str, Any] | None) -> dict[str, Any]:
+    document = {
         **_sandbox_json(decision),
         "files": [{"path": f.path, "key": f"file-{i}"} for i, f in enumerate(spec.files or ())],
         "stdinKey": "stdin" if spec.stdin is not None else None,
         "env": dict(env or {}),
     }
+    if data:
+        document["data"] = dict(data)
+        document["artifacts"] = artifact_caps(decision.policy, with_store=True)
+    return document
+
+
+def inputs_bytes(data: Mapping[str, Any] | None) -> int:
+    """The room a run's inputs take in its pod's inputs volume."""
+    return sum(int(i["size"]) for i in (data or {}).get("inputs") or ())
 
 
 def prestart_argument(decision: Decision) -> str:
@@ -108,10 +136,12 @@ def prestart_argument(decision: Decision) -> str:
 
 
 def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
-                          env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                          env: Mapping[str, str] | None = None,
+                          run_data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Code, stdin, files and the runner's instructions (`env`: what the program gets beyond the runner's own,
-    the egress proxy's settings: builders/egress.py), mounted read-only into the sandbox."""
-    data = {"run.json": json.dumps(_run_json(spec, decision, env), indent=1), "code": spec.code}
+    the egress proxy's settings: builders/egress.py; `run_data`: where its inputs and large artifacts go, with
+    its data grant: data_plane.py), mounted read-only into the sandbox; the runner hides it from the program."""
+    data = {"run.json": json.dumps(_run_json(spec, decision, env, run_data), indent=1), "code": spec.code}
     binary: dict[str, str] = {}
     if spec.stdin is not None:
         data["stdin"] = spec.stdin
@@ -189,6 +219,17 @@ def build_namespace_network_policy(namespace: str) -> dict[str, Any]:
     }
 
 
+def build_data_network_policy(namespace: str, route: ProxyRoute) -> dict[str, Any]:
+    """Every sandbox pod of the namespace may open the data service's port (NetworkPolicies add up: this opens
+    nothing else). Whoever has no grant gets nothing there; the store itself stays out of reach."""
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "coderun-sandbox-data", "namespace": namespace, "labels": {LABEL_MANAGED_BY: MANAGER}},
+        "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: "true"}}, "policyTypes": ["Egress"],
+                 "egress": [proxy_egress_rule(route)]},
+    }
+
+
 def sandbox_memory(limits: ResourceLimits) -> str:
     """The pod's memory: the program's, plus its /tmp, which the runner keeps in a tmpfs capped at the disk
     limit (its pages are memory). A program is OOMKilled only once it holds more than limits.memory itself."""
@@ -196,22 +237,26 @@ def sandbox_memory(limits: ResourceLimits) -> str:
     return f"{total // 1048576}Mi" if total % 1048576 == 0 else str(total)
 
 
-def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str) -> dict[str, Any]:
-    """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch off."""
+def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str, inputs_room: int = 0
+              ) -> dict[str, Any]:
+    """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch
+    off. `inputs_room`: bytes of inputs by reference the runner fetches (a volume of their own)."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
     metadata["annotations"] = {ANNOTATION_POLICY: decision.policy.name}
     return _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
                         decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS,
-                        {"name": "input", "configMap": {"name": input_configmap}})
+                        {"name": "input", "configMap": {"name": input_configmap}}, inputs_room)
 
 
 def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str],
-                 deadline_seconds: int, input_volume: dict[str, Any]) -> dict[str, Any]:
+                 deadline_seconds: int, input_volume: dict[str, Any], inputs_room: int = 0) -> dict[str, Any]:
     """What every sandbox pod is, cold or warm: gVisor, no token, no network of its own, non-root, read-only
     root, every capability dropped, limits equal to requests, a private /tmp, and the input at INPUT_MOUNT
     (read-only for a ConfigMap; a warm pod's runner writes it)."""
     limits = decision.limits
-    ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN))
+    # the inputs volume, rounded up to MiB, is the pod's ephemeral storage too (the kubelet counts an emptyDir)
+    inputs_mib = -(-inputs_room // 1048576)
+    ephemeral = str(parse_quantity(limits.disk) + parse_quantity(LOG_STORAGE_MARGIN) + inputs_mib * 1048576)
     input_mount: dict[str, Any] = {"name": "input", "mountPath": INPUT_MOUNT}
     if "configMap" in input_volume:
         input_mount["readOnly"] = True  # else left out, as the API server leaves out a false one
@@ -219,6 +264,11 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
     drop_all = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
                 "seccompProfile": {"type": "RuntimeDefault"}}
+    mounts = [input_mount, {"name": "tmp", "mountPath": TMP_MOUNT}]
+    volumes = [input_volume, {"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}]
+    if inputs_mib:
+        mounts.append({"name": "inputs", "mountPath": INPUTS_MOUNT})
+        volumes.append({"name": "inputs", "emptyDir": {"sizeLimit": f"{inputs_mib}Mi"}})
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": metadata,
@@ -246,9 +296,9 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
                 "securityContext": drop_all,
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "File",
-                "volumeMounts": [input_mount, {"name": "tmp", "mountPath": TMP_MOUNT}],
+                "volumeMounts": mounts,
             }],
-            "volumes": [input_volume, {"name": "tmp", "emptyDir": {"sizeLimit": limits.disk}}],
+            "volumes": volumes,
         },
     }
 

@@ -7,7 +7,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from coderun.api.coderunsession import SESSION_KIND
-from coderun.api.models import EgressRule
+from coderun.api.models import DataPolicy, EgressRule
 from coderun.sandbox.runner.protocol import SESSION_SETTINGS_KEY, session_document_mac
 from ..policy import Decision
 from .egress import ProxyRoute
@@ -46,9 +46,17 @@ def build_session_pod(session: Mapping[str, Any], decision: Decision, lifetime_s
     keep_state = [KEEP_STATE_FLAG] if (session.get("spec") or {}).get("keepState") else []
     pod = _sandbox_pod(metadata, decision, [*SESSION_RUNNER_COMMAND, prestart_argument(decision), *keep_state],
                        lifetime_seconds + POD_DEADLINE_MARGIN_SECONDS,
-                       {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}})
+                       {"name": "input", "emptyDir": {"sizeLimit": POOL_INPUT_SIZE}},
+                       session_inputs_room(decision))
     pod["spec"]["containers"][0].update({"stdin": True, "stdinOnce": False})
     return pod
+
+
+def session_inputs_room(decision: Decision) -> int:
+    """A session's pod keeps its inputs from run to run (docs/data.md): room for the policy's inputs total when the
+    policy sets spec.data (an opt-in: the room is the pod's ephemeral storage), else none."""
+    data = decision.policy.data
+    return data.max_inputs_total_bytes if data != DataPolicy() else 0
 
 
 def session_claim_patch(session: Mapping[str, Any], pool_pod: Mapping[str, Any],

@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, field_validator
 
 from ..egress.credential import EGRESS_BUDGET, egress_weight
 
-from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, Condition, EgressBudget,
-                     EgressRule, Limits, ResourceLimits, Runtime, _cel, _quantity_range)
+from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, Condition,
+                     DataPolicy, EgressBudget, EgressRule, Limits, ResourceLimits, Runtime, _cel, _quantity_range)
 
 POLICY_KIND = "CodeRunPolicy"
 POLICY_PLURAL = "coderunpolicies"
@@ -153,6 +153,9 @@ class CodeRunPolicySpec(ApiModel):
     warm_pool: WarmPool | None = None
     sessions: Sessions | None = Field(None, description=(
         "CodeRunSessions of this policy: allowed or not, how many, how long. Unset: no sessions."))
+    data: DataPolicy | None = Field(None, description=(
+        "Inputs by reference and artifacts in the store: which buckets, what caps (docs/data.md). Unset: the "
+        "defaults (no S3 bucket; inputs up to 1 GiB each, 2 GiB in all; artifacts up to 5 MiB)."))
 
     @field_validator("egress")
     @classmethod

@@ -36,6 +36,15 @@ MAX_FILES = 16
 MAX_FILE_CONTENT_CHARS = 256 * 1024
 MAX_INPUT_TOTAL_CHARS = 768 * 1024  # code + stdin + files must fit one ConfigMap (1 MiB) with room to spare
 MAX_OUTPUT_BYTES = 256 * 1024       # per stream, so the status stays far below etcd's 1.5 MiB object limit
+# Inputs by reference (docs/data.md): fetched by the runner from the data service, never through the API server.
+MAX_INPUTS = 16
+MAX_INPUT_BYTES = 16 * 1024**3      # one input, whatever a policy says (a policy's default cap is 1 GiB)
+MAX_OBJECT_KEY_CHARS = 1024         # S3's own bound on a key
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+# An S3 bucket name (3-63 lowercase letters, digits, dots and hyphens).
+BUCKET_PATTERN = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+# An object name of the API server: what a CodeRun's name may be.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 LANGUAGE_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 # A CodeRunSession's name as a run names it: a DNS-1123 subdomain (what the API server allows as an object name).
@@ -44,6 +53,7 @@ MAX_SESSION_NAME_CHARS = 253
 SESSION_NO_POLICY_REF = "a run in a session takes the session's policy: remove spec.policyRef"
 SESSION_NO_POD_LIMITS = ("a run in a session shares the session's pod: set memory, cpu and disk on the "
                          "CodeRunSession; a run may set only limits.timeoutSeconds and limits.outputBytes")
+INPUT_PATH_TWICE = "a path is named by both spec.files and spec.inputs: give each file one path"
 SESSION_NO_CACHE = "the cache does not apply to runs in a session (their result depends on the session's state)"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|Ki|Mi|Gi)?$"
 
@@ -99,14 +109,24 @@ class ResourceLimits(Limits):
     output_bytes: int = Field(description=Limits.model_fields["output_bytes"].description)
 
 
+_RELATIVE_PATH_RULE = _cel(
+    "!self.path.startsWith('/') && !self.path.split('/').exists(s, s == '..' || s == '.' || s == '')",
+    "path must be relative, without '..', '.' or empty segments (e.g. data/input.csv)", ".path")
+
+
+def relative_path(path: str) -> str:
+    """The CEL rule above, so the SDK says it before the API server does."""
+    if path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/")):
+        raise ValueError(f"path {path!r} must be relative, without '..', '.' or empty segments (e.g. data/input.csv)")
+    return path
+
+
 class FileInput(ApiModel):
     """A small input file materialised in the program's working directory before it starts."""
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         _cel("has(self.content) != has(self.contentBase64)",
              "set exactly one of content or contentBase64"),
-        _cel("!self.path.startsWith('/') && !self.path.split('/').exists(s, s == '..' || s == '.' || s == '')",
-             "path must be relative, without '..', '.' or empty segments (e.g. data/input.csv)",
-             ".path"),
+        _RELATIVE_PATH_RULE,
     ]})
     path: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._/-]+$", description=(
         "Relative path inside the working directory, e.g. data.csv or data/input.csv."))
@@ -124,6 +144,73 @@ class FileInput(ApiModel):
             except (binascii.Error, ValueError) as e:
                 raise ValueError(f"is not valid base64 ({e}); encode the file with base64 -w0") from None
         return value
+
+
+class S3Input(ApiModel):
+    """An object in the S3-compatible store, in a bucket and under a prefix the run's policy allows
+    (spec.data.buckets of its CodeRunPolicy). The platform's credentials fetch it; the caller and the program
+    never hold them."""
+    bucket: str = Field(min_length=3, max_length=63, pattern=BUCKET_PATTERN, description="The bucket.")
+    key: str = Field(min_length=1, max_length=MAX_OBJECT_KEY_CHARS, description="The object's key.")
+
+
+class ArtifactInput(ApiModel):
+    """An artifact of an earlier CodeRun in the same namespace, created by the same identity, that has finished:
+    chains runs ("clean" then "analyse") without the bytes passing through the caller."""
+    run: str = Field(min_length=1, max_length=253, pattern=OBJECT_NAME_PATTERN, description=(
+        "The earlier CodeRun's name (same namespace)."))
+    name: str = Field(min_length=1, max_length=MAX_OBJECT_KEY_CHARS, description=(
+        "The artifact's name, as in that run's status.artifacts."))
+
+
+class UploadInput(ApiModel):
+    """A file the caller uploads to the data service (the SDK, the CLI and the MCP server do it for you): the run
+    waits (Pending, WaitingForUpload) with status.upload naming where, then starts once the bytes are there."""
+    sha256: str = Field(pattern=SHA256_PATTERN, description="Hex sha256 of the file: the upload must match it.")
+    size: int = Field(ge=0, le=MAX_INPUT_BYTES, description="The file's size in bytes.")
+
+
+class InputRef(ApiModel):
+    """An input by reference: fetched outside the program, checked (size against the policy's cap, sha256 against
+    the pin), then laid out read-only at its path in the working directory. It does not count against
+    limits.disk; the policy caps inputs (spec.data of its CodeRunPolicy)."""
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        _cel("[has(self.s3), has(self.artifact), has(self.upload)].filter(x, x).size() == 1",
+             "set exactly one of s3, artifact or upload"),
+        _RELATIVE_PATH_RULE,
+        _cel("!has(self.upload) || !has(self.sha256) || self.sha256 == self.upload.sha256",
+             "sha256 must equal upload.sha256 (or be left out)", ".sha256"),
+    ]})
+    path: str = Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._/-]+$", description=(
+        "Relative path inside the working directory, e.g. data.csv or data/input.csv."))
+    sha256: str | None = Field(None, pattern=SHA256_PATTERN, description=(
+        "The pin: the run fails InputMismatch unless the input's bytes have this hex sha256."))
+    s3: S3Input | None = None
+    artifact: ArtifactInput | None = None
+    upload: UploadInput | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, path: str) -> str:
+        return relative_path(path)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "InputRef":
+        # The CEL rules above, so the SDK says it before the API server does.
+        if sum(x is not None for x in (self.s3, self.artifact, self.upload)) != 1:
+            raise ValueError(f"input {self.path}: set exactly one of s3, artifact or upload")
+        if self.upload is not None and self.sha256 is not None and self.sha256 != self.upload.sha256:
+            raise ValueError(f"input {self.path}: sha256 must equal upload.sha256 (or be left out)")
+        return self
+
+    def source(self) -> str:
+        """How the status names where the input came from."""
+        if self.s3 is not None:
+            return f"s3://{self.s3.bucket}/{self.s3.key}"
+        if self.artifact is not None:
+            return f"run/{self.artifact.run}/{self.artifact.name}"
+        assert self.upload is not None
+        return f"upload:{self.upload.sha256}"
 
 
 class Expect(ApiModel):
@@ -150,6 +237,8 @@ class CodeRunSpec(ApiModel):
              f" <= {MAX_INPUT_TOTAL_CHARS}",
              f"code, stdin and files together must stay under {MAX_INPUT_TOTAL_CHARS // 1024} KiB"),
             _cel("!has(self.session) || !has(self.policyRef)", SESSION_NO_POLICY_REF, ".policyRef"),
+        _cel("!has(self.files) || !has(self.inputs) || !self.inputs.exists(i, self.files.exists(f, f.path == i.path))",
+             INPUT_PATH_TWICE, ".inputs"),
         _cel("!has(self.session) || !has(self.limits) || (!has(self.limits.memory) && !has(self.limits.cpu) && "
              "!has(self.limits.disk))", SESSION_NO_POD_LIMITS, ".limits"),
         _cel("!has(self.session) || !has(self.cache) || !has(self.cache.enabled) || !self.cache.enabled",
@@ -160,9 +249,15 @@ class CodeRunSpec(ApiModel):
     code: str = Field(min_length=1, max_length=MAX_CODE_BYTES, description="The program's source code.")
     stdin: str | None = Field(None, max_length=MAX_STDIN_BYTES, description="Text passed on standard input.")
     files: list[FileInput] | None = Field(None, max_length=MAX_FILES, description=(
-        "Small input files, placed relative to the working directory."),
+        f"Small input files, placed relative to the working directory (code, stdin and files together under "
+        f"{MAX_INPUT_TOTAL_CHARS // 1024} KiB); larger ones go in spec.inputs."),
         json_schema_extra={"x-kubernetes-validations": [
             _cel("self.all(f, self.exists_one(g, g.path == f.path))", "file paths must be unique")]})
+    inputs: list[InputRef] | None = Field(None, max_length=MAX_INPUTS, description=(
+        "Inputs by reference, of any size the policy allows: an object in the store, an earlier run's artifact, "
+        "or an upload. Fetched outside the program and laid out read-only (docs/data.md)."),
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel("self.all(f, self.exists_one(g, g.path == f.path))", "input paths must be unique")]})
     limits: Limits | None = Field(None, description="Resource limits; unset fields take the policy's defaults.")
     policy_ref: str | None = Field(None, max_length=253, description=(
         "Name of the CodeRunPolicy (in the run's namespace) to apply; empty means the namespace's policy "
@@ -181,6 +276,8 @@ class CodeRunSpec(ApiModel):
 
     @model_validator(mode="after")
     def _session_rules(self) -> "CodeRunSpec":
+        if self.files and self.inputs and {f.path for f in self.files} & {i.path for i in self.inputs}:
+            raise ValueError(INPUT_PATH_TWICE)
         # The same rules as the CEL above, so the SDK and the webhook say it before the API server does.
         if self.session is not None:
             if self.policy_ref is not None:
@@ -297,6 +394,40 @@ class EgressBudget(ApiModel):
         "Requests the program makes through the proxy, allowed or refused."))
 
 
+MiB = 1024**2
+GiB = 1024**3
+
+
+class DataBucket(ApiModel):
+    """A place in the store runs of the policy may name as input (spec.inputs[].s3)."""
+    bucket: str = Field(min_length=3, max_length=63, pattern=BUCKET_PATTERN, description="The bucket.")
+    prefix: str = Field("", max_length=MAX_OBJECT_KEY_CHARS, description=(
+        "Only keys that start with this (empty: the whole bucket). End it with / to name a folder."))
+
+
+class ArtifactCaps(ApiModel):
+    """What a run may leave as artifacts; a file past a cap is skipped, named in status.artifactsSkipped with why."""
+    max_files: int = Field(16, ge=1, le=256, description="Files kept at most.")
+    max_file_bytes: int = Field(5 * MiB, ge=1, le=512 * MiB, description="One file's size at most (default 5 MiB).")
+    max_total_bytes: int = Field(5 * MiB, ge=1, le=1 * GiB, description="All files together at most (default 5 MiB).")
+
+
+class DataPolicy(ApiModel):
+    """Inputs by reference and artifacts in the store (docs/data.md)."""
+    buckets: list[DataBucket] | None = Field(None, max_length=16, description=(
+        "Where spec.inputs[].s3 may point; unset: no S3 input (artifacts of earlier runs and uploads still work)."))
+    max_input_bytes: int = Field(1 * GiB, ge=1, le=MAX_INPUT_BYTES, description=(
+        "One input's size at most (default 1 GiB); a larger one fails the run InputTooLarge."))
+    max_inputs_total_bytes: int = Field(2 * GiB, ge=1, le=4 * MAX_INPUT_BYTES, description=(
+        "All of a run's inputs together at most (default 2 GiB): the size of the pod's input volume."))
+    artifacts: ArtifactCaps | None = None
+    artifact_ttl_seconds: int | None = Field(None, ge=60, le=30 * 86400, description=(
+        "Delete stored artifacts this long after the run ended, even if the run is kept longer. Unset: they go "
+        "with the run."))
+    upload_wait_seconds: int = Field(900, ge=10, le=86400, description=(
+        "How long a run waits for its uploads before it fails InputUnavailable (default 900)."))
+
+
 class DecisionRecord(ApiModel):
     """What the policy decided at admission, kept so a policy changed later cannot change a run already admitted
     (a queued run, or one waiting for approval, starts with exactly this)."""
@@ -316,6 +447,7 @@ class DecisionRecord(ApiModel):
     allow_self_approval: bool = Field(False, description="The run's creator could approve it.")
     max_concurrent_runs: int | None = Field(None, description=(
         "Runs of the policy with a sandbox at once in the namespace; more wait Queued. Unset: no cap."))
+    data: DataPolicy | None = Field(None, description="The policy's inputs and artifacts settings; unset: defaults.")
 
 
 class ApprovalRecord(ApiModel):
@@ -351,19 +483,51 @@ class RunError(ApiModel):
 
 
 class Artifact(ApiModel):
-    """A file the program wrote to $CODERUN_OUTPUT_DIR, stored in a ConfigMap owned by the CodeRun."""
+    """A file the program wrote to $CODERUN_OUTPUT_DIR: a small one in a ConfigMap owned by the CodeRun, a larger
+    one in the store (stored: true; read it with status.dataGrant, or the SDK, the CLI or the MCP server)."""
     name: str = Field(description="Path relative to the output directory.")
     size: int = Field(description="Size in bytes.")
     sha256: str = Field(description="Hex sha256 of the content.")
-    config_map: str = Field(description="ConfigMap holding the content (binaryData).")
-    key: str = Field(description="Key of the content inside that ConfigMap.")
+    config_map: str | None = Field(None, description="ConfigMap holding the content (binaryData), when inline.")
+    key: str | None = Field(None, description="Key of the content inside that ConfigMap, when inline.")
+    stored: bool | None = Field(None, description="The content is in the store, not in a ConfigMap.")
+
+
+class InputRecord(ApiModel):
+    """An input by reference as the run got it: where from, and the size and sha256 of the bytes laid out."""
+    path: str = Field(description="Where the program found it, relative to the working directory.")
+    source: str = Field(description="s3://bucket/key, run/<run>/<artifact> or upload:<sha256>.")
+    size: int = Field(description="Size in bytes.")
+    sha256: str = Field(description="Hex sha256 of the bytes.")
+
+
+class DataGrant(ApiModel):
+    """Where and with what a caller reaches the data service (docs/data.md). Whoever may read this run may use it,
+    until it expires."""
+    url: str = Field(description="The data service's address.")
+    token: str = Field(description="The grant, sent as `Authorization: Bearer <token>`.")
+    expires: str = Field(description="When the grant stops working.", json_schema_extra={"format": "date-time"})
+
+
+class UploadFile(ApiModel):
+    path: str = Field(description="The input's path.")
+    sha256: str = Field(description="The bytes to upload, by hex sha256.")
+    size: int = Field(description="Their size.")
+
+
+class UploadWait(DataGrant):
+    """The run waits for these uploads (PUT <url>/v1/uploads/<sha256>); it fails InputUnavailable when they have
+    not come by `expires`."""
+    files: list[UploadFile] = Field(default_factory=list, max_length=MAX_INPUTS, description="What to upload.")
 
 
 class SkippedArtifact(ApiModel):
     """An output file that was not kept as an artifact, and why."""
     name: str = Field(description="Path relative to the output directory.")
-    why: str = Field(description="symlink, not-a-regular-file, too-large, too-many, total-too-large or corrupt "
-                                 "(its bytes did not match the size and sha256 the runner reported).")
+    why: str = Field(description=(
+        "symlink, hard-link, not-a-regular-file, too-large (over the per-file cap), too-many, total-too-large, "
+        "store-failed (the store refused or could not be reached) or corrupt (its bytes did not match the size "
+        "and sha256 the runner reported)."))
 
 
 class Validation(ApiModel):
@@ -569,8 +733,16 @@ class CodeRunStatus(ApiModel):
     redactions: int | None = Field(None, description="How many secret-like strings were redacted.")
     error: RunError | None = None
     metrics: Metrics | None = None
+    inputs: list[InputRecord] | None = Field(None, max_length=MAX_INPUTS, description=(
+        "The inputs by reference (spec.inputs) as laid out: source, size and sha256."))
+    upload: UploadWait | None = Field(None, description=(
+        "While the run waits for the caller's uploads: where to send them. Gone once they came."))
     artifacts: list[Artifact] | None = Field(None, description=(
-        "Files the program wrote to $CODERUN_OUTPUT_DIR, kept in a ConfigMap owned by the run."))
+        "Files the program wrote to $CODERUN_OUTPUT_DIR: small ones in a ConfigMap owned by the run, larger ones "
+        "in the store (stored: true)."))
+    data_grant: DataGrant | None = Field(None, description=(
+        "Reads the run's stored artifacts at the data service (GET <url>/v1/artifacts/<name>), until the run "
+        "expires."))
     artifacts_skipped: list[SkippedArtifact] | None = Field(None, description=(
         "Output files that were not kept, and why."))
     artifacts_skipped_unlisted: int | None = Field(None, description=(

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
                             APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, Sessions, merged_limits, spec_digest)
-from .models import DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
+from .models import DataPolicy, DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
 
 
 # The operator's bound on a sandbox pod that is not scheduled or started: the run then fails Unschedulable (or
@@ -31,9 +31,8 @@ class Policy:
     max_ttl_seconds_after_finished: int = 7 * 86400
     # How long a pod may wait to be scheduled or to start before the run fails instead of pending forever.
     start_deadline_seconds: int = START_DEADLINE_SECONDS
-    artifact_max_files: int = 16
-    artifact_max_file_bytes: int = 256 * 1024
-    artifact_max_total_bytes: int = 512 * 1024
+    # Inputs by reference and artifact caps (docs/data.md); the defaults when the policy sets none.
+    data: DataPolicy = field(default_factory=DataPolicy)
     redaction_patterns: tuple[str, ...] = field(default_factory=tuple)
     # Enforced by the runner inside the sandbox (the kubelet's podPidsLimit is the backstop outside it).
     max_processes: int = 128
@@ -74,7 +73,8 @@ class Decision:
                               max_processes=p.max_processes, max_inodes=p.max_inodes,
                               ttl_seconds_after_finished=p.ttl_seconds_after_finished,
                               approval_required=p.approval_required(), allow_self_approval=p.allow_self_approval,
-                              max_concurrent_runs=p.max_concurrent_runs)
+                              max_concurrent_runs=p.max_concurrent_runs,
+                              data=None if p.data == DataPolicy() else p.data)
 
 
 def decision_from_record(record: DecisionRecord) -> Decision:
@@ -86,7 +86,7 @@ def decision_from_record(record: DecisionRecord) -> Decision:
                     max_inodes=record.max_inodes, ttl_seconds_after_finished=record.ttl_seconds_after_finished,
                     approval=APPROVAL_ALWAYS if record.approval_required else APPROVAL_NEVER,
                     allow_self_approval=record.allow_self_approval,
-                    max_concurrent_runs=record.max_concurrent_runs)
+                    max_concurrent_runs=record.max_concurrent_runs, data=record.data or DataPolicy())
     return Decision(policy=policy, runtime=record.runtime, limits=record.limits)
 
 
@@ -159,4 +159,4 @@ def policy_from_spec(name: str, raw: dict[str, Any], spec: CodeRunPolicySpec, ui
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
         warm_pool_cpu_request=spec.warm_pool.cpu_request if spec.warm_pool else None,
         warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else (),
-        sessions=spec.sessions)
+        sessions=spec.sessions, data=spec.data or DataPolicy())
