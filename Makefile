@@ -7,7 +7,7 @@ export KUBECONFIG := $(CURDIR)/.cluster/kubeconfig
 KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kubernetes-$$KUBERNETES_VERSION/kubectl)
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
-.PHONY: help venv crds audit-protos helm operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
+.PHONY: help venv crds audit-protos helm store-server operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
 	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval \
 	dist dist-python dist-chart dist-image manifest chart-readme values-schema
@@ -86,6 +86,11 @@ dist-image:
 	archive=$$(bash e2e/images/build.sh operator | tail -n 1) && cp "$$archive" dist/coderun-operator-$(VERSION).oci.tar
 
 # helm, built from its Go module into the cache like the cluster's binaries (the chart tests render with it).
+# The S3-compatible store (versitygw, built from its Go module, cached): the data service's unit tests run it on
+# loopback, as the cluster runs it in a pod (docs/data.md).
+store-server:
+	bash e2e/cluster/build-binaries.sh versitygw
+
 helm:
 	bash e2e/cluster/build-binaries.sh helm
 
@@ -124,7 +129,7 @@ PYTEST := $(PY) -m pytest -q -p no:cacheprovider --durations=25 --durations-min=
 
 # A worker per core, a module per worker (its fixtures set up once): 68 s on this 2-core machine against 127 s in
 # one process.
-test-unit: venv helm
+test-unit: venv helm store-server
 	$(PYTEST) -n auto --dist loadfile tests --ignore=tests/egress --ignore=tests/frameworks
 
 # The agent-framework adapters (coderun.tools.frameworks) with the real frameworks, in a venv of their own from

@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from . import audit, k8s, proxy, runtime, webhook
+from . import audit, data_plane, k8s, proxy, runtime, webhook
 from coderun.api.coderunpolicy import POLICY_PLURAL
 from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, PLURAL, VERSION
@@ -19,6 +19,7 @@ from .builders.names import LABEL_MANAGED_BY, LABEL_SANDBOX, MANAGER
 from .controller import Controller
 
 controller = Controller(proxy=proxy.from_environment(k8s, os.environ),
+                        data=data_plane.from_environment(k8s, os.environ),
                         audit=audit.from_environment(k8s, os.environ),
                         own_namespace=os.environ.get("POD_NAMESPACE", "coderun-system"))
 

@@ -16,7 +16,7 @@ from ..builders import (build_artifacts_configmap, build_audit_record_configmap,
                         build_namespace_network_policy, build_network_log_configmap, build_network_policy, build_pod,
                         build_pool_network_policy)
 from ..builders.egress import EgressAccess, ProxyRoute, credential_expiry, minted, run_environment
-from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS
+from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS, build_data_network_policy, inputs_bytes
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
 from ..policy import Decision, Policy
 from ..results.frame import FrameArtifact
@@ -52,8 +52,15 @@ def ensure_network_policy(api: KubeApi, wanted: Mapping[str, Any],
     return None
 
 
+def ensure_data_route(api: KubeApi, namespace: str, route: ProxyRoute) -> str | None:
+    """Sandbox pods of the namespace may reach the data service's pods (their runners fetch inputs and store
+    artifacts there with their run's grant; a program has no grant): ensured with the namespace's default deny."""
+    return ensure_network_policy(api, build_data_network_policy(namespace, route))
+
+
 def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
-                   egress: EgressAccess | None = None, now: float = 0) -> tuple[str, str | None, str | None]:
+                   egress: EgressAccess | None = None, now: float = 0, run_data: Mapping[str, Any] | None = None
+                   ) -> tuple[str, str | None, str | None]:
     """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, why the
     sandbox cannot be created when a child's name is taken, and the proxy pod the run's input names. With
     `egress` (a policy with host rules, pinned to a proxy pod), the program gets a credential for that pod and
@@ -61,14 +68,14 @@ def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, deci
     `api.Refused`."""
     uid = run["metadata"]["uid"]
     conflict = ensure_namespace_default_deny(api, run["metadata"]["namespace"])
-    configmap = input_configmap(run, spec, decision, egress, now)
+    configmap = input_configmap(run, spec, decision, egress, now, run_data=run_data)
     existing = None if conflict else api.create_or_get(configmap)
     found = minted(egress, run, existing) if egress is not None and existing is not None else None
     if found is not None:  # a start retried after a crash: the credential and proxy pod of then, the same input
         expiry, egress = found
-        configmap = input_configmap(run, spec, decision, egress, now, expiry)
+        configmap = input_configmap(run, spec, decision, egress, now, expiry, run_data=run_data)
     conflict = conflict or not_ours(existing, uid, configmap)
-    pod = build_pod(run, decision, configmap["metadata"]["name"])
+    pod = build_pod(run, decision, configmap["metadata"]["name"], inputs_bytes(run_data))
     network_policy = build_network_policy(run, decision.policy.egress, egress.route if egress else None)
     for child in (network_policy, pod):
         conflict = conflict or not_ours(api.create_or_get(child), uid, child)
@@ -78,14 +85,15 @@ def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, deci
 
 
 def input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, egress: EgressAccess | None,
-                    now: float, expiry: int | None = None) -> dict[str, Any]:
+                    now: float, expiry: int | None = None, run_data: Mapping[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The run's input, cold (a ConfigMap) or warm (its keys on the pod's stdin); through the proxy, with the
-    credential it mints now (or minted at `expiry`)."""
+    credential it mints now (or minted at `expiry`); with `run_data`, its inputs by reference and its data grant."""
     if egress is None:
-        return build_input_configmap(run, spec, decision)
+        return build_input_configmap(run, spec, decision, run_data=run_data)
     expires = expiry or credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, now)
     return build_input_configmap(run, spec, decision,
-                                 run_environment(egress, run, decision.policy, decision.runtime, expires))
+                                 run_environment(egress, run, decision.policy, decision.runtime, expires), run_data)
 
 
 def store_network_log(api: KubeApi, run: Mapping[str, Any], jsonl: str) -> str | None:

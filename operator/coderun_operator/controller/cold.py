@@ -35,7 +35,7 @@ class ColdPlacement:
         spec, decision = admitted.spec, admitted.decision
         try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
             pod_name, conflict, proxy_pod = create_sandbox(self.api, run, spec, decision, egress,
-                                                           self.now().timestamp())
+                                                           self.now().timestamp(), admitted.run_data)
         except self.api.Refused as refused:
             return Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or admission "
                            "policy must allow the sandbox", decision_fields(decision))

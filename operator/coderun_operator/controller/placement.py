@@ -13,8 +13,9 @@ anew.
 
 What comes next is written once against this seam, not per start mode: a placement says where the program runs
 (`Collected.pod`, the sandbox the frame came from) and brings its output (the attach stream, controller/attach.py,
-or the pod's log) to `follow`; inputs and artifacts from an object store, or output streamed while the program
-runs, hook in at `place` and `follow`.
+or the pod's log) to `follow`; inputs and artifacts from the store (data_plane.py) are resolved once before
+`place` and travel in `Admitted.run_data` to whichever placement takes the run; output streamed while the program
+runs hooks in at `follow`.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class Admitted:
     decision: Decision
     key: str | None = None
     takes_slot: bool = False
+    # run.json's `data` (data_plane.py): the run's inputs by reference and its data grant; None without the store
+    run_data: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

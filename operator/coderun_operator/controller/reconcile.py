@@ -43,15 +43,17 @@ from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, 
                              pick_reusable, reused_outcome)
 from ..audit import AuditAgent
 from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
-from ..results.frame import FrameError
+from ..data_plane import INPUT_REASONS, INPUT_UNAVAILABLE, DataPlane, DataUnavailable, InputProblem, UploadsAwaited
+from ..results.frame import FrameArtifact, FrameError, RunnerFrame
+from ..results.lifecycle import ttl_seconds
 from ..results.network import log_text, merged, summarise, with_network
 from ..results.pod_state import container_status, eviction, image_with_digest
 from ..results.status import (Outcome, approved_status, decision_fields, outcome_from_frame, outcome_without_frame,
                               parse_time, refusal_fields, rfc3339)
 from .audit import ask_agent, audited, oom_evidence
-from .children import ArtifactsConflict, copy_artifacts, store_artifacts, store_network_log
+from .children import ArtifactsConflict, copy_artifacts, ensure_data_route, store_artifacts, store_network_log
 from .cold import ColdPlacement
-from .identity import IdentityGuard, creator_may_use
+from .identity import IdentityGuard, creator_may_use, recorded_creator
 from .placement import Admitted, Again, Collected, Decide, Placement
 from .policy_status import PolicyStatusWriter
 from .session import SessionBook, SessionReconciler, SessionRuns
@@ -69,15 +71,20 @@ EXPIRY_RETRY_SECONDS = 30
 # Every this many ticks (a minute at the default 5 s) the tick looks at every unfinished run, the level pass
 # behind missed watch events; the other ticks only at runs with work due (see `_due`).
 FULL_PASS_TICKS = 12
+WAITING_FOR_UPLOAD = "WaitingForUpload"
+DATA_SWEEP_TICKS = 720  # about an hour at the default 5 s tick
 
 
 class Controller:
     def __init__(self, api: KubeApi = real_k8s, clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  proxy: EgressProxy | None = None, audit: AuditAgent | None = None,
-                 own_namespace: str = "coderun-system"):
+                 own_namespace: str = "coderun-system", data: DataPlane | None = None):
         self.api = api
         self.now = clock
         self.proxy = proxy  # the egress proxy, when the chart runs one (runs with host rules go through it)
+        self.data = data  # the data service and the store, when the chart runs them (docs/data.md)
+        self._data_routed: set[str] = set()  # namespaces whose sandboxes were let reach the data service
+        self._data_gone: WorkQueue[tuple[str, str]] = WorkQueue()  # (namespace, uid) of deleted runs: their objects
         self.audit = audit  # the node audit agents, when the chart installs them (docs/audit.md)
         self.store = Store()
         self._locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
@@ -117,6 +124,8 @@ class Controller:
             self._failures.pop(uid, None)
             self._retrying.discard(uid)
             self.claims.forget(uid)
+            if self.data is not None:  # its stored artifacts go with it (on the tick: the store may be slow)
+                self._data_gone.add((run["metadata"]["namespace"], uid))
             self.session_runs.finished(run)  # a session run's frame, held for its finish
             if (run.get("spec") or {}).get("session"):
                 self.sessions.wake_queue(run)  # the run behind it, once its document (if any) is in
@@ -196,6 +205,30 @@ class Controller:
         self.sessions.tick(self.ensure_policies_listed)
         self._wake_session_runs()
         self.policy_status.flush()
+        if self.data is not None:
+            self._forget_data(sweep=self._ticks % DATA_SWEEP_TICKS == 0 and self._ticks >= 2 * FULL_PASS_TICKS)
+
+    def _forget_data(self, sweep: bool) -> None:
+        """Deleted runs' objects out of the store; and now and then a sweep for runs deleted while no operator
+        watched (only once two full passes have seen every run, so a run not yet listed is never taken for gone).
+        The store away: retried on a later tick, the run's objects are never lost track of by the sweep."""
+        assert self.data is not None
+        data = self.data
+
+        def forget(key: tuple[str, str]) -> None:
+            try:
+                data.forget(*key)
+            except Exception as e:  # noqa: BLE001 - botocore's errors: the sweep finds them later
+                log.warning("run %s/%s: its stored objects not deleted yet: %s", key[0], key[1], str(e)[:200])
+        self._data_gone.drain(forget)
+        if sweep:
+            try:
+                gone = data.sweep(lambda uid: self.store.run(uid) is not None)
+            except Exception as e:  # noqa: BLE001
+                log.warning("the store sweep failed: %s", str(e)[:200])
+                return
+            if gone:
+                log.info("the store sweep deleted the objects of %d runs that are gone", gone)
 
     def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
         """What a warm pod's attach brought back (from its thread): no input sent (None), or the stream's frame."""
@@ -344,6 +377,10 @@ class Controller:
                                                         cannot_start(e, decision.policy.name),
                                                         decision_fields(decision)))
             return
+        run_data = self._run_data(run, admitted, placements[-1])
+        if run_data is None:
+            return
+        admitted = replace(admitted, run_data=run_data or None)
         for placement in placements:
             placed = placement.place(run, admitted, egress)
             if isinstance(placed, Outcome):
@@ -351,6 +388,63 @@ class Controller:
                 return
             if placed:
                 return
+
+    def _run_data(self, run: Mapping[str, Any], admitted: Admitted, last: Placement) -> dict[str, Any] | None:
+        """run.json's `data` for the run (its inputs resolved and its grant: data_plane.py), {} when it goes
+        without the store (none configured, or a run without inputs while the data service is away: its
+        artifacts then stay inline), or None when it waits for its caller's uploads or ended here."""
+        spec, decision = admitted.spec, admitted.decision
+        fields = decision_fields(decision)
+        if self.data is None:
+            if spec.inputs:
+                self._conclude(run, last, Outcome(Phase.FAILED, INPUT_UNAVAILABLE, (
+                    "this installation runs no data service, so spec.inputs cannot be fetched: install the chart "
+                    "with data.enabled (docs/data.md), or send small files inline in spec.files"), fields))
+                return None
+            return {}
+        expires = credential_expiry(decision, POD_DEADLINE_MARGIN_SECONDS, self.now().timestamp())
+        creator = recorded_creator(run)
+
+        def same_creator(earlier: Mapping[str, Any]) -> bool:
+            theirs = recorded_creator(earlier)
+            return creator is not None and theirs is not None and theirs[0] == creator[0]
+
+        try:
+            ensure = run["metadata"]["namespace"] not in self._data_routed
+            prepared = self.data.prepare(run, spec, decision, expires,
+                                         lambda ns, name: self.api.get_run(ns, name), same_creator)
+            if ensure and not ensure_data_route(self.api, run["metadata"]["namespace"], self.data.route()):
+                self._data_routed.add(run["metadata"]["namespace"])
+        except self.api.Transient:
+            raise
+        except Exception as e:  # noqa: BLE001 - the data service, its key, the store (botocore's own errors)
+            if not spec.inputs:
+                log.warning("run %s: the data plane is unavailable (%s); its artifacts stay inline",
+                            run["metadata"]["name"], str(e)[:300])
+                return {}
+            what = str(e) if isinstance(e, DataUnavailable) else f"the store could not be reached ({type(e).__name__}: {str(e)[:200]})"
+            self._conclude(run, last, Outcome(Phase.FAILED, INPUT_UNAVAILABLE, (
+                f"{what}; the inputs cannot be fetched: try again later, or ask the platform team to repair the data "
+                "service (docs/data.md)"), fields))
+            return None
+        if isinstance(prepared, InputProblem):
+            self._conclude(run, last, Outcome(Phase.FAILED, prepared.reason, prepared.message, fields))
+            return None
+        if isinstance(prepared, UploadsAwaited):
+            waited = (run.get("status") or {}).get("upload") or prepared.upload
+            deadline = parse_time(waited.get("expires"))
+            if deadline is None or self.now() >= deadline:
+                names = ", ".join(f["path"] for f in prepared.upload["files"])
+                self._conclude(run, last, Outcome(Phase.FAILED, INPUT_UNAVAILABLE, (
+                    f"the upload of {names} did not come by {waited['expires']} (the policy's "
+                    "data.uploadWaitSeconds): create the run again and upload its files"), fields))
+                return None
+            names = ", ".join(f"{f['path']} ({f['size']} bytes)" for f in prepared.upload["files"])
+            self.writer.wait(run, decision, WAITING_FOR_UPLOAD,
+                             f"waiting for the upload of {names}: PUT each to {prepared.upload['url']}/v1/uploads/"
+                             "<sha256> with status.upload.token (the SDK and the CLI do it)", upload=waited)
+            return None
+        return prepared
 
     def _approved(self, run: Mapping[str, Any], decision: Decision) -> bool:
         """The supervisor pattern: approved-by lets the run go on, rejected-by ends it, each as the API server
@@ -443,21 +537,24 @@ class Controller:
             outcome = eviction(pod, effective) or outcome_without_frame(
                 str(frame), frame.truncated, container_status(pod), effective, oom_evidence(collected, answer))
         else:
+            inline = [a for a in frame.artifacts if not a.stored]
             try:
-                artifacts, skipped, conflict = *store_artifacts(self.api, run, frame.artifacts), None
+                artifacts, skipped, conflict = *store_artifacts(self.api, run, inline), None
             except ArtifactsConflict as e:
                 artifacts, skipped, conflict = [], [], e
+            stored, unvouched = self._stored_artifacts(run, [a for a in frame.artifacts if a.stored])
             assert spec is not None  # a run whose spec does not parse is refused before it has a sandbox
             outcome = outcome_from_frame(spec, frame, redact, oom_evidence(collected, answer), effective,
-                                         parse_time(status.get("startTime")), artifacts,
-                                         [s.model_dump() for s in frame.artifactsSkipped] + skipped)
+                                         parse_time(status.get("startTime")), artifacts + stored,
+                                         [s.model_dump() for s in frame.artifactsSkipped] + skipped + unvouched)
+            outcome = self._with_data(run, spec, frame, outcome, stored)
             if conflict:
                 outcome = replace(outcome, phase=Phase.FAILED, reason=Reason.NAME_CONFLICT, message=str(conflict))
         outcome = audited(self.api, answer, run, outcome, redact)
         image = image_with_digest(pod, status.get("image") or "")
         # a shared sandbox's result depends on the runs before it: never a cache's answer
         key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec and \
-            not placement.shares_sandbox else None
+            not placement.shares_sandbox and not spec.inputs and not outcome.fields.get("dataGrant") else None
         outcome = outcome.with_fields(
             image=image, metrics={**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})},
             cacheKey=key)
@@ -467,6 +564,50 @@ class Controller:
             if labelled is not None:
                 self.store.put_run(labelled)
         placement.release(run, pod["metadata"]["name"])
+
+    def _stored_artifacts(self, run: Mapping[str, Any], reported: list[FrameArtifact]
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The artifacts the runner put in the store, each listed only once the store holds what it said (size,
+        and the sha256 the data service computed as the bytes came); the others are skipped ("corrupt")."""
+        listed: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        for artifact in reported:
+            entry = {"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256}
+            try:
+                vouched = self.data is not None and self.data.verify_stored(run, entry)
+            except Exception as e:  # noqa: BLE001 - the store away: the artifact cannot be vouched for
+                log.warning("run %s: artifact %s not checked in the store: %s", run["metadata"]["name"],
+                            artifact.name, str(e)[:200])
+                vouched = False
+            (listed if vouched else skipped).append({**entry, "stored": True} if vouched else
+                                                    {"name": artifact.name, "why": "corrupt"})
+        return listed, skipped
+
+    def _with_data(self, run: Mapping[str, Any], spec: CodeRunSpec, frame: RunnerFrame, outcome: Outcome,
+                   stored: list[dict[str, Any]]) -> Outcome:
+        """The inputs as laid out (checked against their pins once more), why the program did not start when an
+        input failed, and the grant that reads the stored artifacts until the run expires."""
+        fields: dict[str, Any] = {}
+        sources = {i.path: i.source() for i in spec.inputs or ()}
+        if frame.inputs:
+            fields["inputs"] = [{"path": i.path, "source": sources.get(i.path, "?"), "size": i.size,
+                                 "sha256": i.sha256} for i in frame.inputs if i.path in sources]
+        if frame.inputError is not None:
+            failed = frame.inputError
+            reason = failed.reason if failed.reason in INPUT_REASONS else INPUT_UNAVAILABLE
+            outcome = replace(outcome, phase=Phase.FAILED, reason=reason,
+                              message=f"input {failed.path}: {failed.message or reason}; the program did not run")
+        if stored and self.data is not None:
+            # the run is about to finish now: it expires its ttlSecondsAfterFinished later, and its grant with it
+            ttl = ttl_seconds(run, self.store.policies(run["metadata"]["namespace"]))
+            try:
+                grant = self.data.read_grant(run, stored, int(self.now().timestamp()) + ttl)
+            except Exception as e:  # noqa: BLE001 - the grant is a convenience: the artifacts stay listed
+                log.warning("run %s: no data grant: %s", run["metadata"]["name"], str(e)[:200])
+                grant = None
+            if grant:
+                fields["dataGrant"] = grant
+        return outcome.with_fields(**fields) if fields else outcome
 
     def _finish(self, run: Mapping[str, Any], outcome: Outcome) -> dict[str, Any] | None:
         """The end of a run that had a sandbox: through the egress proxy, its credential revoked and its requests
@@ -526,6 +667,7 @@ class Controller:
         status = run.get("status") or {}
         return (uid in self._failures or uid in self._retrying or not status.get("phase")
                 or (bool(status.get("podName")) and self._placement_of(run).due(run))
+                or status.get("reason") == WAITING_FOR_UPLOAD  # its uploads are looked for in the store
                 or (status.get("reason") == Reason.AWAITING_APPROVAL
                     and APPROVED_BY in (run["metadata"].get("annotations") or {})))
 

@@ -81,7 +81,7 @@ class StatusWriter:
         return written
 
     def wait(self, run: Mapping[str, Any], decision: Decision | None, reason: str, message: str,
-             tell: bool = True) -> None:
+             tell: bool = True, upload: Mapping[str, Any] | None = None) -> None:
         """Pending, saying why (queued, awaiting approval), with the decision when there is one; written only when
         something changed (the tick comes back often). `tell`: an Event when the reason changes (not for a
         session's queue, where a harness queues dozens of runs at once)."""
@@ -89,7 +89,7 @@ class StatusWriter:
         if status.get("reason") == reason and status.get("message") == message and \
                 (decision is None or status.get("decision")):
             return
-        self.write(run, waiting_status(run, decision, reason, message, self.now()))
+        self.write(run, waiting_status(run, decision, reason, message, self.now(), upload))
         if tell and status.get("reason") != reason:
             self.event(run, "Normal", reason, message)
 

@@ -73,7 +73,22 @@ class FrameArtifact(_Lenient):
     name: Annotated[str, _capped_for_redaction(MAX_NAME_CHARS)]
     size: Size
     sha256: str
-    contentBase64: str
+    contentBase64: str = ""
+    stored: bool = False  # the runner put it in the store (docs/data.md); no content in the frame
+
+
+class FrameInput(_Lenient):
+    """An input by reference as the runner laid it out (the hash it computed as the bytes came)."""
+    path: Annotated[str, _capped(255)]
+    size: Size
+    sha256: Annotated[str, _capped(64)]
+
+
+class FrameInputError(_Lenient):
+    """Why the runner did not start the program: an input it could not have."""
+    path: Annotated[str, _capped(255)]
+    reason: Annotated[str, _capped(64)]
+    message: Annotated[str, _capped_for_redaction(MAX_ERROR_MESSAGE_CHARS)] = ""
 
 
 class FrameSkipped(_Lenient):
@@ -109,6 +124,8 @@ class RunnerFrame(_Lenient):
     artifacts: list[FrameArtifact] = []
     artifactsSkipped: list[FrameSkipped] = []
     artifactsSkippedUnlisted: Size = 0
+    inputs: list[FrameInput] = []
+    inputError: FrameInputError | None = None
     limit: FrameLimit | None = None
     nonce: str | None = None  # a warm pod's: the nonce the operator sent with the input
     prestarted: bool = False  # the program ran in a process started before its code came (runner prestart.py)

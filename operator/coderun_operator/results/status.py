@@ -139,7 +139,7 @@ def refusal_fields(denial: Denial) -> dict[str, Any]:
 
 
 def waiting_status(run: Mapping[str, Any], decision: Decision | None, reason: str, message: str,
-                   now: datetime) -> CodeRunStatus:
+                   now: datetime, upload: Mapping[str, Any] | None = None) -> CodeRunStatus:
     """Admitted but not started (queued, or waiting for approval): the decision is recorded now; without one yet
     (a session not Ready decides nothing), only why it waits."""
     if decision is None:
@@ -147,7 +147,7 @@ def waiting_status(run: Mapping[str, Any], decision: Decision | None, reason: st
     return CodeRunStatus.model_validate({
         "phase": Phase.PENDING, "reason": reason, "message": message, **decision_fields(decision),
         "observedGeneration": _generation(run), "conditions": _accepted(run, decision, now),
-        "metrics": _kept_metrics(run) or None})
+        "metrics": _kept_metrics(run) or None, "upload": dict(upload) if upload else None})
 
 
 def approved_status(record: Mapping[str, Any]) -> CodeRunStatus:

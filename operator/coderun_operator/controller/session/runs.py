@@ -224,7 +224,8 @@ class SessionRuns:
                 self.book.sending[suid] = meta["uid"]  # until its exchange ends: the session stays Busy
             channel = self._channel(session, pod_name)
         try:
-            self._start_in(channel, run, spec, decision, session, egress, master, wire_sequence, now)
+            self._start_in(channel, run, spec, decision, session, egress, master, wire_sequence, now,
+                           admitted.run_data)
             return None
         except BaseException:
             self.book.done_sending(suid, meta["uid"])  # nothing went: the session must not stay Busy for it
@@ -233,7 +234,7 @@ class SessionRuns:
 
     def _start_in(self, channel: Channel, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
                   session: dict[str, Any], egress: EgressAccess | None, master: bytes, sequence: int,
-                  now: datetime) -> None:
+                  now: datetime, run_data: Mapping[str, Any] | None = None) -> None:
         """The run's start in its status, then its document on a thread of its own."""
         meta, suid, pod_name = run["metadata"], session["metadata"]["uid"], session["status"]["podName"]
         status = started_in_session_status(run, decision, pod_name, code_hash(spec), now,
@@ -244,7 +245,8 @@ class SessionRuns:
             return None
         assert status.start_time is not None  # started_in_session_status records it
         nonce = run_nonce(master, meta["uid"], status.start_time)
-        document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce,
+        document = session_document(input_configmap(run, spec, decision, egress, self.now().timestamp(),
+                                                    run_data=run_data), nonce,
                                     session_key(master, session["metadata"]["uid"]), sequence,
                                     bool((session.get("spec") or {}).get("keepState")))
         timeout = decision.limits.timeout_seconds

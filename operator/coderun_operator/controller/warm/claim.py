@@ -60,7 +60,7 @@ class Claims:
         self.accepted_elsewhere.discard(uid)
 
     def try_start(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
-                  egress: EgressAccess | None = None) -> bool:
+                  egress: EgressAccess | None = None, run_data: Mapping[str, Any] | None = None) -> bool:
         """Start the run on a warm pod if its policy keeps a pool it fits and a pod is ready: True when it did
         (or the run is gone), False to start it cold. `egress`: the proxy, for a policy with host rules (the
         run's credential, for the proxy pod `egress` is pinned to, travels with its input; the pool's NetworkPolicy
@@ -90,7 +90,7 @@ class Claims:
             metrics.POOL_MISSES.labels(language, "empty").inc()
             return False
         metrics.POOL_CLAIMS.labels(language).inc()
-        return self._accept(run, spec, decision, key, patched, nonce, egress)
+        return self._accept(run, spec, decision, key, patched, nonce, egress, run_data)
 
     def claim_for_session(self, session: Mapping[str, Any], decision: Decision,
                           lifetime_seconds: int) -> dict[str, Any] | None:
@@ -173,7 +173,8 @@ class Claims:
             self._wake_pool()
 
     def _accept(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, key: str | None,
-                pod: Mapping[str, Any], nonce: str, egress: EgressAccess | None) -> bool:
+                pod: Mapping[str, Any], nonce: str, egress: EgressAccess | None,
+                run_data: Mapping[str, Any] | None = None) -> bool:
         """The claim in the status, then the input: its thread attaches while the status is written (the
         handshake is off the critical path) and sends only once the claim is recorded."""
         meta, pod_name = run["metadata"], pod["metadata"]["name"]
@@ -181,7 +182,8 @@ class Claims:
                                 f"warm sandbox pod {pod_name} claimed; sending the program",
                                 egress.pod if egress else None)
         recorded: queue.Queue[bool] = queue.Queue(maxsize=1)
-        document = warm_input(input_configmap(run, spec, decision, egress, self.now().timestamp()), nonce)
+        document = warm_input(input_configmap(run, spec, decision, egress, self.now().timestamp(),
+                                              run_data=run_data), nonce)
         after_sent = self._after_sent(run, decision, egress, pod_name)
         thread = threading.Thread(target=self._serve, name=f"warm-{meta['name'][:40]}", daemon=True,
                                   args=(meta["uid"], meta["namespace"], pod_name, document, nonce,

@@ -28,8 +28,11 @@ class WarmPlacement(ColdPlacement):
         self.claims = claims
 
     def place(self, run: Mapping[str, Any], admitted: Admitted, egress: EgressAccess | None) -> bool | Outcome:
-        """False when the pool has no pod for it (or it must start cold): the cold placement is next."""
-        return self.claims.try_start(run, admitted.spec, admitted.decision, admitted.key, egress)
+        """False when the pool has no pod for it (or it must start cold): the cold placement is next. A run with
+        inputs by reference starts cold: a pool pod has no room of its own for them (docs/data.md)."""
+        if admitted.spec.inputs:
+            return False
+        return self.claims.try_start(run, admitted.spec, admitted.decision, admitted.key, egress, admitted.run_data)
 
     def streamed(self, run: Mapping[str, Any], pod_name: str, text: str | None, nonce: str) -> Collected | Again | None:
         """What the claim's attach brought back (from its thread): no input sent (None: the pod is given up), or
