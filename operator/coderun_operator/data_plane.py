@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from coderun.api.models import Artifact, ArtifactCaps, CodeRunSpec, InputRef
 from coderun.api.reasons import TERMINAL_PHASES
-from .builders.egress import ProxyRoute, is_ready, socket_address
+from .builders.egress import ProxyRoute, pinned_pod, socket_address
 from .data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
-from .data.store import StoreSettings, client as store_client, delete_prefix, head
+from .data.store import (ObjectUnavailable, StoreMisconfigured, StoreSettings, StoreUnavailable, client as store_client,
+                         delete_prefix, head, translated)
 from .key_secret import ensure_key, read_key
 from .policy import Decision
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("coderun")
 
 CACHE_SECONDS = 60
+MAX_SWEPT_OBJECTS = 10000  # a sweep's bound; the next sweep goes on where the store's listing is then
 # Reasons a run fails with when its inputs cannot be had (docs/data.md); the message names the input.
 INPUT_UNAVAILABLE, INPUT_MISMATCH, INPUT_TOO_LARGE, INPUT_NOT_ALLOWED = (
     "InputUnavailable", "InputMismatch", "InputTooLarge", "InputNotAllowed")
@@ -50,6 +52,11 @@ INLINE_TOTAL_BYTES = 512 * 1024
 
 class DataUnavailable(Exception):
     """The data service's Service, its key or the store's Secret is missing or malformed."""
+
+
+# What the data plane raises when it cannot answer now (the store, its Secret, the data service): the run's
+# reason then says so; anything else is a bug, handled as every bug is (reconcile.py's _guarded).
+DATA_ERRORS = (DataUnavailable, StoreUnavailable, ObjectUnavailable, StoreMisconfigured)
 
 
 @dataclass(frozen=True)
@@ -173,14 +180,11 @@ class DataPlane:
 
     def _pod_address(self, route: ProxyRoute, uid: str) -> str:
         """One ready data pod's address, the same for a run every time it is asked (sandboxes resolve no names)."""
-        pods = sorted((p for p in self.api.list_pods(route.namespace, dict(route.pod_labels))
-                       if is_ready(p) and (p.get("status") or {}).get("podIP")),
-                      key=lambda p: p["metadata"]["name"])
-        if not pods:
+        chosen = pinned_pod(self.api.list_pods(route.namespace, dict(route.pod_labels)), uid)
+        if chosen is None:
             raise DataUnavailable(f"no pod of the data service (Service {self.settings.namespace}/"
                                   f"{self.settings.service}) is ready")
-        pod = pods[int(uid.replace("-", "")[:8] or "0", 16) % len(pods)]
-        return f"http://{socket_address(pod['status']['podIP'], route.port)}"
+        return f"http://{socket_address(chosen[1], route.port)}"
 
     # ------------------------------------------------------------------ a run's inputs
     def prepare(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, expires: int,
@@ -303,8 +307,9 @@ class DataPlane:
         if data is None or len(data) != artifact.size or hashlib.sha256(data).hexdigest() != artifact.sha256:
             return InputProblem(INPUT_UNAVAILABLE, f"input {ref.path}: the artifact's ConfigMap no longer holds the "
                                 "bytes its run recorded")
-        self.store().put_object(Bucket=self.settings.bucket, Key=key, Body=data,
-                                Metadata={"sha256": artifact.sha256})
+        with translated(f"writing s3://{self.settings.bucket}/{key}"):
+            self.store().put_object(Bucket=self.settings.bucket, Key=key, Body=data,
+                                    Metadata={"sha256": artifact.sha256})
         return None
 
     # ------------------------------------------------------------------ a run's artifacts
@@ -336,14 +341,15 @@ class DataPlane:
         """Delete the objects of runs that are gone (deleted while the operator was away, or by hand): the store
         keeps nothing of a run that no longer exists. Returns how many runs' objects went."""
         store, gone = self.store(), 0
-        paginator = store.get_paginator("list_objects_v2")
         seen: set[tuple[str, str]] = set()
-        for page in paginator.paginate(Bucket=self.settings.bucket, Prefix="runs/",
-                                       PaginationConfig={"MaxItems": 10000, "PageSize": 1000}):
-            for item in page.get("Contents") or ():
-                parts = item["Key"].split("/")
-                if len(parts) >= 3:
-                    seen.add((parts[1], parts[2]))
+        with translated(f"listing s3://{self.settings.bucket}/runs/"):
+            paginator = store.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.settings.bucket, Prefix="runs/",
+                                           PaginationConfig={"MaxItems": MAX_SWEPT_OBJECTS, "PageSize": 1000}):
+                for item in page.get("Contents") or ():
+                    parts = item["Key"].split("/")
+                    if len(parts) >= 3:
+                        seen.add((parts[1], parts[2]))
         for namespace, uid in sorted(seen):
             if not live(uid):
                 self.forget(namespace, uid)

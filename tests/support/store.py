@@ -69,3 +69,26 @@ def running_store(root: Path, buckets: tuple[str, ...] = ("coderun",)) -> Iterat
     finally:
         process.terminate()
         process.wait(10)
+
+
+DATA_KEY = b"k" * 32
+
+
+def install_data_plane(api: Any, store: Store) -> Any:
+    """What the chart makes for the data plane, in a FakeK8s: the data service's Service and one ready pod, its
+    grant key, the store's Secret; and the DataPlane the operator builds from them."""
+    import base64
+    from coderun_operator.data_plane import DataPlane, DataSettings
+    api.objects[("Service", "coderun-system", "coderun-data")] = {
+        "metadata": {"name": "coderun-data", "namespace": "coderun-system"},
+        "spec": {"selector": {"app": "data"}, "clusterIP": "10.96.0.50",
+                 "ports": [{"name": "data", "port": 8080, "targetPort": 8080}]}}
+    api.objects[("Pod", "coderun-system", "data-1")] = {
+        "metadata": {"name": "data-1", "namespace": "coderun-system", "labels": {"app": "data"}},
+        "status": {"podIP": "10.88.0.7", "conditions": [{"type": "Ready", "status": "True"}]}}
+    api.objects[("Secret", "coderun-system", "coderun-data-keys")] = {
+        "metadata": {"name": "coderun-data-keys"}, "data": {"k1": base64.b64encode(DATA_KEY).decode()}}
+    api.objects[("Secret", "coderun-system", "coderun-store")] = {
+        "metadata": {"name": "coderun-store"}, "data": store.secret_data()}
+    return DataPlane(api, DataSettings("coderun-system", "coderun-data", "coderun-data-keys", "k1", False,
+                                       "coderun-system", "coderun-store", "coderun", None))

@@ -10,12 +10,11 @@ import pytest
 from coderun.api.models import MiB, CodeRunSpec, DataBucket, DataPolicy
 from coderun_operator.data.grant import ReadGrant, RunGrant, UploadGrant, verify
 from coderun_operator.data_plane import (INPUT_MISMATCH, INPUT_NOT_ALLOWED, INPUT_TOO_LARGE, INPUT_UNAVAILABLE,
-                                         DataPlane, DataSettings, InputProblem, UploadsAwaited, artifacts_prefix)
+                                         InputProblem, UploadsAwaited, artifacts_prefix)
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from fake_k8s import FakeK8s
-from support.store import running_store
+from support.store import DATA_KEY as KEY, install_data_plane, running_store
 
-KEY = b"k" * 32
 NS = "team-a"
 EXPIRES = 4102444800  # 2100-01-01
 
@@ -28,21 +27,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture
 def plane(store):
-    api = FakeK8s()
-    api.objects[("Service", "coderun-system", "coderun-data")] = {
-        "metadata": {"name": "coderun-data", "namespace": "coderun-system"},
-        "spec": {"selector": {"app": "data"}, "clusterIP": "10.96.0.50",
-                 "ports": [{"name": "data", "port": 8080, "targetPort": 8080}]}}
-    api.objects[("Pod", "coderun-system", "data-1")] = {
-        "metadata": {"name": "data-1", "namespace": "coderun-system", "labels": {"app": "data"}},
-        "status": {"podIP": "10.88.0.7", "conditions": [{"type": "Ready", "status": "True"}]}}
-    api.objects[("Secret", "coderun-system", "coderun-data-keys")] = {
-        "metadata": {"name": "coderun-data-keys"}, "data": {"k1": base64.b64encode(KEY).decode()}}
-    api.objects[("Secret", "coderun-system", "coderun-store")] = {
-        "metadata": {"name": "coderun-store"}, "data": store.secret_data()}
-    settings = DataSettings("coderun-system", "coderun-data", "coderun-data-keys", "k1", False, "coderun-system",
-                            "coderun-store", "coderun", None)
-    return DataPlane(api, settings)
+    return install_data_plane(FakeK8s(), store)
 
 
 def policy(**data):

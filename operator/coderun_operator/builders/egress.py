@@ -60,16 +60,25 @@ def is_ready(pod: Mapping[str, Any]) -> bool:
 
 
 def pinned(access: EgressAccess, pods: Iterable[Mapping[str, Any]], uid: str) -> EgressAccess | None:
-    """The run's one proxy pod among the ready ones (not being deleted, with an address), or None when there is
-    none. Rendezvous hashing: the pod whose sha256(run uid, pod name) is highest. It needs no state (every
-    operator replica, and a retried start, picks the same pod for the same ready pods), spreads runs evenly, and
-    a pod coming or going moves only the runs it wins or held, never one pinned to another pod."""
+    """The run's one proxy pod (`pinned_pod`), or None when none is ready."""
+    chosen = pinned_pod(pods, uid)
+    if chosen is None:
+        return None
+    name, ip = chosen
+    return replace(access, pod=name, address=socket_address(ip, access.route.port))
+
+
+def pinned_pod(pods: Iterable[Mapping[str, Any]], uid: str) -> tuple[str, str] | None:
+    """A run's one pod (name, address) among the ready ones (not being deleted, with an address) of a service the
+    sandbox dials by address (the egress proxy, the data service), or None when there is none. Rendezvous
+    hashing: the pod whose sha256(run uid, pod name) is highest. It needs no state (every operator replica, and a
+    retried start, picks the same pod for the same ready pods), spreads runs evenly, and a pod coming or going
+    moves only the runs it wins or held, never one pinned to another pod."""
     ready = [(pod["metadata"]["name"], pod["status"]["podIP"]) for pod in pods
              if is_ready(pod) and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("podIP")]
     if not ready:
         return None
-    name, ip = max(ready, key=lambda pod: (hashlib.sha256(f"{uid}/{pod[0]}".encode()).digest(), pod[0]))
-    return replace(access, pod=name, address=socket_address(ip, access.route.port))
+    return max(ready, key=lambda pod: (hashlib.sha256(f"{uid}/{pod[0]}".encode()).digest(), pod[0]))
 
 
 def credential_expiry(decision: Decision, margin_seconds: int, now: float) -> int:

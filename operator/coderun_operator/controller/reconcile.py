@@ -43,7 +43,7 @@ from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, 
                              pick_reusable, reused_outcome)
 from ..audit import AuditAgent
 from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
-from ..data_plane import INPUT_REASONS, INPUT_UNAVAILABLE, DataPlane, DataUnavailable, InputProblem, UploadsAwaited
+from ..data_plane import DATA_ERRORS, INPUT_REASONS, INPUT_UNAVAILABLE, DataPlane, InputProblem, UploadsAwaited
 from ..results.frame import FrameArtifact, FrameError, RunnerFrame
 from ..results.lifecycle import ttl_seconds
 from ..results.network import log_text, merged, summarise, with_network
@@ -218,13 +218,13 @@ class Controller:
         def forget(key: tuple[str, str]) -> None:
             try:
                 data.forget(*key)
-            except Exception as e:  # noqa: BLE001 - botocore's errors: the sweep finds them later
+            except DATA_ERRORS as e:  # the sweep finds them later
                 log.warning("run %s/%s: its stored objects not deleted yet: %s", key[0], key[1], str(e)[:200])
         self._data_gone.drain(forget)
         if sweep:
             try:
                 gone = data.sweep(lambda uid: self.store.run(uid) is not None)
-            except Exception as e:  # noqa: BLE001
+            except DATA_ERRORS as e:
                 log.warning("the store sweep failed: %s", str(e)[:200])
                 return
             if gone:
@@ -415,17 +415,14 @@ class Controller:
                                          lambda ns, name: self.api.get_run(ns, name), same_creator)
             if ensure and not ensure_data_route(self.api, run["metadata"]["namespace"], self.data.route()):
                 self._data_routed.add(run["metadata"]["namespace"])
-        except self.api.Transient:
-            raise
-        except Exception as e:  # noqa: BLE001 - the data service, its key, the store (botocore's own errors)
+        except DATA_ERRORS as e:
             if not spec.inputs:
                 log.warning("run %s: the data plane is unavailable (%s); its artifacts stay inline",
                             run["metadata"]["name"], str(e)[:300])
                 return {}
-            what = str(e) if isinstance(e, DataUnavailable) else f"the store could not be reached ({type(e).__name__}: {str(e)[:200]})"
             self._conclude(run, last, Outcome(Phase.FAILED, INPUT_UNAVAILABLE, (
-                f"{what}; the inputs cannot be fetched: try again later, or ask the platform team to repair the data "
-                "service (docs/data.md)"), fields))
+                f"{str(e)[:300]}; the inputs cannot be fetched: try again later, or ask the platform team to repair "
+                "the data service (docs/data.md)"), fields))
             return None
         if isinstance(prepared, InputProblem):
             self._conclude(run, last, Outcome(Phase.FAILED, prepared.reason, prepared.message, fields))
@@ -575,7 +572,7 @@ class Controller:
             entry = {"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256}
             try:
                 vouched = self.data is not None and self.data.verify_stored(run, entry)
-            except Exception as e:  # noqa: BLE001 - the store away: the artifact cannot be vouched for
+            except DATA_ERRORS as e:  # the store away: the artifact cannot be vouched for
                 log.warning("run %s: artifact %s not checked in the store: %s", run["metadata"]["name"],
                             artifact.name, str(e)[:200])
                 vouched = False
@@ -602,7 +599,7 @@ class Controller:
             ttl = ttl_seconds(run, self.store.policies(run["metadata"]["namespace"]))
             try:
                 grant = self.data.read_grant(run, stored, int(self.now().timestamp()) + ttl)
-            except Exception as e:  # noqa: BLE001 - the grant is a convenience: the artifacts stay listed
+            except DATA_ERRORS as e:  # the grant is a convenience: the artifacts stay listed
                 log.warning("run %s: no data grant: %s", run["metadata"]["name"], str(e)[:200])
                 grant = None
             if grant:
