@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from coderun.egress.files import keys_in as keys_in_dir
 from coderun_operator.data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
 from coderun_operator.data.service import DataServer, Service
 from coderun_operator.data.store import (Deleted, StoreSettings, StoreUnavailable, client, delete_prefix,
@@ -131,7 +132,7 @@ def start():
 
     def make(s3, bucket, **kw):
         server_kw = {k: kw.pop(k) for k in ("max_connections",) if k in kw}
-        service = Service(s3, lambda: KEYS, bucket, part_bytes=PART, **kw)
+        service = Service(s3, kw.pop("keys", lambda: KEYS), bucket, part_bytes=PART, **kw)
         running.append(Running(service, **server_kw))
         return running[-1]
     yield make
@@ -361,6 +362,20 @@ def test_routes_and_methods_outside_the_api(svc, bucket):
     assert error(svc.request("DELETE", "/v1/artifacts/a", run_grant(bucket))) == (405, "MethodNotAllowed")
     assert error(svc.request("PUT", "/v1/artifacts/a", run_grant(bucket), b"x",
                              {"Transfer-Encoding": "chunked"})) == (411, "LengthRequired")
+
+
+def test_keys_are_read_from_their_mounted_secret_as_it_changes(s3, bucket, start, tmp_path):
+    # The keys Secret may appear after the service starts, and rotate under it: keys_in re-reads the directory.
+    svc = start(s3, bucket, keys=keys_in_dir(str(tmp_path)).current)
+    put(s3, bucket, "in/a", b"abc")
+    inputs = (StoredObject(bucket, "in/a", 3, ""),)
+    token = mint("k2", b"n" * 32, RunGrant(NS, NAME, UID, int(time.time()) + 600, inputs, bucket, PREFIX, 1, 1, 1))
+    assert error(svc.request("GET", "/v1/inputs/0", token)) == (401, "BadGrant")
+    (tmp_path / "k2").write_bytes(b"n" * 32)
+    deadline = time.monotonic() + 10
+    while svc.request("GET", "/v1/inputs/0", token)[0] != 200:  # looked at again within a second
+        assert time.monotonic() < deadline, "the new key was never read"
+        time.sleep(0.1)
 
 
 # Bounds and the store's failures.

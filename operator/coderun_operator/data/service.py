@@ -98,7 +98,7 @@ class Handler(BaseHTTPRequestHandler):
         self._serve("DELETE")
 
     def handle_expect_100(self) -> bool:
-        # 100 Continue goes out once the request passed every check (_continue): a refused upload is never sent.
+        # 100 Continue goes out once the request passed every check (_chunks): a refused body is never sent.
         return True
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -129,7 +129,7 @@ class Handler(BaseHTTPRequestHandler):
             log.exception("transfer of %s failed", transfer.object)
             transfer.outcome = "InternalError"
             self._refuse(Answer(500, "InternalError", "the data service failed: see its log"))
-        log.info("transfer run=%s object=%s bytes=%d seconds=%.3f outcome=%s", transfer.run, transfer.object,
+        log.info("transfer run=%s object=%r bytes=%d seconds=%.3f outcome=%s", transfer.run, transfer.object,
                  transfer.bytes, time.monotonic() - begun, transfer.outcome)
 
     def _route(self, service: Service, method: str, path: str, transfer: Transfer) -> None:
@@ -246,8 +246,8 @@ class Handler(BaseHTTPRequestHandler):
             pinned = (answer.get("Metadata") or {}).get("sha256")
             if size != obj.size or (obj.sha256 and pinned and pinned != obj.sha256):
                 raise Answer(409, f"{noun}Mismatch", f"{what} in the store is {size} bytes, sha256 {pinned or '?'}; "
-                             f"the grant names {obj.size} bytes, sha256 {obj.sha256 or '?'}: the object changed "
-                             "since the run was created: create the run again")
+                             f"the grant names {obj.size} bytes, sha256 {obj.sha256 or '?'}: it changed in the "
+                             "store since the grant was minted")
             self.send_response(200)
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(size))
