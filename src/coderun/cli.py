@@ -18,7 +18,7 @@ import textwrap
 import threading
 import time
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Sequence, TextIO
 
 import shtab
@@ -30,9 +30,9 @@ from .api.coderunsession import SESSION_KIND
 from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, Limits
 from .api.reasons import Reason, SessionReason
 from .api.text import one_line, printable
-from .client import (CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout,
-                     file_input)
-from .client.errors import describe_invalid
+from .client import CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout
+from .client.errors import describe_invalid, upload_failed_for
+from .client.inputs import Upload, split_files, with_inputs
 from .client.sessions import SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, SessionNotReady, session_spec
 from .client.request import sandbox_path
 from .client.sync import default_wait_seconds
@@ -52,20 +52,22 @@ EXIT_INTERRUPTED = 130     # Ctrl-C
 EXIT_BROKEN_PIPE = 141     # stdout's reader went away (`coderun list | head`), like a shell's SIGPIPE
 
 RESULT_COMMANDS = ("run", "logs")    # exit with the run's outcome
-ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "session", "completion", "mcp")
-API_COMMANDS = ("run", "logs", "get", "list", "delete", "runtimes", "session")  # `mcp` serves: its failures are its own
+ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session", "completion", "mcp")
+API_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session")  # `mcp` serves: its failures are its own
 # (code, meaning, the commands that exit with it): the one source of every --help epilog and of docs/agents.md.
 EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
     ("0-255", "the program's own exit code (0: it succeeded)", RESULT_COMMANDS),
-    ("0", "done", ("get", "list", "delete", "runtimes", "session", "completion", "mcp")),
-    (str(EXIT_NOT_FOUND), "no such run (runtimes: no such policy; session: no such session), as kubectl's NotFound",
-     ("get", "logs", "delete", "runtimes", "session")),
+    ("0", "done", ("get", "list", "delete", "artifacts", "runtimes", "session", "completion", "mcp")),
+    (str(EXIT_NOT_FOUND), "no such run (artifacts: or no such artifact; runtimes: no such policy; session: no such "
+                          "session), as kubectl's NotFound", ("get", "logs", "delete", "artifacts", "runtimes",
+                                                              "session")),
     (str(EXIT_USAGE), "bad arguments or an unreadable local file, said before any configuration is read",
      ALL_COMMANDS),
     (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec; run --session: the session "
                          "ended; session create: its policy refused it)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_PLATFORM), "platform or API failure (PodDeleted, Unschedulable, InternalError; no usable "
-                         "kubeconfig, API unreachable or refusing)", API_COMMANDS),
+                         "kubeconfig, API or data service unreachable or refusing; an upload or an artifact "
+                         "refused)", API_COMMANDS),
     (str(EXIT_NOT_FINISHED), "the run had not finished: --wait-timeout ran out (logs: or no --wait; session create: "
                              "the session was not ready)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_OUTPUT_LIMIT), "output flood stopped (OutputLimitExceeded)", RESULT_COMMANDS),
@@ -141,6 +143,8 @@ def summary_line(result: RunResult) -> str:
                          f"{getattr(result, f'{stream}_bytes')} bytes shown)")
     if result.artifacts:
         parts.append(f"{len(result.artifacts)} artifact(s): " + ", ".join(a.name for a in result.artifacts))
+    if result.skipped_line:
+        parts.append(result.skipped_line)
     if result.cached_from:
         parts.append(f"cached from {result.cached_from}")
     return one_line(" · ".join(parts))  # names, types and messages come from the program or other callers
@@ -325,12 +329,18 @@ def write_streams(result: RunResult, out: TextIO, err: TextIO, raw: bool = False
 def print_result(result: RunResult, output: str, out: TextIO, err: TextIO, raw: bool = False) -> None:
     if output == "text":
         write_streams(result, out, err, raw)
-        touched = touched_line(result.audit)
-        if touched:  # before the verdict: the last line stays what a script reads for how the run ended
-            err.write(f"coderun: {touched}\n")
+        for line in filter(None, [*input_lines(result), touched_line(result.audit)]):
+            # before the verdict: the last line stays what a script reads for how the run ended
+            err.write(f"coderun: {line}\n")
         err.write(summary_line(result) + "\n")
     else:
         write_document(result_document(result), output, out, raw)
+
+
+def input_lines(result: RunResult) -> list[str]:
+    """One line per input by reference as the run got it: where the program found it, size, sha256, source."""
+    return [one_line(f"input {i.path}: {i.size} bytes, sha256 {i.sha256}, from {i.source}")
+            for i in result.inputs or ()]
 
 
 # ---- reading the inputs
@@ -341,7 +351,9 @@ def _read_local(path: Path | str, what: str) -> bytes:
         raise UsageError(f"cannot read {what} {path}: {e.strerror}") from e
 
 
-def build_request(args: argparse.Namespace) -> RunRequest:
+def build_request(args: argparse.Namespace) -> tuple[RunRequest, list[Upload]]:
+    """The request (with the files small enough to go in the spec) and the files to upload (the others: read
+    again, streamed, when the run asks for them)."""
     if args.code is not None:
         code, language = args.code, args.language or "python"
     elif args.script:
@@ -351,9 +363,22 @@ def build_request(args: argparse.Namespace) -> RunRequest:
         language = args.language or LANGUAGE_BY_SUFFIX.get(Path(args.script).suffix, "python")
     else:
         raise UsageError("give a script file (or - for standard input), or -c CODE")
-    files = [file_input(dest, _read_local(local, "file")) for dest, local in map(parse_file_arg, args.file)]
     stdin = _read_local(args.stdin, "--stdin").decode("utf-8", "replace") if args.stdin else None
-    return RunRequest(code=code, language=language, files=files or None, stdin=stdin, timeout=args.timeout)
+    local_files: list[tuple[str, bytes | Path]] = []
+    for dest, local in map(parse_file_arg, args.file):
+        if str(local) != "-":
+            try:
+                with local.open("rb"):
+                    pass  # readable now; a large one is read when it is uploaded, streamed
+            except OSError as e:
+                raise UsageError(f"cannot read file {local}: {e.strerror}") from e
+        local_files.append((dest, _read_local(local, "file") if str(local) == "-" else local))
+    try:
+        inline, uploads = split_files(local_files, code=code, stdin=stdin)
+    except CodeRunError as e:  # a file that vanished or is too large for any policy
+        raise UsageError(str(e)) from e
+    return RunRequest(code=code, language=language, files=inline or None, stdin=stdin,
+                      timeout=args.timeout), uploads
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -372,7 +397,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise UsageError("--memory and --cpu are the session's, not a run's: give them to `coderun session "
                              "create`")
         try:
-            args.request = build_request(args)
+            args.request, args.uploads = build_request(args)
             args.limits = Limits(memory=args.memory, cpu=args.cpu)
         except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
             raise UsageError(f"invalid input: {describe_invalid(e)}") from e
@@ -423,6 +448,7 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
     spec = args.request.to_spec(args.limits)
     if args.session:
         spec = spec.model_copy(update={"session": args.session})
+    spec = with_inputs(spec, uploads=args.uploads)
     try:
         created = client.create(spec, labels=args.labels)
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
@@ -443,6 +469,12 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
     try:
         with Progress(sys.stderr, created.name) as progress:
             wait_timeout = args.wait_timeout or default_wait_seconds(args.request.timeout)
+            try:
+                client.send_uploads(created, args.uploads, timeout=wait_timeout, on_update=progress.update)
+            except (RunTimeout, RunNotFound):
+                raise
+            except CodeRunError as e:  # the upload's failure (the run is deleted below unless --keep)
+                raise upload_failed_for(e, created.name) if not args.keep else e
             result = client.wait(created.name, timeout=wait_timeout, on_update=progress.update)
         print_result(result, args.output, sys.stdout, sys.stderr, raw=args.raw)
         return exit_code_for(result)
@@ -515,6 +547,50 @@ def cmd_delete(client: CodeRunClient, args: argparse.Namespace) -> int:
                   file=sys.stderr)
             missing = True
     return EXIT_NOT_FOUND if missing else 0
+
+
+def artifacts_table(result: RunResult) -> str:
+    """`coderun artifacts list`: each artifact's name, size, sha256 and where it is kept."""
+    rows = [["NAME", "SIZE", "SHA256", "WHERE"]] + [
+        [one_line(a.name), str(a.size), a.sha256, "stored" if a.stored else "inline"] for a in result.artifacts or ()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def artifact_destination(name: str, dest: str | None) -> str:
+    """Where `artifacts get` writes: -o's path (- for stdout), else the artifact's base name in the current dir."""
+    chosen = dest or PurePosixPath(name).name
+    if chosen in ("", ".", ".."):
+        raise UsageError(f"artifact {name!r} has no file name to write to: give -o PATH")
+    return chosen
+
+
+def cmd_artifacts(client: CodeRunClient, args: argparse.Namespace) -> int:
+    """list: the run's artifacts (and what it did not keep, on stderr); get: one artifact's bytes, checked against
+    the run's record, into a file or to stdout."""
+    result = client.get(args.name)
+    skipped = result.skipped_line
+    if args.artifacts_command == "list":
+        if result.artifacts:
+            print(artifacts_table(result))
+        else:
+            print(one_line(f"coderun: run {result.name} has no artifacts"), file=sys.stderr)
+        if skipped:
+            print(one_line(f"coderun: {skipped}"), file=sys.stderr)
+        return 0
+    if not any(a.name == args.artifact for a in result.artifacts or ()):
+        offered = ", ".join(a.name for a in result.artifacts or ()) or "none"
+        print(one_line(f"coderun: run {result.name} has no artifact {args.artifact!r} (artifacts: {offered})"
+                       + (f"; {skipped}" if skipped else "")), file=sys.stderr)
+        return EXIT_NOT_FOUND
+    dest = artifact_destination(args.artifact, args.dest)
+    if dest == "-":  # checked whole before a byte is written: a reader never gets bytes the run did not make
+        sys.stdout.buffer.write(client.artifact(result, args.artifact))
+        sys.stdout.flush()
+        return 0
+    written = client.artifact(result, args.artifact, path=dest)
+    print(one_line(f"coderun: wrote {written} ({written.stat().st_size} bytes, sha256 checked)"), file=sys.stderr)
+    return 0
 
 
 def cmd_runtimes(client: CodeRunClient, args: argparse.Namespace) -> int:
@@ -684,6 +760,23 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     delete.add_argument("--ignore-not-found", action="store_true",
                         help="a run that does not exist is not an error (exit 0)")
 
+    artifacts = _command(commands, "artifacts", "list a run's artifacts or get one",
+                         "Lists the files the program wrote to $CODERUN_OUTPUT_DIR (name, size, sha256, and whether "
+                         "it is kept inline or in the store) and the ones it did not keep, or writes one to a file. "
+                         "Every byte is checked against the size and sha256 the run recorded; a file whose bytes "
+                         "differ is not written.")
+    artifact_commands = artifacts.add_subparsers(dest="artifacts_command", required=True, metavar="SUBCOMMAND")
+    listed = artifact_commands.add_parser("list", help="list a run's artifacts")
+    _add_run_names(listed)
+    fetched = artifact_commands.add_parser("get", help="write one artifact to a file (or stdout)")
+    _add_run_names(fetched)
+    fetched.add_argument("artifact", help="the artifact's name, as `artifacts list` shows it")
+    fetched.add_argument("-o", "--output-file", dest="dest", metavar="PATH",
+                         help="where to write it, - for stdout (default: its base name in the current directory)")
+    for sub in (listed, fetched):
+        _add_global_flags(sub, argparse.SUPPRESS, None)
+        sub.set_defaults(command_parser=sub)
+
     runtimes = _command(commands, "runtimes", "list the languages and limits the namespace's policy offers")
     runtimes.add_argument("--policy", help="a CodeRunPolicy by name (default: the namespace's `default`, "
                                            "else the built-in baseline)")
@@ -739,9 +832,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 COMMANDS = {"run": cmd_run, "get": cmd_get, "logs": cmd_logs, "list": cmd_list, "delete": cmd_delete,
-            "runtimes": cmd_runtimes, "session": cmd_session}
+            "artifacts": cmd_artifacts, "runtimes": cmd_runtimes, "session": cmd_session}
 # Commands that name an object: a 404 there is the user's answer (exit 1, like kubectl), not a platform failure.
-NAMING_COMMANDS = {"get", "logs", "delete", "runtimes", "session"}
+NAMING_COMMANDS = {"get", "logs", "delete", "artifacts", "runtimes", "session"}
 
 
 def usage_error(parser: argparse.ArgumentParser, message: str) -> int:

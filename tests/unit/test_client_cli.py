@@ -70,10 +70,10 @@ def test_build_request_reads_script_files_and_stdin(tmp_path):
     (tmp_path / "data.csv").write_text("a,b\n1,2\n")
     (tmp_path / "blob.bin").write_bytes(b"\x89PNG\xff")
     (tmp_path / "in.txt").write_text("hello")
-    request = cli.build_request(_run_args(script=str(tmp_path / "job.py"), timeout=3,
-                                          file=[str(tmp_path / "data.csv"), f"img/b.bin={tmp_path / 'blob.bin'}"],
-                                          stdin=str(tmp_path / "in.txt")))
-    assert request.language == "python" and request.timeout == 3 and request.stdin == "hello"
+    request, uploads = cli.build_request(_run_args(script=str(tmp_path / "job.py"), timeout=3,
+                                                   file=[str(tmp_path / "data.csv"), f"img/b.bin={tmp_path / 'blob.bin'}"],
+                                                   stdin=str(tmp_path / "in.txt")))
+    assert request.language == "python" and request.timeout == 3 and request.stdin == "hello" and uploads == []
     files = {f.path: f for f in request.files}
     assert files["data.csv"].content == "a,b\n1,2\n"
     assert base64.b64decode(files["img/b.bin"].content_base64) == b"\x89PNG\xff"

@@ -6,7 +6,9 @@
 """
 from typing import TYPE_CHECKING
 
-from .errors import CodeRunError, PolicyDenied, RunNotFound, RunRejected, RunTimeout
+from .errors import (ArtifactUnavailable, CodeRunError, InputTooLarge, PolicyDenied, RunNotFound, RunRejected,
+                     RunTimeout, UploadFailed)
+from .inputs import artifact_input
 from .request import RunRequest, file_input
 from .result import RunResult
 from .runtimes import RuntimeInfo
@@ -27,6 +29,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["AsyncCodeRunClient", "CodeRunClient", "CodeRunError", "PolicyDenied", "RunNotFound", "RunRejected",
-           "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "Session", "SessionEnded", "SessionInfo",
-           "SessionNotReady", "WaitStats", "file_input"]
+__all__ = ["ArtifactUnavailable", "AsyncCodeRunClient", "CodeRunClient", "CodeRunError", "InputTooLarge",
+           "PolicyDenied", "RunNotFound", "RunRejected", "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "Session",
+           "SessionEnded", "SessionInfo", "SessionNotReady", "UploadFailed", "WaitStats", "artifact_input",
+           "file_input"]

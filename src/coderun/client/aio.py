@@ -11,7 +11,8 @@ One client per event loop (its aiohttp session belongs to the loop of its first 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
 import aiohttp
 from kubernetes.aio import client as aio_client
@@ -19,11 +20,13 @@ from kubernetes.aio.client.exceptions import ApiException
 
 from ..api.coderunpolicy import POLICY_PLURAL
 from ..api.coderunsession import SESSION_PLURAL
-from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, Limits
+from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, InputRef, Limits
 from .connection import connect_async, default_namespace
 from .creating import create_plan
+from .data import AUTH_FAILURES, fetch, refused, save, send_uploads
 from .deleting import delete_plan
-from .errors import CodeRunError, RunNotFound, raise_if_rejected
+from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
+from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
 from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
@@ -33,8 +36,8 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import (Create, Delete, Fetch, FetchAll, Get, GetPolicy, NextEvent, OpenWatch, Plan, Sleep, Step, T,
                     advance)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan, wait_outcome, wait_plan,
-                      watch_event)
+                      fetched, listed_items, run_wait_seconds, upload_settled, wait_all_outcome, wait_all_plan,
+                      wait_outcome, wait_plan, watch_event)
 
 # Connections the client may hold open at once: each wait in flight holds one (its watch).
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -79,52 +82,79 @@ class AsyncCodeRunClient:
             await api_client.close()
 
     # ---- the one call an agent needs
-    async def run(self, code: str, language: str = "python", *, files: Mapping[str, str | bytes] | list | None = None,
+    async def run(self, code: str, language: str = "python", *,
+                  files: Mapping[str, FileSource] | list | None = None,
+                  inputs: Sequence[InputRef | Mapping[str, Any]] | None = None,
                   stdin: str | None = None, limits: Limits | Mapping[str, Any] | None = None,
                   timeout: int | None = None, wait: bool = True, wait_timeout: float | None = None,
                   namespace: str | None = None, labels: Mapping[str, str] | None = None,
                   on_update: Callable[[RunResult], None] | None = None) -> RunResult:
-        """CodeRunClient.run, awaitable."""
-        request = RunRequest(code=code, language=language, files=files, stdin=stdin, timeout=timeout)
-        return await self.submit(request, limits=limits, wait=wait, wait_timeout=wait_timeout, namespace=namespace,
-                                 labels=labels, on_update=on_update)
+        """CodeRunClient.run, awaitable (local files are hashed and uploaded in a worker thread)."""
+        inline, uploads = await asyncio.to_thread(split_files, files, code=code, stdin=stdin)
+        request = RunRequest(code=code, language=language, files=inline or None, stdin=stdin, timeout=timeout)
+        return await self.submit(request, limits=limits, inputs=inputs, uploads=uploads, wait=wait,
+                                 wait_timeout=wait_timeout, namespace=namespace, labels=labels, on_update=on_update)
 
     async def submit(self, request: RunRequest, *, limits: Limits | Mapping[str, Any] | None = None,
+                     inputs: Sequence[InputRef | Mapping[str, Any]] | None = None, uploads: Sequence[Upload] = (),
                      wait: bool = True, wait_timeout: float | None = None, namespace: str | None = None,
                      labels: Mapping[str, str] | None = None,
                      on_update: Callable[[RunResult], None] | None = None) -> RunResult:
-        spec = request.to_spec(limits)
+        spec = with_inputs(request.to_spec(limits), input_refs(inputs), uploads)
         created = await self.create(spec, namespace=namespace, labels=labels)
+        wait_seconds = run_wait_seconds(spec, wait_timeout)
+        if uploads:
+            try:
+                created = await self.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except CodeRunError as e:
+                await self.delete(created.name, namespace=created.namespace)
+                raise upload_failed_for(e, created.name)
         if not wait:
             return created
-        return raise_if_rejected(await self.wait(created.name, namespace=created.namespace,
-                                                 timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update))
+        return raise_if_rejected(await self.wait(created.name, namespace=created.namespace, timeout=wait_seconds,
+                                                 on_update=on_update))
+
+    async def send_uploads(self, created: RunResult, uploads: Sequence[Upload], *,
+                           timeout: float = DEFAULT_WAIT_SECONDS,
+                           on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        """CodeRunClient.send_uploads, awaitable: the transfers run in a worker thread."""
+        if not uploads:
+            return created
+        seen = await self.wait(created.name, namespace=created.namespace, timeout=timeout, on_update=on_update,
+                               until=upload_settled)
+        if seen.upload is not None:
+            await asyncio.to_thread(send_uploads, seen.upload, uploads)
+        return refused_inputs(seen)
 
     # ---- the building blocks
     async def create(self, spec: CodeRunSpec | RunRequest, *, namespace: str | None = None,
                      labels: Mapping[str, str] | None = None, name: str | None = None,
-                     name_prefix: str = DEFAULT_NAME_PREFIX) -> RunResult:
+                     name_prefix: str = DEFAULT_NAME_PREFIX,
+                     inputs: Sequence[InputRef | Mapping[str, Any]] | None = None) -> RunResult:
         if isinstance(spec, RunRequest):
             spec = spec.to_spec()
+        spec = with_inputs(spec, input_refs(inputs))
         body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
-        return result_from_object(await drive_async(create_plan(body), self._performer(namespace or self.namespace)))
+        return self._own(result_from_object(await drive_async(create_plan(body),
+                                                              self._performer(namespace or self.namespace))))
 
     async def get(self, name: str, *, namespace: str | None = None) -> RunResult:
         custom = await self._apis()
-        return result_from_object(await self._call(f"get CodeRun {name}", custom.get_namespaced_custom_object,
-                                                   GROUP, VERSION, namespace or self.namespace, PLURAL, name))
+        return self._own(result_from_object(await self._call(f"get CodeRun {name}", custom.get_namespaced_custom_object,
+                                                             GROUP, VERSION, namespace or self.namespace, PLURAL, name)))
 
     async def wait(self, name: str, *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
                    on_update: Callable[[RunResult], None] | None = None,
-                   stats: WaitStats | None = None) -> RunResult:
+                   stats: WaitStats | None = None,
+                   until: Callable[[Mapping[str, Any] | None], bool] | None = None) -> RunResult:
         namespace = namespace or self.namespace
         loop = asyncio.get_running_loop()
         started = loop.time()
         notify = (lambda obj: on_update(result_from_object(obj))) if on_update else None
         plan = wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds, clock=loop.time, on_update=notify,
-                         stats=stats)
+                         stats=stats, until=until)
         last, finished = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
-        return wait_outcome(name, namespace, loop.time() - started, last, finished)
+        return self._own(wait_outcome(name, namespace, loop.time() - started, last, finished))
 
     async def wait_all(self, names: Iterable[str], *, namespace: str | None = None,
                        timeout: float = DEFAULT_WAIT_SECONDS, labels: Mapping[str, str] | None = None,
@@ -135,7 +165,7 @@ class AsyncCodeRunClient:
         plan = wait_all_plan(names, label_selector(self.client_name, labels, True), started + timeout,
                              max_watch_seconds=self.watch_seconds, clock=loop.time, stats=stats)
         last = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
-        return wait_all_outcome(names, namespace, loop.time() - started, last)
+        return [self._own(r) for r in wait_all_outcome(names, namespace, loop.time() - started, last)]
 
     async def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
                    mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
@@ -147,18 +177,28 @@ class AsyncCodeRunClient:
         else:
             listed = await self._call("list CodeRuns", custom.list_namespaced_custom_object, GROUP, VERSION,
                                       namespace or self.namespace, PLURAL, label_selector=selector)
-        return results_from_list(listed)
+        return [self._own(r) for r in results_from_list(listed)]
 
     async def delete(self, name: str, *, namespace: str | None = None, missing_ok: bool = True) -> bool:
         return await drive_async(delete_plan(name, missing_ok=missing_ok),
                                  self._performer(namespace or self.namespace))
 
-    async def artifact(self, result: RunResult, name: str) -> bytes:
+    async def artifact(self, result: RunResult, name: str, path: str | Path | None = None) -> Any:
+        """CodeRunClient.artifact, awaitable (a stored artifact streams in a worker thread)."""
         artifact = find_artifact(result, name)
-        core = await self._core_api()
-        configmap = await self._call(f"read ConfigMap {artifact.config_map}", core.read_namespaced_config_map,
-                                     artifact.config_map, result.namespace)
-        return artifact_bytes(artifact, configmap.binary_data)
+        if not artifact.stored:
+            core = await self._core_api()
+            configmap = await self._call(f"read ConfigMap {artifact.config_map}", core.read_namespaced_config_map,
+                                         artifact.config_map, result.namespace)
+            data = artifact_bytes(artifact, configmap.binary_data)
+            return data if path is None else await asyncio.to_thread(save, path, data)
+        got = await asyncio.to_thread(fetch, result.data_grant, result.name, artifact, path)
+        if not isinstance(got, (bytes, Path)) and got.status in AUTH_FAILURES:  # a grant read long ago: read anew
+            fresh = await self.get(result.name, namespace=result.namespace)
+            got = await asyncio.to_thread(fetch, fresh.data_grant, result.name, artifact, path)
+        if isinstance(got, (bytes, Path)):
+            return got
+        raise refused(result.name, artifact, got)
 
     async def artifacts(self, result: RunResult) -> Mapping[str, bytes]:
         names = [a.name for a in result.artifacts or ()]
@@ -183,6 +223,11 @@ class AsyncCodeRunClient:
         return AsyncSession(self, created["metadata"]["name"], namespace, language)
 
     # ---- API plumbing
+    def _own(self, result: RunResult) -> RunResult:
+        """The result, able to read its artifacts through this client (`await result.artifact(name)`)."""
+        result._reader = self.artifact
+        return result
+
     async def _apis(self) -> aio_client.CustomObjectsApi:
         """The CodeRun API; the first call connects (once, however many calls wait for it)."""
         if self._custom is None:
@@ -311,17 +356,27 @@ class AsyncSession:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.delete()
 
-    async def run(self, code: str, *, files: Mapping[str, str | bytes] | list | None = None,
+    async def run(self, code: str, *, files: Mapping[str, FileSource] | list | None = None,
+                  inputs: Sequence[InputRef | Mapping[str, Any]] | None = None,
                   stdin: str | None = None, timeout: int | None = None, wait: bool = True,
                   wait_timeout: float | None = None, labels: Mapping[str, str] | None = None,
                   on_update: Callable[[RunResult], None] | None = None) -> RunResult:
-        spec = run_in_session_spec(RunRequest(code=code, language=self.language, files=files, stdin=stdin,
-                                              timeout=timeout), self.name)
+        inline, uploads = await asyncio.to_thread(split_files, files, code=code, stdin=stdin)
+        spec = with_inputs(run_in_session_spec(RunRequest(code=code, language=self.language, files=inline or None,
+                                                          stdin=stdin, timeout=timeout), self.name),
+                           input_refs(inputs), uploads)
         created = await self._create(spec, labels)
+        wait_seconds = run_wait_seconds(spec, wait_timeout)
+        if uploads:
+            try:
+                created = await self.client.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except CodeRunError as e:
+                await self.client.delete(created.name, namespace=self.namespace)
+                raise upload_failed_for(e, created.name)
         if not wait:
             return created
-        result = await self.client.wait(created.name, namespace=self.namespace,
-                                        timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
+        result = await self.client.wait(created.name, namespace=self.namespace, timeout=wait_seconds,
+                                        on_update=on_update)
         over = await self.why_over() if refused_as_ended(result) else None
         if over is not None:
             raise over

@@ -1,4 +1,5 @@
-"""Where a run's artifacts are: each in a ConfigMap the operator wrote, named in the run's status. Pure."""
+"""Where a run's artifacts are: a small one in a ConfigMap the operator wrote, a larger one in the store (data.py
+reads those), each named in the run's status. Pure."""
 from __future__ import annotations
 
 import base64
@@ -22,7 +23,7 @@ def find_artifact(result: RunResult, name: str) -> Artifact:
 def artifact_bytes(artifact: Artifact, binary_data: Mapping[str, str] | None) -> bytes:
     """The artifact's bytes from its ConfigMap's binaryData, only if they are the bytes the run's status vouches
     for (size and sha256): whoever may write ConfigMaps in the namespace could replace them after the run."""
-    encoded = (binary_data or {}).get(artifact.key)
+    encoded = (binary_data or {}).get(artifact.key) if artifact.key else None
     if encoded is None:
         raise CodeRunError(f"ConfigMap {artifact.config_map} has no key {artifact.key} for artifact {artifact.name}")
     try:

@@ -98,3 +98,61 @@ def raise_if_rejected(result: RunResult) -> RunResult:
 def describe_invalid(error: ValidationError) -> str:
     """`timeout: Input should be ...; files.0.path: ...`: one line naming each field, for people and models."""
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in error.errors())
+
+
+class InputTooLarge(CodeRunError):
+    """An input file is larger than the data service takes (the namespace policy's spec.data.maxInputBytes, or the
+    platform's own bound). `path` names the file as the run would see it."""
+
+    def __init__(self, path: str, size: int, detail: str = ""):
+        self.path, self.size = path, size
+        super().__init__(f"input {path} ({size} bytes) is too large" + (f": {detail}" if detail else "")
+                         + "; send a smaller file, or ask the platform team to raise the CodeRunPolicy's "
+                           "spec.data.maxInputBytes", status=413)
+
+
+    @classmethod
+    def refused_by_run(cls, result: RunResult) -> InputTooLarge:
+        """The run ended InputTooLarge before any upload (the operator checks the sizes the spec declares against
+        the policy first): its message names the input and the cap."""
+        refused = cls.__new__(cls)
+        refused.path, refused.size = "", 0
+        CodeRunError.__init__(refused, f"CodeRun {result.name} refused its inputs ({result.reason}): "
+                                       f"{result.message}", 413)
+        return refused
+
+
+REASON_INPUT_TOO_LARGE = "InputTooLarge"
+
+
+class UploadFailed(CodeRunError):
+    """An input file could not be uploaded to the data service: `path` names it, `reason` is the service's reason
+    (InputMismatch, GrantExpired, Busy, ...) or None when it could not be reached."""
+
+    def __init__(self, path: str, reason: str | None, detail: str, status: int | None = None):
+        self.path, self.reason = path, reason
+        super().__init__(f"upload of input {path} failed" + (f" ({reason})" if reason else "") + f": {detail}",
+                         status=status)
+
+
+class ArtifactUnavailable(CodeRunError):
+    """A stored artifact could not be read, or its bytes were not the ones the run recorded: `name` names it."""
+
+    def __init__(self, run: str, name: str, detail: str, status: int | None = None):
+        self.run, self.name = run, name
+        super().__init__(f"artifact {name} of run {run}: {detail}", status=status)
+
+
+def upload_failed_for(error: CodeRunError, run: str) -> CodeRunError:
+    """The upload's failure, saying the run that waited for it was deleted (nothing else would send its bytes)."""
+    error.message = f"{error.message}; run {run} was deleted"
+    error.args = (error.message,)
+    return error
+
+
+def refused_inputs(result: RunResult) -> RunResult:
+    """The run as seen while its uploads were sent, unless it ended because the files are too large
+    (InputTooLarge, the caller's to fix) or the operator refused it (RunRejected)."""
+    if result.reason == REASON_INPUT_TOO_LARGE:
+        raise InputTooLarge.refused_by_run(result)
+    return raise_if_rejected(result)

@@ -1,9 +1,10 @@
 """RunResult: a CodeRun's status as one typed object, plus where it lives. Pure."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from ..api.models import CodeRunStatus
 from ..api.reasons import INFRASTRUCTURE_REASONS, TERMINAL_PHASES, Phase, Reason
@@ -20,6 +21,30 @@ class RunResult(CodeRunStatus):
     namespace: str = Field(description="The CodeRun's namespace.")
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: str | None = Field(None, description="The CodeRun's creationTimestamp.")
+    # The client that read the run, so `result.artifact(name)` can read its bytes (set by the client; a result
+    # built from a document has none).
+    _reader: Callable[..., Any] | None = PrivateAttr(None)
+
+    def artifact(self, name: str, path: str | Path | None = None) -> Any:
+        """The bytes of one artifact (inline or stored alike), or with `path` the file written there, through
+        the client that returned this result (`client.artifact(result, name, path)`); with the async client,
+        await it."""
+        if self._reader is None:  # a programming slip, not the platform's failure: not a CodeRunError
+            raise RuntimeError(f"this result of run {self.name} was not returned by a client: read the artifact "
+                               "with client.artifact(result, name)")
+        return self._reader(self, name, path)
+
+    @property
+    def skipped_line(self) -> str | None:
+        """`1 output file not kept: big.csv (too-large)`: what the program wrote that the run did not keep, and
+        why; None when everything was kept."""
+        return skipped_line(self)
+
+    def __str__(self) -> str:
+        said = f"CodeRun {self.namespace}/{self.name}: {self.phase or 'Pending'}" + (
+            f" ({self.reason})" if self.reason else "") + (
+            f", exit code {self.exit_code}" if self.exit_code is not None else "")
+        return " · ".join(filter(None, [said, self.skipped_line]))
 
     @property
     def finished(self) -> bool:
@@ -42,6 +67,21 @@ class RunResult(CodeRunStatus):
     def timed_out(self) -> bool:
         """The program hit its own time limit (not the caller's wait: that raises RunTimeout)."""
         return self.reason == Reason.TIMEOUT
+
+
+MAX_SKIPPED_NAMES = 5
+
+
+def skipped_line(result: CodeRunStatus) -> str | None:
+    """The one line every client shows of status.artifactsSkipped (names and why, the first few)."""
+    skipped = result.artifacts_skipped or []
+    total = len(skipped) + (result.artifacts_skipped_unlisted or 0)
+    if not total:
+        return None
+    names = ", ".join(f"{s.name} ({s.why})" for s in skipped[:MAX_SKIPPED_NAMES])
+    more = total - min(len(skipped), MAX_SKIPPED_NAMES)
+    return (f"{total} output file{'s' if total != 1 else ''} not kept: " + names
+            + (f"{', ' if names else ''}{more} more" if more else ""))
 
 
 def result_from_object(obj: Mapping[str, Any]) -> RunResult:

@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, Limits
+from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, InputRef, Limits
 from .connection import connect
 from .creating import create_plan
+from .data import AUTH_FAILURES, fetch, refused, save, send_uploads
 from .deleting import delete_plan
-from .errors import CodeRunError, RunNotFound, raise_if_rejected
+from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
+from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
@@ -24,8 +27,8 @@ from .sessions import (SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, Se
                        batch_requests, batch_wait_seconds, build_session_body, refused_as_ended, run_in_session_spec,
                        settled, why_over, session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      default_wait_seconds, fetched, listed_items, run_wait_seconds, wait_all_outcome, wait_all_plan,
-                      wait_outcome, wait_plan)
+                      default_wait_seconds, fetched, listed_items, run_wait_seconds, upload_settled, wait_all_outcome,
+                      wait_all_plan, wait_outcome, wait_plan)
 
 __all__ = ["CodeRunClient", "default_wait_seconds", "raise_if_rejected"]  # the last two: for the CLI and tests
 
@@ -58,7 +61,9 @@ class CodeRunClient:
         self._core = client.CoreV1Api(api_client)
 
     # ---- the one call an agent needs
-    def run(self, code: str, language: str = "python", *, files: Mapping[str, str | bytes] | list | None = None,
+    def run(self, code: str, language: str = "python", *,
+            files: Mapping[str, FileSource] | list | None = None,
+            inputs: Sequence[InputRef | Mapping[str, Any]] | None = None,
             stdin: str | None = None, limits: Limits | Mapping[str, Any] | None = None,
             timeout: int | None = None, wait: bool = True, wait_timeout: float | None = None,
             namespace: str | None = None, labels: Mapping[str, str] | None = None,
@@ -66,51 +71,81 @@ class CodeRunClient:
         """Run `code` and return its result. `timeout` is the program's own limit in seconds (reason Timeout
         when exceeded); `wait_timeout` bounds the caller's wait (RunTimeout when exceeded; default: the
         program's limit plus 360 s, past the operator's own bound on a sandbox that cannot start). `files` maps
-        sandbox paths to text or bytes. wait=False returns at once."""
-        request = RunRequest(code=code, language=language, files=files, stdin=stdin, timeout=timeout)
-        return self.submit(request, limits=limits, wait=wait, wait_timeout=wait_timeout, namespace=namespace,
-                           labels=labels, on_update=on_update)
+        sandbox paths to text, bytes, a pathlib.Path or an open binary file, of any size the policy allows: small
+        ones go in the spec, larger ones are uploaded to the data service (streamed from disk) once the run asks
+        for them. `inputs`: inputs by reference (an S3 object, an earlier run's artifact: artifact_input()).
+        wait=False returns once the uploads are sent, without waiting for the result."""
+        inline, uploads = split_files(files, code=code, stdin=stdin)
+        request = RunRequest(code=code, language=language, files=inline or None, stdin=stdin, timeout=timeout)
+        return self.submit(request, limits=limits, inputs=inputs, uploads=uploads, wait=wait,
+                           wait_timeout=wait_timeout, namespace=namespace, labels=labels, on_update=on_update)
 
-    def submit(self, request: RunRequest, *, limits: Limits | Mapping[str, Any] | None = None, wait: bool = True,
-               wait_timeout: float | None = None, namespace: str | None = None,
+    def submit(self, request: RunRequest, *, limits: Limits | Mapping[str, Any] | None = None,
+               inputs: Sequence[InputRef | Mapping[str, Any]] | None = None, uploads: Sequence[Upload] = (),
+               wait: bool = True, wait_timeout: float | None = None, namespace: str | None = None,
                labels: Mapping[str, str] | None = None,
                on_update: Callable[[RunResult], None] | None = None) -> RunResult:
-        """`run` for a ready RunRequest (what the MCP tool and the agent hold)."""
-        spec = request.to_spec(limits)
+        """`run` for a ready RunRequest (what the MCP tool and the agent hold). A run whose uploads fail is deleted
+        (nothing else would send its bytes) and the failure raised (UploadFailed, InputTooLarge)."""
+        spec = with_inputs(request.to_spec(limits), input_refs(inputs), uploads)
         created = self.create(spec, namespace=namespace, labels=labels)
+        wait_seconds = run_wait_seconds(spec, wait_timeout)
+        if uploads:
+            try:
+                created = self.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except CodeRunError as e:
+                self.delete(created.name, namespace=created.namespace)
+                raise upload_failed_for(e, created.name)
         if not wait:
             return created
-        result = self.wait(created.name, namespace=created.namespace, timeout=run_wait_seconds(spec, wait_timeout),
-                           on_update=on_update)
+        result = self.wait(created.name, namespace=created.namespace, timeout=wait_seconds, on_update=on_update)
         return raise_if_rejected(result)
+
+    def send_uploads(self, created: RunResult, uploads: Sequence[Upload], *, timeout: float = DEFAULT_WAIT_SECONDS,
+                     on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        """Wait until the run says where to upload (status.upload; at most `timeout` seconds, else RunTimeout),
+        then upload what it waits for, streamed; the run as last seen. Nothing is sent when the run needs nothing
+        (the store holds the bytes already) or ended first."""
+        if not uploads:
+            return created
+        seen = self.wait(created.name, namespace=created.namespace, timeout=timeout, on_update=on_update,
+                         until=upload_settled)
+        if seen.upload is not None:
+            send_uploads(seen.upload, uploads)
+        return refused_inputs(seen)
 
     # ---- the building blocks
     def create(self, spec: CodeRunSpec | RunRequest, *, namespace: str | None = None,
                labels: Mapping[str, str] | None = None, name: str | None = None,
-               name_prefix: str = DEFAULT_NAME_PREFIX) -> RunResult:
+               name_prefix: str = DEFAULT_NAME_PREFIX,
+               inputs: Sequence[InputRef | Mapping[str, Any]] | None = None) -> RunResult:
         """Create the CodeRun (a unique name chosen here unless `name` is given); returns it without a status.
-        A create refused with 429 or 5xx, or left unanswered, is retried without ever making two runs."""
+        A create refused with 429 or 5xx, or left unanswered, is retried without ever making two runs.
+        `inputs`: inputs by reference added to the spec's."""
         if isinstance(spec, RunRequest):
             spec = spec.to_spec()
+        spec = with_inputs(spec, input_refs(inputs))
         body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
-        return result_from_object(drive(create_plan(body), self._performer(namespace or self.namespace)))
+        return self._own(result_from_object(drive(create_plan(body), self._performer(namespace or self.namespace))))
 
     def get(self, name: str, *, namespace: str | None = None) -> RunResult:
         obj = self._call(f"get CodeRun {name}", self._custom.get_namespaced_custom_object,
                          GROUP, VERSION, namespace or self.namespace, PLURAL, name)
-        return result_from_object(obj)
+        return self._own(result_from_object(obj))
 
     def wait(self, name: str, *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
-             on_update: Callable[[RunResult], None] | None = None, stats: WaitStats | None = None) -> RunResult:
+             on_update: Callable[[RunResult], None] | None = None, stats: WaitStats | None = None,
+             until: Callable[[Mapping[str, Any] | None], bool] | None = None) -> RunResult:
         """Block until the run is finished (any terminal phase, Rejected included) and return it; RunTimeout
-        when `timeout` seconds pass first. Uses a watch that is resumed after it drops."""
+        when `timeout` seconds pass first. Uses a watch that is resumed after it drops. `until`: wait for this
+        state of the CodeRun object instead."""
         namespace = namespace or self.namespace
         started = time.monotonic()
         notify = (lambda obj: on_update(result_from_object(obj))) if on_update else None
         last, finished = drive(wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds,
-                                         on_update=notify, stats=stats),
+                                         on_update=notify, stats=stats, until=until),
                                self._performer(namespace), self._watcher(namespace))
-        return wait_outcome(name, namespace, time.monotonic() - started, last, finished)
+        return self._own(wait_outcome(name, namespace, time.monotonic() - started, last, finished))
 
     def wait_all(self, names: Iterable[str], *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
                  labels: Mapping[str, str] | None = None, stats: WaitStats | None = None) -> list[RunResult]:
@@ -122,7 +157,7 @@ class CodeRunClient:
         last = drive(wait_all_plan(names, label_selector(self.client_name, labels, True), started + timeout,
                                    max_watch_seconds=self.watch_seconds, stats=stats),
                      self._performer(namespace), self._watcher(namespace))
-        return wait_all_outcome(names, namespace, time.monotonic() - started, last)
+        return [self._own(r) for r in wait_all_outcome(names, namespace, time.monotonic() - started, last)]
 
     def list(self, *, namespace: str | None = None, labels: Mapping[str, str] | None = None,
              mine: bool = False, all_namespaces: bool = False) -> list[RunResult]:
@@ -134,18 +169,29 @@ class CodeRunClient:
         else:
             listed = self._call("list CodeRuns", self._custom.list_namespaced_custom_object, GROUP, VERSION,
                                 namespace or self.namespace, PLURAL, label_selector=selector)
-        return results_from_list(listed)
+        return [self._own(r) for r in results_from_list(listed)]
 
     def delete(self, name: str, *, namespace: str | None = None, missing_ok: bool = True) -> bool:
         """Delete the run (its pod, ConfigMaps and artifacts go with it). False when it was already gone."""
         return drive(delete_plan(name, missing_ok=missing_ok), self._performer(namespace or self.namespace))
 
-    def artifact(self, result: RunResult, name: str) -> bytes:
-        """The bytes of one artifact the program wrote to $CODERUN_OUTPUT_DIR."""
+    def artifact(self, result: RunResult, name: str, path: str | Path | None = None) -> Any:
+        """The bytes of one artifact the program wrote to $CODERUN_OUTPUT_DIR, small (in a ConfigMap) or stored
+        (streamed from the data service) alike, checked against the size and sha256 the run recorded
+        (ArtifactUnavailable when they differ). With `path`: written there, streamed, and that Path returned; a
+        file whose bytes do not match is not left behind."""
         artifact = find_artifact(result, name)
-        configmap = self._call(f"read ConfigMap {artifact.config_map}", self._core.read_namespaced_config_map,
-                               artifact.config_map, result.namespace)
-        return artifact_bytes(artifact, configmap.binary_data)
+        if not artifact.stored:
+            configmap = self._call(f"read ConfigMap {artifact.config_map}", self._core.read_namespaced_config_map,
+                                   artifact.config_map, result.namespace)
+            data = artifact_bytes(artifact, configmap.binary_data)
+            return data if path is None else save(path, data)
+        got = fetch(result.data_grant, result.name, artifact, path)
+        if not isinstance(got, (bytes, Path)) and got.status in AUTH_FAILURES:  # a grant read long ago: read anew
+            got = fetch(self.get(result.name, namespace=result.namespace).data_grant, result.name, artifact, path)
+        if isinstance(got, (bytes, Path)):
+            return got
+        raise refused(result.name, artifact, got)
 
     def artifacts(self, result: RunResult) -> dict[str, bytes]:
         return {a.name: self.artifact(result, a.name) for a in result.artifacts or ()}
@@ -181,6 +227,11 @@ class CodeRunClient:
         return Session(self, name, namespace or self.namespace)
 
     # ---- API plumbing
+    def _own(self, result: RunResult) -> RunResult:
+        """The result, able to read its artifacts through this client (result.artifact(name))."""
+        result._reader = self.artifact
+        return result
+
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with _api_failures(what):
             return fn(*args, _request_timeout=API_REQUEST_TIMEOUT, **kwargs)
@@ -256,25 +307,37 @@ class Session:
             self._language = self._object()["spec"]["language"]
         return self._language
 
-    def run(self, code: str, *, files: Mapping[str, str | bytes] | list | None = None, stdin: str | None = None,
+    def run(self, code: str, *, files: Mapping[str, FileSource] | list | None = None,
+            inputs: Sequence[InputRef | Mapping[str, Any]] | None = None, stdin: str | None = None,
             timeout: int | None = None, wait: bool = True, wait_timeout: float | None = None,
             labels: Mapping[str, str] | None = None,
             on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         """CodeRunClient.run in this session's sandbox (the session's language, limits and policy). Raises
-        SessionEnded when the session has ended, RunRejected when the run was refused otherwise."""
-        return self.submit(RunRequest(code=code, language=self.language, files=files, stdin=stdin, timeout=timeout),
-                           wait=wait, wait_timeout=wait_timeout, labels=labels, on_update=on_update)
+        SessionEnded when the session has ended, RunRejected when the run was refused otherwise. A large file
+        sent again in a later run is not uploaded again: the store keeps it by its sha256."""
+        inline, uploads = split_files(files, code=code, stdin=stdin)
+        return self.submit(RunRequest(code=code, language=self.language, files=inline or None, stdin=stdin,
+                                      timeout=timeout),
+                           inputs=inputs, uploads=uploads, wait=wait, wait_timeout=wait_timeout, labels=labels,
+                           on_update=on_update)
 
-    def submit(self, request: RunRequest, *, wait: bool = True, wait_timeout: float | None = None,
+    def submit(self, request: RunRequest, *, inputs: Sequence[InputRef | Mapping[str, Any]] | None = None,
+               uploads: Sequence[Upload] = (), wait: bool = True, wait_timeout: float | None = None,
                labels: Mapping[str, str] | None = None,
                on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         """`run` for a ready RunRequest (what the agent loop holds); its memory and cpu must be unset."""
-        spec = run_in_session_spec(request, self.name)
+        spec = with_inputs(run_in_session_spec(request, self.name), input_refs(inputs), uploads)
         created = self._create(spec, labels)
+        wait_seconds = run_wait_seconds(spec, wait_timeout)
+        if uploads:
+            try:
+                created = self.client.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except CodeRunError as e:
+                self.client.delete(created.name, namespace=self.namespace)
+                raise upload_failed_for(e, created.name)
         if not wait:
             return created
-        result = self.client.wait(created.name, namespace=self.namespace,
-                                  timeout=run_wait_seconds(spec, wait_timeout), on_update=on_update)
+        result = self.client.wait(created.name, namespace=self.namespace, timeout=wait_seconds, on_update=on_update)
         over = self.why_over() if refused_as_ended(result) else None
         if over is not None:
             raise over

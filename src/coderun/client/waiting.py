@@ -21,6 +21,8 @@ from ..api.models import CodeRunSpec
 from ..api.policy import START_DEADLINE_SECONDS
 from .errors import ADMISSION_DENIAL, CodeRunError, PolicyDenied, RunNotFound, RunTimeout
 from .result import RunResult, is_finished, result_from_object
+
+_finished = is_finished
 from .steps import Fetch, FetchAll, NextEvent, OpenWatch, Plan, Sleep
 
 log = logging.getLogger("coderun.client")
@@ -65,9 +67,13 @@ class WaitStats:
 
 def wait_plan(name: str, deadline: float, *, max_watch_seconds: float, clock: Callable[[], float] = time.monotonic,
               on_update: Callable[[Mapping[str, Any]], None] | None = None,
-              stats: WaitStats | None = None) -> Plan[tuple[dict[str, Any] | None, bool]]:
+              stats: WaitStats | None = None,
+              until: Callable[[Mapping[str, Any] | None], bool] | None = None
+              ) -> Plan[tuple[dict[str, Any] | None, bool]]:
     """(last object seen, finished?). Returns unfinished when the deadline passed; raises RunNotFound when the
-    object is absent or deleted, CodeRunError for API refusals (the steps raise those themselves)."""
+    object is absent or deleted, CodeRunError for API refusals (the steps raise those themselves). `until`: the
+    state to wait for instead of the run's end (is_finished)."""
+    is_finished = until or _finished
     stats = stats if stats is not None else WaitStats()
     last: dict[str, Any] | None = None
     backoff = 0.0
@@ -179,6 +185,13 @@ def wait_all_outcome(names: list[str], namespace: str, waited_seconds: float,
     """The finished runs in the order named, or RunTimeout for the first one unfinished."""
     return [wait_outcome(name, namespace, waited_seconds, last.get(name), is_finished(last.get(name)))
             for name in names]
+
+
+def upload_settled(obj: Mapping[str, Any] | None) -> bool:
+    """The run says where to upload its inputs (status.upload), or needs none: it left Pending (started, or ended
+    without them)."""
+    status = (obj or {}).get("status") or {}
+    return bool(status.get("upload")) or status.get("phase") not in (None, "", "Pending")
 
 
 def listed_items(listed: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:

@@ -114,6 +114,8 @@ def render_result(result: RunResult, code: str | None = None) -> str:
              _stream_section("stderr", result.stderr, result.stderr_bytes, result.stderr_truncated)]
     if result.artifacts:
         parts.append(one_line("artifacts: " + ", ".join(f"{a.name} ({a.size} bytes)" for a in result.artifacts)))
+    if result.skipped_line:  # the run may say Succeeded while output was dropped: a model must hear it
+        parts.append(one_line(result.skipped_line))
     if result.validation and not result.validation.valid:
         parts.append(printable("output validation failed: " + "; ".join(result.validation.errors)))
     parts.append(touched_line(result.audit))

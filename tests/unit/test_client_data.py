@@ -1,0 +1,413 @@
+"""The SDK and the CLI move a run's large inputs and artifacts through the data service (issue 37): the SDK picks
+inline or upload per file, uploads what the run waits for, and reads stored artifacts checked against the run's
+record. Against the fake API server (fake_api.py, the test plays the operator) and a stand-in data service on
+127.0.0.1 (below, the contract's HTTP API), both over real HTTP."""
+import asyncio
+import base64
+import hashlib
+import http.server
+import io
+import json
+import threading
+import urllib.parse
+
+import pytest
+
+from coderun import cli
+from coderun.api.models import MAX_FILE_CONTENT_CHARS, MAX_INPUT_TOTAL_CHARS
+from coderun.client import (ArtifactUnavailable, CodeRunClient, InputTooLarge, UploadFailed, artifact_input)
+from coderun.client.inputs import split_files
+from coderun.client.result import result_from_object
+from coderun.tools import render_result
+from fake_api import FakeApiServer
+
+UPLOAD_TOKEN = "d1.k.upload.sig"
+READ_TOKEN = "d1.k.read.sig"
+EXPIRES = "2026-12-01T00:00:00Z"
+BIG = 3 * MAX_FILE_CONTENT_CHARS  # past one inline file: uploaded
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class DataService:
+    """The data service's caller-facing half: PUT /v1/uploads/<sha256> (upload grant), GET /v1/artifacts/<name>
+    (read grant). `upload_mode`: ok, 413 (refused at once, body unread), present (200 at once, body unread)."""
+
+    def __init__(self) -> None:
+        self.uploads: dict[str, bytes] = {}
+        self.artifacts: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str, str | None, str | None]] = []  # method, path, Authorization, length
+        self.upload_mode = "ok"
+        self.read_tokens = {READ_TOKEN}
+        self.on_upload = lambda digest: None
+        service = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def answer(self, status, body, close=False):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if close:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self):
+                service.requests.append(("PUT", self.path, self.headers.get("Authorization"),
+                                         self.headers.get("Content-Length")))
+                digest = self.path.removeprefix("/v1/uploads/")
+                if self.headers.get("Authorization") != f"Bearer {UPLOAD_TOKEN}":
+                    return self.answer(401, {"reason": "BadGrant", "message": "no upload grant"}, close=True)
+                if service.upload_mode == "413":
+                    return self.answer(413, {"reason": "InputTooLarge", "message": f"upload {digest} is larger "
+                                             "than the policy's maxInputBytes (1048576)"}, close=True)
+                if service.upload_mode == "present":
+                    return self.answer(200, {"sha256": digest, "size": 0, "key": f"uploads/ns/{digest}"}, close=True)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if sha(body) != digest:
+                    return self.answer(400, {"reason": "InputMismatch", "message": "the bytes differ"})
+                service.uploads[digest] = body
+                self.answer(200, {"sha256": digest, "size": len(body), "key": f"uploads/ns/{digest}"})
+                service.on_upload(digest)
+
+            def do_GET(self):
+                service.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
+                name = urllib.parse.unquote(self.path.removeprefix("/v1/artifacts/"))
+                if self.headers.get("Authorization", "").removeprefix("Bearer ") not in service.read_tokens:
+                    return self.answer(401, {"reason": "GrantExpired", "message": "the grant expired"})
+                if name not in service.artifacts:
+                    return self.answer(404, {"reason": "ArtifactUnavailable", "message": f"no artifact {name}"})
+                data = service.artifacts[name]
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("X-Coderun-Sha256", sha(data))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def puts(self):
+        return [r for r in self.requests if r[0] == "PUT"]
+
+
+@pytest.fixture
+def api():
+    server = FakeApiServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def service():
+    standin = DataService()
+    standin.thread.start()
+    yield standin
+    standin.server.shutdown()
+    standin.server.server_close()
+
+
+@pytest.fixture
+def client(api, tmp_path):
+    return CodeRunClient(kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig")), client_name="test")
+
+
+SUCCEEDED = {"phase": "Succeeded", "reason": "Completed", "exitCode": 0, "stdout": "ok\n"}
+
+
+def operator(api, service, *, held=()):
+    """Play the operator: a created run whose uploads the store lacks waits for them (Pending, status.upload);
+    once the last one came it ends Succeeded, recording its inputs. Runs needing none end at once."""
+    def on_create(obj):
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        inputs = obj["spec"].get("inputs") or []
+        wanted = [{"path": i["path"], **i["upload"]} for i in inputs
+                  if "upload" in i and i["upload"]["sha256"] not in held]
+        records = [{"path": i["path"], "source": f"upload:{i['upload']['sha256']}", "size": i["upload"]["size"],
+                    "sha256": i["upload"]["sha256"]} for i in inputs if "upload" in i]
+        if not wanted:
+            obj["status"] = {**SUCCEEDED, **({"inputs": records} if records else {})}
+            return
+
+        def on_upload(digest):
+            if all(f["sha256"] in service.uploads for f in wanted):
+                api.finish(namespace, name, {**SUCCEEDED, "inputs": records})
+        service.on_upload = on_upload
+        obj["status"] = {"phase": "Pending", "reason": "WaitingForUpload",
+                         "upload": {"url": service.url, "token": UPLOAD_TOKEN, "expires": EXPIRES, "files": wanted}}
+    api.on_create = on_create
+
+
+def created_spec(api):
+    (body,) = [e[2] for e in api.events if e[1] == "ADDED"]
+    return body["spec"]
+
+
+# ---- which way in
+def test_small_files_go_inline_and_a_larger_one_is_uploaded_in_the_same_call(tmp_path):
+    small_text, small_bytes, big = "a,b\n1,2\n", b"\x89PNG\xff", b"x" * BIG
+    inline, uploads = split_files({"data.csv": small_text, "img.png": small_bytes, "big.bin": big}, code="print(1)")
+    assert [(f.path, f.content, f.content_base64) for f in inline] == [
+        ("data.csv", small_text, None), ("img.png", None, base64.b64encode(small_bytes).decode())]
+    assert [(u.path, u.size, u.sha256) for u in uploads] == [("big.bin", BIG, sha(big))]
+
+
+def test_files_that_fit_one_by_one_but_not_together_overflow_to_uploads():
+    piece = "y" * MAX_FILE_CONTENT_CHARS  # each fits, three of them pass the spec's total with the code
+    count = MAX_INPUT_TOTAL_CHARS // MAX_FILE_CONTENT_CHARS
+    inline, uploads = split_files({f"p{i}.txt": piece for i in range(count)}, code="print(1)")
+    assert len(inline) == count - 1 and [u.path for u in uploads] == [f"p{count - 1}.txt"]
+
+
+def test_a_small_path_goes_inline_and_a_large_one_is_hashed_without_reading_it_whole(tmp_path, monkeypatch):
+    (tmp_path / "small.csv").write_text("a\n1\n")
+    big = tmp_path / "big.csv"
+    with big.open("wb") as handle:
+        for i in range(5):
+            handle.write(bytes([65 + i]) * (1024 * 1024))
+    expected = sha(big.read_bytes())
+    read_whole = type(big).read_bytes
+    monkeypatch.setattr(type(big), "read_bytes",
+                        lambda self: pytest.fail(f"{self} read whole") if self == big else read_whole(self))
+    inline, uploads = split_files({"small.csv": tmp_path / "small.csv", "big.csv": big})
+    assert [(f.path, f.content) for f in inline] == [("small.csv", "a\n1\n")]
+    assert [(u.path, u.size, u.sha256, u.source) for u in uploads] == [("big.csv", 5 * 1024 * 1024, expected, big)]
+
+
+def test_a_file_past_coderuns_own_bound_is_refused_before_any_request(monkeypatch):
+    monkeypatch.setattr("coderun.client.inputs.MAX_INPUT_BYTES", BIG - 1)
+    with pytest.raises(InputTooLarge, match=r"input big.bin \(\d+ bytes\) is too large.*spec.data.maxInputBytes"):
+        split_files({"big.bin": b"x" * BIG})
+
+
+# ---- uploads, end to end through the SDK
+def test_a_small_file_goes_in_the_spec_and_nothing_is_uploaded(api, service, client):
+    operator(api, service)
+    result = client.run("print(open('d.csv').read())", files={"d.csv": "a,b\n"})
+    assert result.succeeded and service.requests == []
+    spec = created_spec(api)
+    assert spec["files"] == [{"path": "d.csv", "content": "a,b\n"}] and "inputs" not in spec
+
+
+def test_big_bytes_are_uploaded_to_the_url_the_run_names_and_the_run_then_ends(api, service, client):
+    operator(api, service)
+    big = bytes(range(256)) * (BIG // 256)
+    result = client.run("...", files={"data/big.bin": big, "small.txt": "hi"})
+    assert result.succeeded and [i.path for i in result.inputs] == ["data/big.bin"]
+    spec = created_spec(api)
+    assert spec["files"] == [{"path": "small.txt", "content": "hi"}]
+    assert spec["inputs"] == [{"path": "data/big.bin", "upload": {"sha256": sha(big), "size": len(big)}}]
+    assert service.puts() == [("PUT", f"/v1/uploads/{sha(big)}", f"Bearer {UPLOAD_TOKEN}", str(len(big)))]
+    assert service.uploads[sha(big)] == big
+
+
+def test_a_path_and_an_open_file_are_streamed_from_disk(api, service, client, tmp_path):
+    operator(api, service)
+    local = tmp_path / "big.csv"
+    local.write_bytes(b"row,value\n" * (BIG // 10))
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"\x00\xff" * BIG)
+    with other.open("rb") as handle:
+        result = client.run("...", files={"big.csv": local, "other.bin": handle})
+    assert result.succeeded
+    assert service.uploads == {sha(local.read_bytes()): local.read_bytes(), sha(other.read_bytes()): other.read_bytes()}
+
+
+def test_bytes_the_store_holds_already_are_not_sent_again(api, service, client):
+    big = b"z" * BIG
+    operator(api, service, held={sha(big)})
+    assert client.run("...", files={"big.bin": big}).succeeded
+    assert service.requests == []
+
+
+def test_an_upload_answered_before_its_body_was_read_counts(api, service, client):
+    operator(api, service)
+    service.upload_mode = "present"  # the store had it: 200 at once, Connection: close, body not read
+    big = b"p" * (16 * 1024 * 1024)
+    seen = client.run("...", files={"big.bin": big}, wait=False)  # returns once the uploads are sent
+    assert seen.upload is not None and [r[1] for r in service.puts()] == [f"/v1/uploads/{sha(big)}"]
+    assert service.uploads == {}  # never read: the service said at once it had those bytes
+
+
+def test_an_upload_refused_for_its_size_is_input_too_large_naming_the_file_and_the_run_is_deleted(api, service,
+                                                                                                    client):
+    operator(api, service)
+    service.upload_mode = "413"
+    with pytest.raises(InputTooLarge) as refused:
+        client.run("...", files={"huge.parquet": b"h" * BIG})
+    message = str(refused.value)
+    assert message.startswith(f"input huge.parquet ({BIG} bytes) is too large: the data service refused it "
+                              "(InputTooLarge): upload")
+    assert "spec.data.maxInputBytes" in message and "was deleted" in message
+    assert api.runs == {}  # nobody would ever send its bytes: the run is gone
+
+
+def test_a_run_the_operator_ends_for_its_input_sizes_is_input_too_large_and_nothing_is_sent(api, service, client):
+    message = ("input big.bin (upload:...) is 786432 bytes, over the policy's data.maxInputBytes (1000): send a "
+               "smaller file or ask the platform team for a larger cap")
+    api.on_create = lambda obj: obj.update(status={"phase": "Failed", "reason": "InputTooLarge", "message": message})
+    with pytest.raises(InputTooLarge, match=r"refused its inputs \(InputTooLarge\): input big.bin .*maxInputBytes"):
+        client.run("...", files={"big.bin": b"b" * BIG})
+    assert service.requests == []
+    operator(api, service)  # the control: the same call goes through when the operator waits for the upload
+    assert client.run("...", files={"big.bin": b"b" * BIG}).succeeded and len(service.puts()) == 1
+
+
+def test_an_unreachable_data_service_is_upload_failed_naming_the_file(api, service, client, monkeypatch):
+    operator(api, service)
+    monkeypatch.setattr("coderun.client.data.time.sleep", lambda seconds: None)  # the retries' backoff
+    service.server.server_close()  # nobody listens there any more
+    with pytest.raises(UploadFailed, match="upload of input big.bin failed: cannot connect to the data service"):
+        client.run("...", files={"big.bin": b"b" * BIG})
+
+
+def test_async_client_uploads_too(api, service, tmp_path):
+    from coderun.client.aio import AsyncCodeRunClient
+    from fake_api import write_kubeconfig
+    operator(api, service)
+    big = b"q" * BIG
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+
+    async def main():
+        async with AsyncCodeRunClient(kubeconfig=str(path)) as aio:
+            return await aio.run("...", files={"big.bin": big})
+    assert asyncio.run(main()).succeeded and service.uploads == {sha(big): big}
+
+
+# ---- inputs by reference
+def test_inputs_by_reference_and_an_earlier_runs_artifact(api, service, client):
+    operator(api, service)
+    earlier = result_from_object({"metadata": {"name": "clean-1", "namespace": "agents"}, "status": {
+        "phase": "Succeeded", "artifacts": [{"name": "out/clean.csv", "size": 3, "sha256": "a" * 64, "stored": True}]}})
+    client.run("...", inputs=[artifact_input(earlier, "out/clean.csv"),
+                              {"path": "raw.csv", "s3": {"bucket": "datasets", "key": "2026/raw.csv"}}])
+    assert created_spec(api)["inputs"] == [
+        {"path": "clean.csv", "sha256": "a" * 64, "artifact": {"run": "clean-1", "name": "out/clean.csv"}},
+        {"path": "raw.csv", "s3": {"bucket": "datasets", "key": "2026/raw.csv"}}]
+    assert artifact_input("clean-1", "x.csv", "in/x.csv").model_dump(exclude_none=True) == {
+        "path": "in/x.csv", "artifact": {"run": "clean-1", "name": "x.csv"}}
+    with pytest.raises(KeyError, match="no artifact 'nope'"):
+        artifact_input(earlier, "nope")
+
+
+# ---- artifacts
+def stored_run(api, service, artifacts, recorded=None):
+    """A finished run whose artifacts are in the store; `recorded` overrides what its status says of them."""
+    service.artifacts.update(artifacts)
+    listed = [{"name": n, "size": len(d), "sha256": sha(d), "stored": True} for n, d in (recorded or artifacts).items()]
+    api.add("agents", "run-a", {**SUCCEEDED, "artifacts": listed,
+                                "dataGrant": {"url": service.url, "token": READ_TOKEN, "expires": EXPIRES},
+                                "artifactsSkipped": [{"name": "huge.csv", "why": "artifact-too-large"}]})
+
+
+def test_a_stored_artifact_reads_as_bytes_and_into_a_file(api, service, client, tmp_path):
+    data = bytes(range(256)) * 40000  # 10 MB
+    stored_run(api, service, {"out/clean csv.csv": data})
+    result = client.get("run-a")
+    assert client.artifact(result, "out/clean csv.csv") == data
+    assert result.artifact("out/clean csv.csv") == data  # through the client that read it
+    written = client.artifact(result, "out/clean csv.csv", path=tmp_path / "clean.csv")
+    assert written == tmp_path / "clean.csv" and written.read_bytes() == data
+    assert {r[1] for r in service.requests} == {"/v1/artifacts/out/clean%20csv.csv"}
+    assert {r[2] for r in service.requests} == {f"Bearer {READ_TOKEN}"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clean.csv", "kubeconfig"]  # no temporary left
+
+
+def test_bytes_other_than_the_recorded_ones_are_refused_and_leave_no_file(api, service, client, tmp_path):
+    stored_run(api, service, {"out.csv": b"swapped!"}, recorded={"out.csv": b"original"})
+    result = client.get("run-a")
+    target = tmp_path / "out.csv"
+    target.write_bytes(b"kept as it was")
+    with pytest.raises(ArtifactUnavailable, match="artifact out.csv of run run-a: the store no longer holds the "
+                                                  "bytes the run recorded"):
+        client.artifact(result, "out.csv", path=target)
+    with pytest.raises(ArtifactUnavailable):
+        client.artifact(result, "out.csv")
+    assert target.read_bytes() == b"kept as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kubeconfig", "out.csv"]
+
+
+def test_an_expired_grant_is_read_anew_from_the_run_once(api, service, client):
+    stored_run(api, service, {"a.bin": b"abc"})
+    stale = client.get("run-a").model_copy(update={"data_grant": client.get("run-a").data_grant.model_copy(
+        update={"token": "d1.k.old.sig"})})
+    assert client.artifact(stale, "a.bin") == b"abc"
+    assert [r[2] for r in service.requests] == ["Bearer d1.k.old.sig", f"Bearer {READ_TOKEN}"]
+    service.read_tokens = set()
+    with pytest.raises(ArtifactUnavailable, match="answered 401 GrantExpired"):
+        client.artifact(stale, "a.bin")
+
+
+def test_skipped_artifacts_are_visible_in_the_result_the_summary_and_the_tool_text(api, service, client):
+    stored_run(api, service, {"a.bin": b"abc"})
+    result = client.get("run-a")
+    assert [(s.name, s.why) for s in result.artifacts_skipped] == [("huge.csv", "artifact-too-large")]
+    assert result.skipped_line == "1 output file not kept: huge.csv (artifact-too-large)"
+    assert str(result).endswith(" · 1 output file not kept: huge.csv (artifact-too-large)")
+    assert "1 output file not kept: huge.csv (artifact-too-large)" in cli.summary_line(result)
+    assert "1 output file not kept: huge.csv (artifact-too-large)" in render_result(result)
+    many = result.model_copy(update={"artifacts_skipped_unlisted": 7})
+    assert many.skipped_line == "8 output files not kept: huge.csv (artifact-too-large), 7 more"
+
+
+# ---- the CLI
+def test_cli_artifacts_get_writes_the_file_and_list_shows_where_each_is(api, service, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    data = b"id,total\n" * 100000
+    stored_run(api, service, {"out/clean.csv": data})
+    assert cli.main(["artifacts", "get", "run-a", "out/clean.csv"]) == 0
+    assert (tmp_path / "clean.csv").read_bytes() == data
+    assert cli.main(["artifacts", "get", "crun/run-a", "out/clean.csv", "-o", str(tmp_path / "x.csv")]) == 0
+    assert (tmp_path / "x.csv").read_bytes() == data
+    capsys.readouterr()
+    assert cli.main(["artifacts", "list", "run-a"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split() == ["NAME", "SIZE", "SHA256", "WHERE"]
+    assert out.splitlines()[1].split() == ["out/clean.csv", str(len(data)), sha(data), "stored"]
+    assert "1 output file not kept: huge.csv (artifact-too-large)" in err
+    assert cli.main(["artifacts", "get", "run-a", "nope.csv"]) == cli.EXIT_NOT_FOUND
+    assert "no artifact 'nope.csv'" in capsys.readouterr().err
+
+
+def test_cli_artifacts_get_to_stdout(api, service, tmp_path, monkeypatch, capfdbinary):
+    monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    stored_run(api, service, {"a.bin": b"\x00\x01binary"})
+    assert cli.main(["artifacts", "get", "run-a", "a.bin", "-o", "-"]) == 0
+    assert capfdbinary.readouterr().out == b"\x00\x01binary"
+
+
+def test_cli_run_uploads_a_large_file_and_lists_the_inputs(api, service, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    operator(api, service)
+    local = tmp_path / "big.csv"
+    local.write_bytes(b"a,b\n" * BIG)
+    assert cli.main(["run", "-c", "print(1)", "--file", str(local), "--file", f"small.txt={local}.small"]) \
+        == cli.EXIT_USAGE  # an unreadable file is a usage error, before anything is created
+    (tmp_path / "big.csv.small").write_text("hi")
+    capsys.readouterr()
+    assert cli.main(["run", "-c", "print(1)", "--file", str(local), "--file", f"small.txt={local}.small"]) == 0
+    assert service.uploads == {sha(local.read_bytes()): local.read_bytes()}
+    err = capsys.readouterr().err
+    digest = sha(local.read_bytes())
+    assert f"coderun: input big.csv: {local.stat().st_size} bytes, sha256 {digest}, from upload:{digest}\n" in err
