@@ -26,12 +26,12 @@ import logging
 import os
 import time
 from typing import Any, Awaitable, Callable
-from urllib.parse import quote
 
 import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 from . import __version__
 from .api.models import CodeRunSpec
@@ -41,13 +41,14 @@ from .client.sessions import SessionEnded, refused_as_over, run_in_session_spec
 from .client.connection import in_cluster
 from .client.request import new_run_name
 from .client.runtimes import RuntimeInfo
+from .client.artifacts import find_artifact
 from .client.sync import default_wait_seconds
 from .tools import LIST_RUNTIMES, RUN_CODE, TOOL_INPUTS, input_schema, render_result, render_runtimes, \
     tool_description
 from .tools.invoke import InvalidToolCall, error_reply, parse_call
 from .tools.policy_schema import fallback_description, policy_description, policy_input_schema
-from .tools.structured import RunOutput, RuntimesOutput, Shown, artifacts_line, dump, output_schema, run_output, \
-    show_artifacts, to_read
+from .tools.structured import RunOutput, RuntimesOutput, Shown, artifact_uri, artifacts_line, dump, guessed_type, \
+    output_schema, parse_artifact_uri, run_output, show_artifacts, to_read
 
 log = logging.getLogger("coderun.mcp")
 
@@ -55,7 +56,8 @@ INSTRUCTIONS = ("Runs code in an isolated gVisor sandbox on Kubernetes: no netwo
                 "names hosts (list_runtimes and run_code's description say), no secrets, bounded CPU, "
                 "memory and time. Call run_code with a complete program that prints what you need; read the exit "
                 "code, the error type and line, and fix the program when it fails. Images the program writes to "
-                "$CODERUN_OUTPUT_DIR come back as images.")
+                "$CODERUN_OUTPUT_DIR come back as images; larger files as resource links (resources/read); files "
+                "it wrote but the run did not keep are named with why.")
 PROGRESS_SECONDS = 10.0       # common hosts time a request out after 60 s unless progress resets the clock
 POLICY_LOOKUP_SECONDS = 10.0  # tools/list waits this long for the policy before it offers the static schema
 DELETE_ON_CANCEL_SECONDS = 10.0
@@ -82,6 +84,12 @@ STATIC_SCHEMAS[RUN_CODE]["properties"][SESSION_ARGUMENT] = {
                     "policy must allow sessions). The first session call starts it, with its memory and cpu; later "
                     "session calls cannot change them.")}
 CONVERSATION_IDLE_SECONDS = 900  # a session whose connection went without a word ends by itself
+# resources/read returns an artifact's bytes in the answer (base64): up to this, larger ones through the CLI.
+MAX_RESOURCE_BYTES = 8 * 1024 * 1024
+ARTIFACT_TEMPLATE = types.ResourceTemplate(
+    name="artifact", title="A run's artifact", uri_template="coderun://runs/{namespace}/{run}/artifacts/{name}",
+    description=("A file a run wrote to $CODERUN_OUTPUT_DIR (run_code's result links the stored ones), checked "
+                 f"against the run's sha256; up to {MAX_RESOURCE_BYTES // 1024 // 1024} MiB."))
 IDLE_CHECK_SECONDS = 30.0  # how often the HTTP server looks for conversations that went idle
 
 Report = Callable[[float, str], Awaitable[None]]  # (progress, message): a no-op when the call has no token
@@ -296,11 +304,41 @@ class CodeRunTools:
         content += [types.ImageContent(data=base64.b64encode(data).decode("ascii"), mime_type=mime)
                     for _, mime, data in shown.images]
         content += [types.EmbeddedResource(resource=types.TextResourceContents(
-            uri=f"coderun://{result.namespace}/{result.name}/artifacts/{quote(name)}", mime_type=mime, text=data))
+            uri=artifact_uri(result.namespace, result.name, name), mime_type=mime, text=data))
             for name, mime, data in shown.texts]
+        content += [types.ResourceLink(uri=link.uri or "", name=link.name, mime_type=link.mime_type, size=link.size,
+                                       description=f"artifact {link.name} of run {result.name}, in the store")
+                    for link in shown.links]
         # A failed program is a result the model reads and fixes; is_error marks what editing cannot fix.
         return types.CallToolResult(content=content, structured_content=dump(run_output(result, shown.listing)),
                                     is_error=result.rejected or result.infrastructure_failure)
+
+
+    # ---- resources/read
+    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+        """An artifact's bytes by its coderun://runs/... URI (what run_code links), checked against the run's
+        record, up to MAX_RESOURCE_BYTES; an MCPError that says what to do otherwise."""
+        where = parse_artifact_uri(uri)
+        if where is None:
+            raise MCPError(types.INVALID_PARAMS, f"unknown resource {uri!r}: the resources are run artifacts, "
+                                                 "coderun://runs/NAMESPACE/RUN/artifacts/NAME")
+        namespace, run, name = where
+        try:
+            client = self.client.get()
+            result = await client.get(run, namespace=namespace)
+            artifact = find_artifact(result, name)
+            if artifact.size > MAX_RESOURCE_BYTES:
+                raise MCPError(types.INVALID_PARAMS, f"artifact {name} of run {run} is {artifact.size} bytes, over "
+                                                     f"the {MAX_RESOURCE_BYTES} an MCP answer carries: get it with "
+                                                     f"`coderun artifacts get {run} {name} -n {namespace}`")
+            data = await client.artifact(result, name)
+        except KeyError as e:
+            raise MCPError(types.INVALID_PARAMS, str(e.args[0] if e.args else e)) from None
+        except CodeRunError as e:
+            raise MCPError(types.INVALID_PARAMS if e.status == 404 else types.INTERNAL_ERROR,
+                           f"{e} [tried {self.client.where}]") from None
+        return types.ReadResourceResult(contents=[types.BlobResourceContents(
+            uri=uri, mime_type=guessed_type(name), blob=base64.b64encode(data).decode("ascii"))])
 
 
 class ProgressReporter:
@@ -409,8 +447,19 @@ def build_server(tools: CodeRunTools) -> Server:
             await ctx.session.report_progress(progress, None, message)
         return await tools.call(params.name, params.arguments or {}, report, conversation=conversation_of(ctx))
 
+    async def on_list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[])  # artifacts are reached through run_code's links
+
+    async def on_list_resource_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[ARTIFACT_TEMPLATE])
+
+    async def on_read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        return await tools.read_resource(str(params.uri))
+
     return Server("coderun", version=__version__, title="coderun", instructions=INSTRUCTIONS,
-                  on_list_tools=on_list_tools, on_call_tool=on_call_tool, get_tool_input_schema=STATIC_SCHEMAS.get)
+                  on_list_tools=on_list_tools, on_call_tool=on_call_tool, get_tool_input_schema=STATIC_SCHEMAS.get,
+                  on_list_resources=on_list_resources, on_list_resource_templates=on_list_resource_templates,
+                  on_read_resource=on_read_resource)
 
 
 def serve(transport: str = "stdio", host: str = "127.0.0.1", port: int = 8000, namespace: str | None = None,

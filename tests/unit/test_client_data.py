@@ -4,12 +4,6 @@ record. Against the fake API server (fake_api.py, the test plays the operator) a
 127.0.0.1 (below, the contract's HTTP API), both over real HTTP."""
 import asyncio
 import base64
-import hashlib
-import http.server
-import io
-import json
-import threading
-import urllib.parse
 
 import pytest
 
@@ -20,89 +14,9 @@ from coderun.client.inputs import split_files
 from coderun.client.result import result_from_object
 from coderun.tools import render_result
 from fake_api import FakeApiServer
+from fake_data import EXPIRES, READ_TOKEN, UPLOAD_TOKEN, DataService, sha
 
-UPLOAD_TOKEN = "d1.k.upload.sig"
-READ_TOKEN = "d1.k.read.sig"
-EXPIRES = "2026-12-01T00:00:00Z"
 BIG = 3 * MAX_FILE_CONTENT_CHARS  # past one inline file: uploaded
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class DataService:
-    """The data service's caller-facing half: PUT /v1/uploads/<sha256> (upload grant), GET /v1/artifacts/<name>
-    (read grant). `upload_mode`: ok, 413 (refused at once, body unread), present (200 at once, body unread)."""
-
-    def __init__(self) -> None:
-        self.uploads: dict[str, bytes] = {}
-        self.artifacts: dict[str, bytes] = {}
-        self.requests: list[tuple[str, str, str | None, str | None]] = []  # method, path, Authorization, length
-        self.upload_mode = "ok"
-        self.read_tokens = {READ_TOKEN}
-        self.on_upload = lambda digest: None
-        service = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def answer(self, status, body, close=False):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if close:
-                    self.send_header("Connection", "close")
-                    self.close_connection = True
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_PUT(self):
-                service.requests.append(("PUT", self.path, self.headers.get("Authorization"),
-                                         self.headers.get("Content-Length")))
-                digest = self.path.removeprefix("/v1/uploads/")
-                if self.headers.get("Authorization") != f"Bearer {UPLOAD_TOKEN}":
-                    return self.answer(401, {"reason": "BadGrant", "message": "no upload grant"}, close=True)
-                if service.upload_mode == "413":
-                    return self.answer(413, {"reason": "InputTooLarge", "message": f"upload {digest} is larger "
-                                             "than the policy's maxInputBytes (1048576)"}, close=True)
-                if service.upload_mode == "present":
-                    return self.answer(200, {"sha256": digest, "size": 0, "key": f"uploads/ns/{digest}"}, close=True)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if sha(body) != digest:
-                    return self.answer(400, {"reason": "InputMismatch", "message": "the bytes differ"})
-                service.uploads[digest] = body
-                self.answer(200, {"sha256": digest, "size": len(body), "key": f"uploads/ns/{digest}"})
-                service.on_upload(digest)
-
-            def do_GET(self):
-                service.requests.append(("GET", self.path, self.headers.get("Authorization"), None))
-                name = urllib.parse.unquote(self.path.removeprefix("/v1/artifacts/"))
-                if self.headers.get("Authorization", "").removeprefix("Bearer ") not in service.read_tokens:
-                    return self.answer(401, {"reason": "GrantExpired", "message": "the grant expired"})
-                if name not in service.artifacts:
-                    return self.answer(404, {"reason": "ArtifactUnavailable", "message": f"no artifact {name}"})
-                data = service.artifacts[name]
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.send_header("X-Coderun-Sha256", sha(data))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def puts(self):
-        return [r for r in self.requests if r[0] == "PUT"]
 
 
 @pytest.fixture
@@ -114,11 +28,8 @@ def api():
 
 @pytest.fixture
 def service():
-    standin = DataService()
-    standin.thread.start()
-    yield standin
-    standin.server.shutdown()
-    standin.server.server_close()
+    with DataService() as standin:
+        yield standin
 
 
 @pytest.fixture

@@ -23,8 +23,10 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.memory import create_client_server_memory_streams
 
-from coderun.mcp_server import CodeRunTools, LazyClient, build_server
+from coderun.mcp_server import MAX_RESOURCE_BYTES, CodeRunTools, LazyClient, build_server
 from fake_api import FakeApiServer, write_kubeconfig
+from fake_data import EXPIRES, READ_TOKEN, DataService, sha
+from mcp.shared.exceptions import MCPError
 
 SRC = Path(__file__).parents[2] / "src"
 NAMESPACE = "agents"
@@ -173,7 +175,8 @@ def test_an_image_artifact_comes_back_as_an_image_and_the_rest_as_names_sizes_an
     texts = [block.resource for block in result.content if block.type == "resource"]
     assert [(t.text, t.mime_type) for t in texts] == [("mean 4.2\n", "text/plain"), ("not a png at all", "image/png")]
     listing = {a["name"]: a for a in result.structured_content["artifacts"]}
-    assert listing["plot"] == {"name": "plot", "size": len(plot), "mimeType": "image/png", "shown": "image"}
+    assert listing["plot"] == {"name": "plot", "size": len(plot), "mimeType": "image/png", "shown": "image",
+                               "uri": f"coderun://runs/{NAMESPACE}/{only_run(api)[1]}/artifacts/plot"}
     assert listing["weights.bin"]["shown"] == "listed" and "over 1048576 bytes" in listing["weights.bin"]["whyNotShown"]
     assert "weights.bin (2097152 bytes, application/octet-stream; not shown: over 1048576 bytes)" in \
         result.content[0].text
@@ -188,6 +191,59 @@ def test_images_past_the_count_are_listed_with_the_reason(api, kubeconfig):
     assert len([block for block in result.content if block.type == "image"]) == 4
     not_shown = [a for a in result.structured_content["artifacts"] if a["shown"] == "listed"]
     assert [a["whyNotShown"] for a in not_shown] == ["more than 4 images"] * 2
+
+
+def test_stored_artifacts_come_back_as_resource_links_read_with_resources_read_and_skipped_ones_are_named(
+        api, kubeconfig):
+    csv, big = b"id,total\n" + b"1,2\n" * 300000, b"x" * (MAX_RESOURCE_BYTES + 1)
+    inline = {"notes.txt": b"mean 4.2\n"}
+
+    with DataService() as service:
+        service.artifacts.update({"out/clean.csv": csv, "big.bin": big})
+
+        def on_create(obj):
+            listed = store_artifacts(api, obj["metadata"]["name"], inline)
+            listed += [{"name": name, "size": len(data), "sha256": sha(data), "stored": True}
+                       for name, data in service.artifacts.items()]
+            obj["status"] = {**SUCCEEDED, "artifacts": listed,
+                             "dataGrant": {"url": service.url, "token": READ_TOKEN, "expires": EXPIRES},
+                             "artifactsSkipped": [{"name": "huge.parquet", "why": "artifact-too-large"}]}
+        api.on_create = on_create
+
+        async def steps(session):
+            result = await session.call_tool("run_code", {"code": "..."})
+            links = {block.name: block for block in result.content if block.type == "resource_link"}
+            read = await session.read_resource(links["out/clean.csv"].uri)
+            notes = next(a["uri"] for a in result.structured_content["artifacts"] if a["name"] == "notes.txt")
+            refusals = []
+            for uri in (links["big.bin"].uri, "coderun://elsewhere/x",
+                        links["big.bin"].uri.replace("big.bin", "nope.bin")):
+                try:
+                    await session.read_resource(uri)
+                except MCPError as e:
+                    refusals.append(e.message)
+            templates = (await session.list_resource_templates()).resource_templates
+            return result, links, read, await session.read_resource(notes), refusals, templates
+        result, links, read, notes, refusals, templates = in_process(kubeconfig, steps)
+
+    run = only_run(api)[1]
+    link = links["out/clean.csv"]
+    assert (str(link.uri), link.mime_type, link.size) == (
+        f"coderun://runs/{NAMESPACE}/{run}/artifacts/out/clean.csv", "text/csv", len(csv))
+    assert base64.b64decode(read.contents[0].blob) == csv and read.contents[0].mime_type == "text/csv"
+    assert base64.b64decode(notes.contents[0].blob) == b"mean 4.2\n"  # an inline one reads the same way
+    listing = {a["name"]: a for a in result.structured_content["artifacts"]}
+    assert listing["out/clean.csv"]["shown"] == "link" and listing["out/clean.csv"]["stored"] is True
+    assert result.structured_content["artifactsSkipped"] == [{"name": "huge.parquet", "why": "artifact-too-large"}]
+    text = result.content[0].text
+    assert "1 output file not kept: huge.parquet (artifact-too-large)" in text
+    assert f"out/clean.csv ({len(csv)} bytes, text/csv, stored: read it with resources/read)" in text
+    assert f"over the {MAX_RESOURCE_BYTES} an MCP answer carries: get it with `coderun artifacts get {run} big.bin" \
+        in refusals[0]
+    assert refusals[1].startswith("unknown resource 'coderun://elsewhere/x'")
+    assert f"run {run} has no artifact 'nope.bin'" in refusals[2]
+    assert [t.uri_template for t in templates] == ["coderun://runs/{namespace}/{run}/artifacts/{name}"]
+    assert [r[1] for r in service.requests] == ["/v1/artifacts/out/clean.csv"]  # the big one was never fetched
 
 
 def test_a_refusal_at_admission_is_a_tool_error_naming_the_rule(api, kubeconfig):

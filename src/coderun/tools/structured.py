@@ -9,11 +9,12 @@ from __future__ import annotations
 import mimetypes
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from ..api.models import AuditStatus, Metrics, RunError
+from ..api.models import AuditStatus, InputRecord, Metrics, RunError, SkippedArtifact
 from ..api.text import one_line
 from ..client.result import RunResult
 from ..client.runtimes import RuntimeInfo
@@ -43,9 +44,14 @@ class ArtifactOutput(_Output):
     name: str = Field(description="Path relative to $CODERUN_OUTPUT_DIR.")
     size: int = Field(description="Size in bytes.")
     mime_type: str = Field(description="From the content when it was read, else from the name's suffix.")
-    shown: Literal["image", "text", "listed"] = Field(description=(
-        "image or text: included in this result's content; listed: name, size and type only."))
+    shown: Literal["image", "text", "link", "listed"] = Field(description=(
+        "image or text: included in this result's content; link: a resource_link to read with resources/read "
+        "(a stored artifact); listed: name, size and type only."))
     why_not_shown: str | None = Field(None, description="Why an image or text file was only listed.")
+    stored: bool | None = Field(None, description="true: kept in the store (larger than the inline caps), not in a "
+                                                  "ConfigMap.")
+    uri: str | None = Field(None, description="Where resources/read reads it (coderun://runs/NAMESPACE/RUN/"
+                                              "artifacts/NAME).")
 
 
 class RunOutput(_Output):
@@ -68,6 +74,10 @@ class RunOutput(_Output):
     limits: dict[str, str | int] | None = Field(None, description="The limits the run got after policy defaults.")
     artifacts: list[ArtifactOutput] = Field(default_factory=list,
                                             description="Files the program wrote to $CODERUN_OUTPUT_DIR.")
+    artifacts_skipped: list[SkippedArtifact] = Field(default_factory=list, description=(
+        "Files the program wrote that were not kept, and why (too large for the policy's caps, a link, ...)."))
+    inputs: list[InputRecord] = Field(default_factory=list, description=(
+        "The inputs by reference as the run got them: path, source, size, sha256."))
     audit: AuditStatus | None = Field(None, description=(
         "What the program touched (files read and written, connect attempts, processes), from gVisor's trace "
         "points; source Unavailable with a message when that is not known."))
@@ -103,7 +113,8 @@ def run_output(result: RunResult, artifacts: list[ArtifactOutput] | None = None)
                      outcome=outcome_line(result), succeeded=result.succeeded, exit_code=result.exit_code,
                      error=result.error, stdout=stdout, stderr=stderr, stdout_bytes=result.stdout_bytes,
                      stderr_bytes=result.stderr_bytes, stdout_truncated=stdout_cut, stderr_truncated=stderr_cut,
-                     metrics=result.metrics, limits=limits or None, artifacts=artifacts or [], audit=result.audit)
+                     metrics=result.metrics, limits=limits or None, artifacts=artifacts or [], audit=result.audit,
+                     artifacts_skipped=result.artifacts_skipped or [], inputs=result.inputs or [])
 
 
 def sniff_image(data: bytes) -> str | None:
@@ -125,10 +136,30 @@ def guessed_type(name: str) -> str:
     return mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
+ARTIFACT_URI_PREFIX = "coderun://runs/"
+
+
+def artifact_uri(namespace: str, run: str, name: str) -> str:
+    """The MCP resource URI of one artifact: coderun://runs/NAMESPACE/RUN/artifacts/NAME (NAME URL-quoted)."""
+    return f"{ARTIFACT_URI_PREFIX}{quote(namespace, safe='')}/{quote(run, safe='')}/artifacts/{quote(name, safe='/')}"
+
+
+def parse_artifact_uri(uri: str) -> tuple[str, str, str] | None:
+    """(namespace, run, artifact name) from an artifact_uri, None for any other URI."""
+    if not uri.startswith(ARTIFACT_URI_PREFIX):
+        return None
+    namespace, _, rest = uri[len(ARTIFACT_URI_PREFIX):].partition("/")
+    run, _, rest = rest.partition("/")
+    kind, _, name = rest.partition("/")
+    if not namespace or not run or kind != "artifacts" or not name:
+        return None
+    return unquote(namespace), unquote(run), unquote(name)
+
+
 def to_read(result: RunResult) -> list[str]:
     """The artifacts worth reading to show inline: small enough to be an image or a text file shown, at most
-    MAX_INLINE_ARTIFACTS, in the order the program wrote them."""
-    small = [a.name for a in result.artifacts or () if a.size <= MAX_IMAGE_BYTES]
+    MAX_INLINE_ARTIFACTS, in the order the program wrote them. Stored ones are linked, not read."""
+    small = [a.name for a in result.artifacts or () if a.size <= MAX_IMAGE_BYTES and not a.stored]
     return small[:MAX_INLINE_ARTIFACTS]
 
 
@@ -138,6 +169,7 @@ class Shown:
     listing: list[ArtifactOutput] = field(default_factory=list)
     images: list[tuple[str, str, bytes]] = field(default_factory=list)  # (name, mime type, bytes)
     texts: list[tuple[str, str, str]] = field(default_factory=list)     # (name, mime type, text)
+    links: list[ArtifactOutput] = field(default_factory=list)           # stored artifacts, as resource links
 
 
 def show_artifacts(result: RunResult, read: dict[str, bytes | str]) -> Shown:
@@ -147,8 +179,11 @@ def show_artifacts(result: RunResult, read: dict[str, bytes | str]) -> Shown:
     for artifact in result.artifacts or ():
         data = read.get(artifact.name)
         entry = ArtifactOutput(name=one_line(artifact.name), size=artifact.size, mime_type=guessed_type(artifact.name),
-                               shown="listed")
-        if isinstance(data, bytes):
+                               shown="listed", uri=artifact_uri(result.namespace, result.name, artifact.name))
+        if artifact.stored:
+            entry.shown, entry.stored = "link", True
+            shown.links.append(entry)
+        elif isinstance(data, bytes):
             image, text = sniff_image(data), _text(data)
             if image or (text is not None and entry.mime_type == "application/octet-stream"):
                 entry.mime_type = image or "text/plain"
@@ -178,6 +213,7 @@ def artifacts_line(listing: list[ArtifactOutput]) -> str | None:
     if not listing:
         return None
     parts = [f"{a.name} ({a.size} bytes, {a.mime_type}"
-             + (f", shown as {a.shown}" if a.shown != "listed" else "")
+             + (", stored: read it with resources/read" if a.shown == "link"
+                else f", shown as {a.shown}" if a.shown != "listed" else "")
              + (f"; not shown: {a.why_not_shown}" if a.why_not_shown else "") + ")" for a in listing]
     return one_line("artifacts: " + ", ".join(parts))
