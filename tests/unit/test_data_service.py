@@ -33,9 +33,7 @@ PREFIX = f"runs/{NS}/{UID}/artifacts/"
 
 
 def versitygw_binary() -> Path:
-    """The store's binary as `e2e/cluster/build-binaries.sh versitygw` caches it (CODERUN_VERSITYGW overrides)."""
-    if os.environ.get("CODERUN_VERSITYGW"):
-        return Path(os.environ["CODERUN_VERSITYGW"])
+    """The store's binary as `e2e/cluster/build-binaries.sh versitygw` caches it."""
     found = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/versitygw-"
                             "$VERSITYGW_VERSION/versitygw"], cwd=REPO, capture_output=True, text=True, check=True)
     return Path(found.stdout.strip())
