@@ -716,7 +716,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("--language", help="runtime (default: from the file suffix, else python)")
     run.add_argument("--file", action="append", default=[], metavar="[DEST=]PATH",
                      help="input file for the program (repeatable); lands as its base name unless DEST= is "
-                          "given").complete = shtab.FILE
+                          "given. Any size the policy allows: small files go in the run, larger ones are uploaded "
+                          "to the data service (streamed) once the run asks for them").complete = shtab.FILE
     run.add_argument("--stdin", metavar="FILE",
                      help="file passed on the program's standard input (- for ours)").complete = shtab.FILE
     run.add_argument("--timeout", type=program_seconds, metavar="DURATION",

@@ -64,8 +64,8 @@ def operator(api, service, *, held=()):
 
 
 def created_spec(api):
-    (body,) = [e[2] for e in api.events if e[1] == "ADDED"]
-    return body["spec"]
+    """The spec of the run created last."""
+    return [e[2] for e in api.events if e[1] == "ADDED"][-1]["spec"]
 
 
 # ---- which way in
@@ -184,6 +184,18 @@ def test_an_unreachable_data_service_is_upload_failed_naming_the_file(api, servi
     service.server.server_close()  # nobody listens there any more
     with pytest.raises(UploadFailed, match="upload of input big.bin failed: cannot connect to the data service"):
         client.run("...", files={"big.bin": b"b" * BIG})
+
+
+def test_a_session_run_uploads_its_large_file_and_a_later_run_sends_it_no_more(api, service, client):
+    big = b"s" * BIG
+    api.sessions[("agents", "s1")] = {"metadata": {"name": "s1", "namespace": "agents"},
+                                      "spec": {"language": "python"}}
+    operator(api, service)
+    session = client.open_session("s1")
+    assert session.run("...", files={"big.bin": big}).succeeded
+    assert created_spec(api)["session"] == "s1" and service.uploads == {sha(big): big}
+    operator(api, service, held={sha(big)})  # the store keeps it by its sha256: the operator asks for nothing
+    assert session.run("...", files={"big.bin": big}).succeeded and len(service.puts()) == 1
 
 
 def test_async_client_uploads_too(api, service, tmp_path):

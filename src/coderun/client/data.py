@@ -150,13 +150,11 @@ def upload(url: str, token: str, file: Upload, *, attempts: int = ATTEMPTS,
         if answer.retriable and attempt < attempts:
             sleep(min(answer.retry_after or 2.0 ** attempt, MAX_RETRY_AFTER_SECONDS))
             continue
-        advice = {401: "the upload grant is no longer valid (the run stopped waiting for uploads?): create the "
-                       "run again",
-                  403: "the upload grant is no longer valid (the run stopped waiting for uploads?): create the "
-                       "run again",
-                  400: "the bytes sent were not the ones hashed: the local file changed while being sent; run again"
-                  }.get(answer.status, "try again later; the message above says what failed")
-        raise UploadFailed(file.path, answer.reason, f"{answer.status} {answer.message}; {advice}",
+        advice = {401: "; the upload grant is no longer valid (the run stopped waiting for its uploads): create "
+                       "the run again",
+                  400: "; the bytes sent were not the ones hashed: the local file changed while being sent, run again",
+                  }.get(answer.status, "" if answer.status < 500 else "; the data service failed: try again later")
+        raise UploadFailed(file.path, answer.reason, f"{answer.status} {answer.message}{advice}",
                            status=answer.status)
     raise AssertionError("unreachable")
 
