@@ -273,6 +273,24 @@ def test_an_upload_already_there_is_answered_at_once_without_its_body(s3, bucket
     assert json.loads(body) == {"sha256": sha(data), "size": len(data), "key": f"uploads/{NS}/{sha(data)}"}
 
 
+def test_a_caller_that_sends_its_whole_body_still_reads_an_early_answer(s3, bucket, svc):
+    # The runner sends an artifact whole before it reads the answer: an answer given before the body was read
+    # (a refusal, or an upload already there) must still reach it, not a connection reset. 16 MiB: more than
+    # loopback's socket buffers hold, so the caller is still sending when the answer comes.
+    data = os.urandom(16 * MIB)
+    put(s3, bucket, f"uploads/{NS}/{sha(data)}", data, sha(data))
+    sends = [("/v1/artifacts/big", run_grant(bucket, max_file_bytes=MIB), data, b"HTTP/1.1 413", b'"ArtifactTooLarge"'),
+             (f"/v1/uploads/{sha(data)}", upload_grant(bucket, [(sha(data), len(data))]), data, b"HTTP/1.1 200",
+              sha(data).encode())]
+    for path, token, body, status, word in sends:
+        with svc.raw() as conn:
+            conn.sendall(f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            answer = conn.makefile("rb").read()
+        assert answer.startswith(status) and word in answer
+    assert keys_in(s3, bucket) == [f"uploads/{NS}/{sha(data)}"]
+
+
 def test_an_upload_the_grant_does_not_name_is_refused(s3, bucket, svc):
     data = b"abc"
     token = upload_grant(bucket, [(sha(b"other"), 5)])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -34,6 +35,10 @@ PART_BYTES = 8 << 20  # a multipart upload's part (S3 wants 5 MiB or more but fo
 IDLE_TIMEOUT = 60.0
 MAX_TRANSFERS = 32
 RETRY_AFTER = 2
+# A body answered before it was read (refused, or already stored) is read and dropped after the answer, this much
+# at most: a caller still sending then reads the answer instead of a connection reset (which may drop it).
+LINGER_BYTES = 64 << 20
+LINGER_SECONDS = 5.0
 
 
 class Answer(Exception):
@@ -224,12 +229,15 @@ class Handler(BaseHTTPRequestHandler):
                          f"{sizes[0]} the run names: send the file the run's input names")
         with service.transfer():
             there = head(service.s3, grant.bucket, key)
-            if there is not None and there[0] == length and there[1] in (None, sha):
-                transfer.outcome = "already-there"
-                self.close_connection = True  # its body is never read
-                return self._reply({"sha256": sha, "size": length, "key": key}, {"Connection": "close"})
-            self._store(service, grant.bucket, key, length, sha, f"the upload of sha256 {sha}", transfer)
-        self._reply({"sha256": sha, "size": length, "key": key})
+            stored = there is not None and there[0] == length and there[1] in (None, sha)
+            if not stored:
+                self._store(service, grant.bucket, key, length, sha, f"the upload of sha256 {sha}", transfer)
+        if not stored:
+            return self._reply({"sha256": sha, "size": length, "key": key})
+        transfer.outcome = "already-there"
+        self.close_connection = True  # its body is never read
+        self._reply({"sha256": sha, "size": length, "key": key}, {"Connection": "close"})
+        self._linger()
 
     # Their parts.
 
@@ -373,14 +381,32 @@ class Handler(BaseHTTPRequestHandler):
         if self._started:  # the headers went out: all that is left is to cut the body short
             self.close_connection = True
             return
-        headers = dict(a.headers)
-        if self.command == "PUT" and not self._body_read:  # its body unread: this connection cannot go on
+        headers, unread = dict(a.headers), self.command == "PUT" and not self._body_read
+        if unread:  # this connection cannot go on
             headers["Connection"] = "close"
             self.close_connection = True
         try:
             self._reply({"reason": a.reason, "message": str(a)}, headers, a.status)
         except OSError:
             self.close_connection = True
+            return
+        if unread:
+            self._linger()
+
+    def _linger(self) -> None:
+        """The answer ends here (our side shut); what the caller still sends is dropped, bounded in bytes and
+        time, so closing does not reset the connection under an answer the caller has yet to read."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_SECONDS)
+            left, deadline = LINGER_BYTES, time.monotonic() + LINGER_SECONDS
+            while left > 0 and time.monotonic() < deadline:
+                chunk = self.rfile.read1(min(CHUNK, left))
+                if not chunk:
+                    break
+                left -= len(chunk)
+        except OSError:
+            pass
 
 
 def need(grant: Grant, kind: type[Any], doing: str) -> Any:
