@@ -552,7 +552,8 @@ def cmd_delete(client: CodeRunClient, args: argparse.Namespace) -> int:
 def artifacts_table(result: RunResult) -> str:
     """`coderun artifacts list`: each artifact's name, size, sha256 and where it is kept."""
     rows = [["NAME", "SIZE", "SHA256", "WHERE"]] + [
-        [one_line(a.name), str(a.size), a.sha256, "stored" if a.stored else "inline"] for a in result.artifacts or ()]
+        [one_line(a.name), str(a.size), one_line(a.sha256), "stored" if a.stored else "inline"]
+        for a in result.artifacts or ()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
 
@@ -584,6 +585,8 @@ def cmd_artifacts(client: CodeRunClient, args: argparse.Namespace) -> int:
                        + (f"; {skipped}" if skipped else "")), file=sys.stderr)
         return EXIT_NOT_FOUND
     dest = artifact_destination(args.artifact, args.dest)
+    if dest == "-" and sys.stdout.isatty():  # the program's bytes could drive the terminal (see terminal_text)
+        return usage_error(args.command_parser, "standard output is a terminal: pipe it, or give -o PATH")
     if dest == "-":  # checked whole before a byte is written: a reader never gets bytes the run did not make
         sys.stdout.buffer.write(client.artifact(result, args.artifact))
         sys.stdout.flush()

@@ -205,10 +205,16 @@ def test_async_client_uploads_too(api, service, tmp_path):
     big = b"q" * BIG
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url)
 
+    stored_run(api, service, {"out.bin": b"stored bytes"})
+
     async def main():
         async with AsyncCodeRunClient(kubeconfig=str(path)) as aio:
-            return await aio.run("...", files={"big.bin": big})
-    assert asyncio.run(main()).succeeded and service.uploads == {sha(big): big}
+            ran = await aio.run("...", files={"big.bin": big})
+            stored = await aio.get("run-a")
+            return ran, await aio.artifact(stored, "out.bin"), await stored.artifact("out.bin")
+    ran, read, through_result = asyncio.run(main())
+    assert ran.succeeded and service.uploads == {sha(big): big}
+    assert read == through_result == b"stored bytes"
 
 
 # ---- inputs by reference
@@ -313,9 +319,13 @@ def test_cli_artifacts_get_to_stdout(api, service, tmp_path, monkeypatch, capfdb
     monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
     monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    stored_run(api, service, {"a.bin": b"\x00\x01binary"})
+    stored_run(api, service, {"a.bin": b"\x00\x01binary\x1b]52;c;"})
     assert cli.main(["artifacts", "get", "run-a", "a.bin", "-o", "-"]) == 0
-    assert capfdbinary.readouterr().out == b"\x00\x01binary"
+    assert capfdbinary.readouterr().out == b"\x00\x01binary\x1b]52;c;"
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True)  # a terminal: the program's bytes could drive it
+    assert cli.main(["artifacts", "get", "run-a", "a.bin", "-o", "-"]) == cli.EXIT_USAGE
+    captured = capfdbinary.readouterr()
+    assert captured.out == b"" and b"standard output is a terminal: pipe it, or give -o PATH" in captured.err
 
 
 def test_cli_run_uploads_a_large_file_and_lists_the_inputs(api, service, tmp_path, monkeypatch, capsys):
