@@ -171,9 +171,10 @@ def test_encode_frame_is_compact_ascii():
 
 
 def test_parse_args_defaults_and_both_forms():
-    assert vars(parse_args([])) == {"input": "/coderun/input", "work": "/tmp/work", "input_stdin": False,
-                                           "session": False, "keep_state": False, "outputs": "/tmp/outputs",
-                                           "termination_log": "/dev/termination-log", "prestart": ""}
+    assert vars(parse_args([])) == {"input": "/coderun/input", "inputs": "/coderun/inputs", "work": "/tmp/work",
+                                    "input_stdin": False, "session": False, "keep_state": False,
+                                    "outputs": "/tmp/outputs", "termination_log": "/dev/termination-log",
+                                    "prestart": ""}
     args = parse_args(["--input", "/in", "--termination-log=/log", "--work=/w"])
     assert (args.input, args.termination_log, args.work, args.outputs) == ("/in", "/log", "/w", "/tmp/outputs")
     # A warm pool pod's runner: the input comes on stdin and is laid out where a cold pod's ConfigMap is mounted.
@@ -238,7 +239,9 @@ def test_sandbox_limits_out_of_range_are_invalid_input(field, value):
 def test_protocol_constants_are_exported():
     assert protocol.FRAME_PREFIX == "CODERUN-RESULT-V1 "
     assert {"DiskLimitExceeded", "ProcessLimitExceeded", "SandboxViolation"} <= set(protocol.REASONS)
-    assert len(set(protocol.REASONS)) == len(protocol.REASONS) == 11  # InputIncomplete: a warm pod's cut-short input
+    # InputIncomplete: a warm pod's cut-short input; the data plane's three input reasons (runner data.py)
+    assert len(set(protocol.REASONS)) == len(protocol.REASONS) == 14
+    assert set(protocol.INPUT_REASONS) == {"InputUnavailable", "InputMismatch", "InputTooLarge"}
     assert protocol.LIMIT_KINDS == ("disk", "inodes", "processes", "termination-log")
     assert (protocol.MAX_ERROR_TYPE_CHARS, protocol.MAX_ERROR_MESSAGE_CHARS,
             protocol.MAX_NAME_CHARS) == (256, 4096, 1024)

@@ -124,8 +124,8 @@ def runner_in(tmp_path: Path, owner: int | None = None, interpreter: str = sys.e
             lay_out_runner(runner_root)
         started = time.monotonic()
         proc = subprocess.run(
-            [*wrapper, interpreter, "-I", str(runner_root), *source, "--work", str(work),
-             "--outputs", str(outputs), "--termination-log", str(termination_log)],
+            [*wrapper, interpreter, "-I", str(runner_root), *source, "--inputs", str(tmp_path / "inputs"),
+             "--work", str(work), "--outputs", str(outputs), "--termination-log", str(termination_log)],
             capture_output=True, timeout=subprocess_timeout, input=stream, cwd=cwd,
             env={**os.environ, **(runner_env or {})},
         )
@@ -233,7 +233,7 @@ def run_session_runner(tmp_path: Path, stream: bytes, wrapper: tuple = (), inter
     termination_log.write_text("")
     proc = subprocess.run(
         [*wrapper, interpreter, "-I", str(runner_root), *mode, "--input", str(tmp_path / "input"),
-         "--work", str(work), "--outputs", str(tmp_path / "scratch" / "outputs"),
+         "--inputs", str(tmp_path / "inputs"), "--work", str(work), "--outputs", str(tmp_path / "scratch" / "outputs"),
          "--termination-log", str(termination_log)],
         capture_output=True, timeout=subprocess_timeout, input=stream)
     frames = [json.loads(line[len(FRAME_PREFIX):]) for line in proc.stdout.split(b"\n")

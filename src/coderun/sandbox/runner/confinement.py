@@ -18,6 +18,11 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNS = 0x00020000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+# statvfs f_flag bits (ST_*) -> mount flags (MS_*): a read-only remount of a bind must keep the flags its mount
+# has, or a user namespace's kernel refuses it (they are locked).
+LOCKED_FLAGS = ((1, MS_RDONLY), (2, MS_NOSUID), (4, MS_NODEV), (8, MS_NOEXEC), (1024, 1024), (2048, 2048),
+                (4096, 1 << 21))
 PR_SET_DUMPABLE = 4
 # Two and a half guard intervals: a zombie lives through at least two checks before the namespace's init reaps it.
 ORPHAN_REAP_SECONDS = 0.5
@@ -84,7 +89,26 @@ def mount_capped_scratch(scratch_dir: str, max_inodes: int, disk_bytes: int | No
     return libc.mount(b"tmpfs", os.fsencode(scratch_dir), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()) == 0
 
 
-def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None, own_user: bool = False) -> None:
+def bind_read_only(libc, path: str) -> bool:
+    """path read-only in this mount namespace (a bind of it over itself, remounted read-only): the program reads
+    what is there, and what the runner adds through its own mount later, and can write, unlink or rename none of
+    it (the syscall filter refuses it mount and umount)."""
+    try:
+        existing = os.statvfs(path).f_flag
+    except OSError:
+        return False
+    raw = os.fsencode(path)
+    if libc.mount(raw, raw, None, MS_BIND | MS_REC, None) != 0:
+        return False
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+    for st_flag, ms_flag in LOCKED_FLAGS:
+        if existing & st_flag:
+            flags |= ms_flag
+    return libc.mount(None, raw, None, flags, None) == 0
+
+
+def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None, own_user: bool = False,
+                             read_only_dir: str | None = None) -> None:
     """In the child before exec (the runner's preexec): make a PID and a mount namespace and fork twice, so the
     program is PID 2 of it under an init of ours, with a /proc of its own, and return in the program's process.
     The child the runner started (its Popen pid) mirrors the program's exit status, so the run loop sees the
@@ -108,6 +132,8 @@ def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None, 
         write_id_maps(uid, gid)
     if hidden_dir is not None:
         libc.mount(b"tmpfs", os.fsencode(hidden_dir), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    if read_only_dir is not None and os.path.isdir(read_only_dir):
+        bind_read_only(libc, read_only_dir)
     status_read, status_write = os.pipe()
     init = os.fork()
     if init == 0:

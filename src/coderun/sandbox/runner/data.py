@@ -83,8 +83,12 @@ class Transfer:
 
     def __enter__(self) -> "Transfer":
         self.timer.start()
-        self.connection.connect()
-        self.pace()
+        try:
+            self.connection.connect()
+            self.pace()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -154,6 +158,7 @@ class DataService:
     def _stream_into(self, index: int, entry: dict, fd: int) -> tuple[str, int]:
         path, size = entry["path"], entry["size"]
         digest, written = hashlib.sha256(), 0
+        transfer = None
         try:
             with Transfer(self, self.bounds.deadline(size), self.bounds) as transfer:
                 transfer.request("GET", f"/v1/inputs/{index}", self.token)
@@ -167,6 +172,10 @@ class DataService:
                     raise InputFailure(path, INPUT_TOO_LARGE,
                                        f"input {path!r}: the data service has {int(announced)} bytes, more than the "
                                        f"{size} the run's grant names: the object changed since the run was created")
+                if announced is not None and announced.isdigit() and int(announced) < size:
+                    raise InputFailure(path, INPUT_MISMATCH,
+                                       f"input {path!r}: the data service has {int(announced)} bytes, not the {size} "
+                                       "the run's grant names: the object changed since the run was created")
                 pin = response.getheader("X-Coderun-Sha256")
                 if pin is not None and pin != entry["sha256"]:
                     raise InputFailure(path, INPUT_MISMATCH,
@@ -184,12 +193,16 @@ class DataService:
                     write_all(fd, chunk)
                     digest.update(chunk)
                     written += len(chunk)
+                if transfer.expired:  # the deadline shut the socket: what ended the body was not the service
+                    raise TimeoutError("the transfer's deadline passed")
+                if response.length:  # the body ended before its Content-Length
+                    raise http.client.IncompleteRead(b"", response.length)
         except InputFailure:
             raise
         except (OSError, http.client.HTTPException) as exc:
             raise InputFailure(path, INPUT_UNAVAILABLE,
                                f"input {path!r}: the data service at {self.host}:{self.port} could not be read "
-                               f"({transfer_failure(exc)}) after {written} of {size} bytes") from None
+                               f"({transfer_failure(exc, transfer)}) after {written} of {size} bytes") from None
         return digest.hexdigest(), written
 
     def store(self, name: str, fd: int, size: int) -> dict | str:
@@ -239,9 +252,9 @@ def input_reason(status: int, service_reason: str) -> str:
     return INPUT_UNAVAILABLE
 
 
-def transfer_failure(exc: BaseException) -> str:
+def transfer_failure(exc: BaseException, transfer: Transfer | None) -> str:
     """What went wrong, in words that carry nothing of the request (the token is in its headers)."""
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, TimeoutError) or (transfer is not None and transfer.expired):
         return "it did not answer in time"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"

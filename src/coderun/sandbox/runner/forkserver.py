@@ -32,7 +32,8 @@ from .confinement import MAX_CLOSE_FD
 from .limits import Guards
 from .seccomp import syscall_filter
 
-SETTINGS_VARIABLE = "CODERUN_FORK_SERVER"  # {"workDir", "inputDir", "diskBytes", "maxProcesses", "pid1"}
+# {"workDir", "inputDir", "inputsDir", "diskBytes", "maxProcesses", "pid1"}
+SETTINGS_VARIABLE = "CODERUN_FORK_SERVER"
 MAX_REQUEST_BYTES = 64
 FAILED_FORK_STATUS = 127  # a fork that could not be confined: it never answers its run (prestart.Prestarted.take)
 
@@ -42,7 +43,7 @@ def serve(control: socket.socket) -> socket.socket:
     a forked program, confined, with its channel; the server itself never returns."""
     settings = json.loads(os.environ.pop(SETTINGS_VARIABLE))
     guards = Guards(os.path.dirname(settings["workDir"]), settings["diskBytes"], 0, settings["maxProcesses"], None,
-                    settings["pid1"], settings["inputDir"])
+                    settings["pid1"], settings["inputDir"], inputs_dir=settings.get("inputsDir"))
     guards.forked = True
     # What every fork would import or compute as it confines itself, once here rather than in each run's CPU.
     importlib.import_module("ctypes")  # confinement's and seccomp's, imported where they are used

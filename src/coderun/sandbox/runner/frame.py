@@ -8,7 +8,8 @@ import json
 
 from .child import ChildOutcome
 from .errors import ERROR_PARSERS
-from .protocol import COMPLETED, FRAME_VERSION, MAX_ERROR_MESSAGE_CHARS, NON_ZERO_EXIT, SIGNALED, cap
+from .protocol import (COMPLETED, FRAME_VERSION, MAX_ERROR_MESSAGE_CHARS, MAX_NAME_CHARS, NON_ZERO_EXIT, SIGNALED,
+                       cap)
 
 
 def classify(outcome: ChildOutcome) -> tuple[str, int | None, int | None]:
@@ -38,6 +39,14 @@ def failure_frame(reason: str, message: str) -> dict:
             **empty_stream_fields(), "error": None,
             "metrics": {"wallMillis": 0, "cpuMillis": 0, "maxRSSBytes": 0},
             "artifacts": [], "artifactsSkipped": [], "artifactsSkippedUnlisted": 0}
+
+
+def input_error_frame(path: str, reason: str, message: str) -> dict:
+    """The frame for a run one of whose data-plane inputs could not be laid out: its program never started."""
+    frame = failure_frame(reason, message)
+    frame["inputError"] = {"path": cap(path, MAX_NAME_CHARS), "reason": reason,
+                           "message": cap(message, MAX_ERROR_MESSAGE_CHARS)}
+    return frame
 
 
 def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: bool,

@@ -22,6 +22,15 @@ MAX_INODES = 2**31 - 1
 MAX_PROCESSES = 4194304
 # Kubernetes ConfigMap key rules: a key never names another file or a dir.
 CONFIGMAP_KEY = re.compile(r"^(?!\.\.)[-._a-zA-Z0-9]+$")
+# What stays inline in the frame (run.json artifacts.inlineFileBytes/inlineTotalBytes); past it, with the data
+# plane's artifactsToStore, an artifact goes to the store. Absent: all that the caps allow stays inline (as before).
+INLINE_CAPS = {"inlineFileBytes": "maxFileBytes", "inlineTotalBytes": "maxTotalBytes"}
+# The data plane (run.json `data`): the data service's address (a pod's IP: sandboxes resolve no names), the run's
+# grant, and the inputs the grant names (index i is GET /v1/inputs/<i>).
+DATA_URL = re.compile(r"^http://(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:.]+\]|[a-z0-9][-a-z0-9.]{0,252}):\d{1,5}/?$")
+DATA_TOKEN = re.compile(r"^[A-Za-z0-9._-]{1,16000}$")  # never a byte that could end a header
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+MAX_DATA_INPUTS = 256
 
 
 class InvalidInput(Exception):
@@ -90,6 +99,8 @@ def parse_run_spec(raw: dict) -> dict:
     for name in caps:
         if name in artifacts:
             caps[name] = _non_negative_int(artifacts[name], f"artifacts.{name}")
+    for name, bound in INLINE_CAPS.items():
+        caps[name] = min(_non_negative_int(artifacts.get(name, caps[bound]), f"artifacts.{name}"), caps[bound])
     env = raw.get("env") or {}
     _require(isinstance(env, dict) and all(
         isinstance(k, str) and isinstance(v, str) and k and "=" not in k
@@ -112,6 +123,7 @@ def parse_run_spec(raw: dict) -> dict:
         _require(path not in seen, f"files[{index}]: path {path!r} is used twice")
         seen.add(path)
         checked_files.append({"path": path, "key": key})
+    data = parse_data(raw.get("data"), seen)
     flood = raw.get("floodBytes", DEFAULT_FLOOD_BYTES)
     disk, memory = raw.get("diskBytes"), raw.get("memoryBytes")
     scratch_tmpfs = raw.get("scratchTmpfs", False)
@@ -134,7 +146,45 @@ def parse_run_spec(raw: dict) -> dict:
         "files": checked_files,
         "stdinKey": stdin_key,
         "env": env,
+        "data": data,
     }
+
+
+def parse_data(data: object, work_paths: set[str]) -> dict | None:
+    """run.json `data`, checked (None: no data plane). Its inputs' paths are links in the work dir beside the
+    program's files: none may be one of those, nor a dir of another input or file."""
+    if data is None:
+        return None
+    _require(isinstance(data, dict), "run.json: data must be an object")
+    url, token, inputs = data.get("url"), data.get("token"), data.get("inputs") or []
+    _require(isinstance(url, str) and bool(DATA_URL.match(url)), "run.json: data.url must be http://<address>:<port>")
+    _require(isinstance(token, str) and bool(DATA_TOKEN.match(token)), "run.json: data.token is malformed")
+    _require(isinstance(inputs, list) and len(inputs) <= MAX_DATA_INPUTS,
+             f"run.json: data.inputs must be a list of at most {MAX_DATA_INPUTS}")
+    to_store = data.get("artifactsToStore", False)
+    _require(isinstance(to_store, bool), "run.json: data.artifactsToStore must be true or false")
+    taken = set(work_paths)
+    checked = []
+    for index, entry in enumerate(inputs):
+        _require(isinstance(entry, dict), f"run.json: data.inputs[{index}] must be an object")
+        path = validate_relative_path(entry.get("path"), f"data.inputs[{index}]")
+        sha256 = entry.get("sha256")
+        _require(isinstance(sha256, str) and bool(SHA256_HEX.match(sha256)),
+                 f"data.inputs[{index}]: sha256 must be 64 lowercase hex digits")
+        size = _non_negative_int(entry.get("size"), f"data.inputs[{index}].size")
+        _require(path not in taken, f"data.inputs[{index}]: path {path!r} is used twice")
+        taken.add(path)
+        checked.append({"path": path, "size": size, "sha256": sha256})
+    dirs = {"/".join(p.split("/")[:i]) for p in taken for i in range(1, p.count("/") + 1)}
+    for entry in checked:
+        _require(entry["path"] not in dirs and not any(d in taken for d in _dirs_of(entry["path"])),
+                 f"data.inputs: path {entry['path']!r} is both a file and a dir of another path")
+    return {"url": url, "token": token, "inputs": checked, "artifactsToStore": to_store}
+
+
+def _dirs_of(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def read_input_key(input_dir: str, key: str) -> bytes:
@@ -251,6 +301,22 @@ def write_new_file(work_dir: str, relative: str, content: bytes) -> None:
         raise InvalidInput(f"cannot create {relative!r}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as handle:
         handle.write(content)
+
+
+def link_input(work_dir: str, relative: str, target: str) -> None:
+    """`<work>/<relative>` a symlink to target (the input in the inputs dir), made as write_new_file makes a
+    file: parents inside the work dir only, whatever a session's earlier run left at the path unlinked first."""
+    parent = os.path.dirname(relative)
+    link = os.path.join(resolve_inside(work_dir, parent) if parent else os.path.realpath(work_dir),
+                        os.path.basename(relative))
+    try:
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        if parent:
+            resolve_inside(work_dir, parent)
+        _unlink_unless_directory(link, relative)
+        os.symlink(target, link)
+    except OSError as exc:
+        raise InvalidInput(f"cannot link input {relative!r} in the work dir: {exc.strerror}") from None
 
 
 def _unlink_unless_directory(path: str, relative: str) -> None:

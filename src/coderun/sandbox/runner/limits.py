@@ -239,10 +239,11 @@ class Guards:
 
     def __init__(self, scratch_dir: str, disk_bytes: int | None, max_inodes: int, max_processes: int,
                  termination_fd: int | None, is_pid1: bool, input_dir: str | None = None,
-                 scratch_capped: bool = False):
+                 scratch_capped: bool = False, inputs_dir: str | None = None):
         self.scratch_dir, self.disk_bytes, self.max_inodes = scratch_dir, disk_bytes, max_inodes
         self.scratch_capped = scratch_capped
         self.input_dir = input_dir
+        self.inputs_dir = inputs_dir  # the data plane's inputs: read-only to the program
         self.max_processes, self.termination_fd, self.is_pid1 = max_processes, termination_fd, is_pid1
         self.session: int | None = None
         self.forked = False  # the program is forked by the fork server (see child_limits), not started by us
@@ -255,7 +256,8 @@ class Guards:
         """In the child before exec: the kernel stops a single file at the disk limit (the termination log, a host
         file outside disk accounting, too) and forks at the cap (RLIMIT_NPROC counts the uid's processes: the
         runner is one of them); as PID 1, the program gets a PID namespace of its own (it cannot signal us) and a
-        mount namespace in which the raw input is hidden; and the syscall filter goes on last."""
+        mount namespace in which the raw input is hidden and the data plane's inputs are read-only; and the syscall
+        filter goes on last."""
         if self.disk_bytes is not None:
             lower_rlimit(resource.RLIMIT_FSIZE, self.disk_bytes)
         # The program yields the CPU to the runner when they compete (a fork bomb would starve it otherwise);
@@ -265,7 +267,8 @@ class Guards:
             # Tasks, threads included, the runner's among them: headroom above the cap the runner counts, so the
             # count meets the cap first (and says so), while a fork bomb stays far below the pod's PID limit.
             lower_rlimit(resource.RLIMIT_NPROC, self.max_processes + NPROC_HEADROOM)
-            enter_program_namespaces(self.max_processes, self.input_dir, own_user=self.forked)
+            enter_program_namespaces(self.max_processes, self.input_dir, own_user=self.forked,
+                                     read_only_dir=self.inputs_dir)
         install_syscall_filter()
 
     def due(self, now: float) -> bool:

@@ -13,14 +13,15 @@ import sys
 import time
 import types
 
-from .artifacts import collect_artifacts
+from .artifacts import Store, collect_artifacts
 from .child import (OOM_EVIDENCE_WAIT_SECONDS, cgroup_reports_oom_kill, child_environment, child_metrics, run_child,
                     supervise_child)
 from .confinement import enter_user_namespace, make_undumpable, mount_capped_scratch
 from .errors import V8_HEAP_EXHAUSTED
-from .frame import encode_frame, failure_frame, result_frame, termination_summary
-from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, load_run_spec, materialise_inputs,
-                     read_stdin_document)
+from .data import DataService, HeldInput, InputFailure, lay_out_inputs
+from .frame import encode_frame, failure_frame, input_error_frame, result_frame, termination_summary
+from .inputs import (InputIncomplete, InvalidInput, empty_directory, lay_out_input, link_input, load_run_spec,
+                     materialise_inputs, read_stdin_document)
 from .limits import Guards
 from .kept_interpreter import KeptInterpreter
 from .prestart import ForkServer, Prestarted, PrestartSettingsError, fits, parse_settings, start_program
@@ -75,6 +76,7 @@ class Sandbox:
         self.in_session = False
         self.fork_server: ForkServer | None = None
         self.fork_server_tried = False  # one start a sandbox: a server that fails leaves the runs to exec
+        self.held_inputs: dict[str, HeldInput] = {}  # the data plane's inputs laid out so far: a session keeps them
 
     def prestart(self) -> None:
         """Start the next run's program now, under the limits the pod was made for (one left from before is
@@ -90,7 +92,7 @@ class Sandbox:
             capped = self.scratch.ensure(self.settings, paths.scratch, self.own_namespaces)
             paths.make()
             guards = Guards(paths.scratch, self.settings["diskBytes"], self.settings["maxInodes"],
-                            self.settings["maxProcesses"], None, self.is_pid1, paths.input, capped)
+                            self.settings["maxProcesses"], None, self.is_pid1, paths.input, capped, paths.inputs)
             # What every run's environment has (Node reads its heap size from it as it starts); the word
             # brings the run's own.
             base_env = paths.environment({}, self.settings["language"], self.settings["memoryBytes"])
@@ -111,7 +113,8 @@ class Sandbox:
         with namespaces of our own: only there is the server out of the programs' reach); None once it failed."""
         if not self.fork_server_tried and self.in_session and self.own_namespaces:
             self.fork_server_tried = True
-            self.fork_server = ForkServer.start(self.settings, paths.work, paths.input, base_env, self.is_pid1)
+            self.fork_server = ForkServer.start(self.settings, paths.work, paths.input, base_env, self.is_pid1,
+                                                paths.inputs)
         return self.fork_server if self.fork_server is not None and self.fork_server.serves() else None
 
     def fork_server_pids(self) -> frozenset[int]:
@@ -128,18 +131,29 @@ class Sandbox:
 
 
 class ProgramPaths:
-    """Where the program lives: its work dir (cwd), the scratch dir above it (/tmp: HOME and TMPDIR), outputs."""
+    """Where the program lives: its work dir (cwd), the scratch dir above it (/tmp: HOME and TMPDIR), outputs; and
+    the data plane's inputs dir (its own volume, read-only to the program)."""
 
     def __init__(self, args):
         # Absolute, because the program's cwd is the work dir.
         self.work, self.outputs = os.path.abspath(args.work), os.path.abspath(args.outputs)
         self.input = os.path.abspath(args.input)
+        self.inputs = os.path.abspath(args.inputs)
         self.scratch = os.path.dirname(self.work)
         self.home = os.path.join(self.scratch, "home")
 
     def make(self) -> None:
         for path in (self.work, self.home, self.outputs):
             os.makedirs(path, exist_ok=True)
+        # Before any program's mount namespace is made (a prestarted one's too, before its run's input comes), so
+        # the mounts that hide the raw input (run.json holds the data plane's grant) and make the inputs dir
+        # read-only (confinement) have their dirs to go over. Only the dirs themselves: their parents are the
+        # pod's (where the pod has no volume for inputs, a run with inputs says so).
+        for path, mode in ((self.input, 0o700), (self.inputs, 0o755)):
+            try:
+                os.mkdir(path, mode)
+            except OSError:
+                pass
 
     def environment(self, spec_env: dict, language: str, memory_bytes: int) -> dict:
         return child_environment(spec_env, self.scratch, self.home, self.outputs,
@@ -149,13 +163,15 @@ class ProgramPaths:
 def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None = None,
             own_namespaces: bool = False, scratch: ScratchMount | None = None,
             prestarted: Prestarted | None = None, kept: KeptInterpreter | None = None,
-            spared: frozenset[int] = frozenset()) -> dict:
-    """Run the program of the input at args.input: in `kept` (a keepState session's interpreter), in
+            spared: frozenset[int] = frozenset(), held_inputs: dict[str, HeldInput] | None = None) -> dict:
+    """Run the program of the input at args.input (its data-plane inputs laid out first; `held_inputs`: what the
+    sandbox holds of them from earlier runs): in `kept` (a keepState session's interpreter), in
     `prestarted` (a process started for it before it came) when the run starts exactly as that process did, else
     in a process started now (a cold start). A prestarted process the run did not take is ended, whatever
     happened. `spared`: the session's fork server, which outlives the run (and is not counted as its)."""
     try:
-        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kept, spared)
+        return _execute(args, is_pid1, termination_fd, own_namespaces, scratch, prestarted, kept, spared,
+                        {} if held_inputs is None else held_inputs)
     finally:
         if prestarted is not None:
             prestarted.discard()  # a no-op once taken: its run reaped it
@@ -163,7 +179,7 @@ def execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | No
 
 def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | None, own_namespaces: bool,
              scratch: ScratchMount | None, prestarted: Prestarted | None, kept: KeptInterpreter | None,
-             spared: frozenset[int]) -> dict:
+             spared: frozenset[int], held_inputs: dict[str, HeldInput]) -> dict:
     paths = ProgramPaths(args)
     scratch = scratch or ScratchMount()
     try:
@@ -179,12 +195,19 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     except (InvalidInput, SandboxMismatch) as exc:
         return failure_frame(INVALID_INPUT if isinstance(exc, InvalidInput) else RUNNER_ERROR, str(exc))
     paths.make()
+    try:
+        service = fetch_inputs(spec, paths, held_inputs)
+    except InputFailure as exc:
+        return input_error_frame(exc.path, exc.reason, exc.message)
+    except InvalidInput as exc:
+        return failure_frame(INVALID_INPUT, str(exc))
+    store = service.store if service is not None and spec["data"]["artifactsToStore"] else None
     env = paths.environment(spec["env"], spec["language"], spec["memoryBytes"])
     guards = Guards(paths.scratch, spec["diskBytes"], spec["maxInodes"], spec["maxProcesses"], termination_fd,
-                    is_pid1, paths.input, scratch_capped)
+                    is_pid1, paths.input, scratch_capped, paths.inputs)
     guards.uncounted = spared
     if kept is not None:
-        return run_in_kept(kept, spec, env, stdin_path, guards, paths)
+        return run_in_kept(kept, spec, env, stdin_path, guards, paths, store)
     prestart_cpu = None
     if prestarted is not None:
         # A process given up is reaped here, before the usage below: its start is not the run's either.
@@ -208,15 +231,28 @@ def _execute(args: types.SimpleNamespace, is_pid1: bool, termination_fd: int | N
     oom_killed = outcome.runner_kill_reason is None and (
         (outcome.returncode == -signal.SIGKILL and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
         or (outcome.returncode < 0 and bool(V8_HEAP_EXHAUSTED.search(outcome.stderr.text_for_parsing()))))
-    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"])
+    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"], store)
     frame = result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
     if prestart_cpu is not None:
         frame["prestarted"] = True  # the program ran in a process started before its code came
     return frame
 
 
+def fetch_inputs(spec: dict, paths: ProgramPaths, held_inputs: dict[str, HeldInput]) -> DataService | None:
+    """The run's data-plane inputs in the inputs dir (data.py), each linked from the work dir at its path; what an
+    earlier run of the session held and this one does not name is taken out. The run's data service, if any."""
+    data = spec["data"]
+    service = DataService(data) if data is not None else None
+    inputs = data["inputs"] if data is not None else []
+    if inputs or held_inputs:
+        lay_out_inputs(inputs, paths.inputs, held_inputs, service)
+    for entry in inputs:
+        link_input(paths.work, entry["path"], os.path.join(paths.inputs, entry["path"]))
+    return service
+
+
 def run_in_kept(kept: KeptInterpreter, spec: dict, env: dict, stdin_path: str | None, guards: Guards,
-                  paths: ProgramPaths) -> dict:
+                  paths: ProgramPaths, store: Store | None = None) -> dict:
     """A keepState run: in the session's interpreter, which must be able to stand in for the run's start."""
     if not fits(kept.settings, spec):
         return failure_frame(INVALID_INPUT, "a keepState session runs every run in the one interpreter it started "
@@ -231,7 +267,7 @@ def run_in_kept(kept: KeptInterpreter, spec: dict, env: dict, stdin_path: str | 
         return frame
     oom_killed = (outcome.runner_kill_reason is None and outcome.returncode == -signal.SIGKILL
                   and cgroup_reports_oom_kill(wait_seconds=OOM_EVIDENCE_WAIT_SECONDS))
-    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"])
+    artifacts, skipped, unlisted = collect_artifacts(paths.outputs, spec["artifacts"], store)
     frame = result_frame(spec, outcome, metrics, oom_killed, artifacts, skipped, unlisted)
     frame["prestarted"] = True
     if lost is not None:
@@ -241,22 +277,25 @@ def run_in_kept(kept: KeptInterpreter, spec: dict, env: dict, stdin_path: str | 
 
 DEFAULT_PATHS = {
     "input": "/coderun/input",                      # the input ConfigMap mount, or where --input-stdin writes it
+    "inputs": "/coderun/inputs",                    # the data plane's inputs (a volume of their own), read-only to it
     "work": "/tmp/work",                            # writable; the program's cwd
     "outputs": "/tmp/outputs",                      # CODERUN_OUTPUT_DIR, collected as artifacts
     "termination_log": "/dev/termination-log",
     "prestart": "",                                 # a warm or session pod's settings (JSON) to prestart programs by
 }
 USAGE = ("usage: python3 -I /opt/coderun [--input DIR] [--input-stdin | --session] [--work DIR] [--outputs DIR]\n"
+         "                               [--inputs DIR]\n"
          "                               [--termination-log FILE] [--prestart JSON]\n"
          "Run one sandboxed program and print a framed result. --input-stdin (a warm pool pod): wait for the\n"
          "input on stdin and write it to the input dir (a volume of its own) instead of reading a mounted ConfigMap.\n"
          "--session (a session pod): one run per input document on stdin, a frame each, until stdin ends.\n"
          "--prestart (with either): start each program before its input comes, as these run.json settings say.\n"
-         "--keep-state (with --session and --prestart): one interpreter for all the session's runs.")
+         "--keep-state (with --session and --prestart): one interpreter for all the session's runs.\n"
+         "--inputs: where run.json's data-plane inputs are fetched to (linked from the work dir, read-only to it).")
 
 
 def parse_args(argv: list[str]) -> types.SimpleNamespace:
-    """`--name VALUE` or `--name=VALUE` for the four paths. Hand-rolled
+    """`--name VALUE` or `--name=VALUE` for the paths. Hand-rolled
     because importing argparse costs ~10 ms on every run."""
     paths = dict(DEFAULT_PATHS)
     args, flags = list(argv), {"input_stdin": False, "session": False, "keep_state": False}
@@ -431,7 +470,7 @@ def session_run(document, args, termination_fd: int | None, sandbox: Sandbox) ->
         return failure_frame(RUNNER_ERROR, "the keepState session's interpreter could not be started")
     # (The keepState interpreter's chain is counted as the run's, as a cold program's own chain would be.)
     return execute(args, sandbox.is_pid1, termination_fd, sandbox.own_namespaces, sandbox.scratch,
-                   sandbox.take_prestarted(), sandbox.kept, sandbox.fork_server_pids())
+                   sandbox.take_prestarted(), sandbox.kept, sandbox.fork_server_pids(), sandbox.held_inputs)
 
 
 def killed_unasked(frame: dict) -> bool:

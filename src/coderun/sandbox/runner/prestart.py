@@ -239,7 +239,7 @@ class ForkServer:
 
     @classmethod
     def start(cls, settings: dict, work_dir: str, input_dir: str, base_env: dict,
-              is_pid1: bool) -> "ForkServer | None":
+              is_pid1: bool, inputs_dir: str | None = None) -> "ForkServer | None":
         """The server, for Python's prestarted programs (None for any other runtime, or if it cannot start)."""
         if not can_keep_state(settings) or user_site_exists(base_env["HOME"]):
             return None
@@ -247,8 +247,9 @@ class ForkServer:
         # At the number a prestarted program's channel has: each fork's channel takes it over.
         control_fd = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, channel_fd_floor())
         theirs.close()
-        server_settings = {"workDir": work_dir, "inputDir": input_dir, "diskBytes": settings["diskBytes"],
-                           "maxProcesses": settings["maxProcesses"], "pid1": is_pid1}
+        server_settings = {"workDir": work_dir, "inputDir": input_dir, "inputsDir": inputs_dir,
+                           "diskBytes": settings["diskBytes"], "maxProcesses": settings["maxProcesses"],
+                           "pid1": is_pid1}
         env = dict(base_env, **{FD_VARIABLE: str(control_fd), SETTINGS_VARIABLE: json.dumps(server_settings),
                                 MODULES_VARIABLE: ",".join(preloads_for(settings["memoryBytes"]))})
         try:

@@ -21,9 +21,16 @@ RUNNER_ERROR = "RunnerError"
 # A warm pod's input stream ended before the whole input arrived: the program never ran, so the operator may
 # run it elsewhere without running it twice.
 INPUT_INCOMPLETE = "InputIncomplete"
-# Every reason a frame can carry; only the last three come with a `message` (the operator words the others).
+# An input of the data plane (run.json `data`) could not be laid out: the program never ran, and the frame's
+# `inputError` ({path, reason, message}) says which input and why (runner data.py).
+INPUT_UNAVAILABLE = "InputUnavailable"
+INPUT_MISMATCH = "InputMismatch"
+INPUT_TOO_LARGE = "InputTooLarge"
+INPUT_REASONS = (INPUT_UNAVAILABLE, INPUT_MISMATCH, INPUT_TOO_LARGE)
+# Every reason a frame can carry; only the program-never-ran ones (from InvalidInput on) come with a `message`
+# (the operator words the others).
 REASONS = (COMPLETED, NON_ZERO_EXIT, TIMEOUT, OUTPUT_LIMIT_EXCEEDED, SIGNALED, DISK_LIMIT_EXCEEDED,
-           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR, INPUT_INCOMPLETE)
+           PROCESS_LIMIT_EXCEEDED, SANDBOX_VIOLATION, INVALID_INPUT, RUNNER_ERROR, INPUT_INCOMPLETE, *INPUT_REASONS)
 # limit.kind in a frame that ended on one of the sandbox's own limits.
 LIMIT_KINDS = ("disk", "inodes", "processes", "termination-log")
 # Caps on what the program controls in the frame (the operator's model cuts them too).
