@@ -87,6 +87,7 @@ class Transfer:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    server_version, sys_version = "coderun-data", ""  # no Python version for callers to read
     timeout = IDLE_TIMEOUT
     server: DataServer
 
