@@ -236,3 +236,34 @@ def test_a_bad_data_section_is_invalid_input(change, says):
         parse_run_spec(spec_with(dict(GOOD, **change)))
     assert says in str(raised.value)
 
+
+
+def test_a_refusal_answered_before_the_body_is_read_is_still_the_why(tmp_path, service):
+    # 8 MiB: past what the sockets' buffers hold, so the stand-in's early 413 (and close) comes mid-body.
+    service.artifact_mode = "413"
+    code = "import os\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'huge.bin'), 'wb').write(b'h' * (8 << 20))\n"
+    run = runner_in(tmp_path)(code, data=service.data([], artifacts_to_store=True),
+                              artifacts=dict(STORING_CAPS, maxFileBytes=16 << 20, maxTotalBytes=16 << 20))
+    assert run.frame["artifactsSkipped"] == [{"name": "huge.bin", "why": "artifact-too-large"}], run.frame
+
+
+def test_a_session_fetches_again_an_input_a_program_changed(tmp_path):
+    # Outside the pod's namespaces (here) nothing stops the program (root, the same uid as the runner) changing
+    # the input's file: the next run's runner sees the file is not the one it laid out and fetches it again.
+    tamper = ("import os\np = os.path.realpath('in/data.csv')\nos.chmod(p, 0o644)\n"
+              "open(p, 'wb').write(b'tampered')\nprint('tampered')\n")
+    with DataStandIn([CSV]) as service:
+        data = service.data(["in/data.csv"])
+        stream = session_stream([("a" * 32, run_entries(tamper, data=data)),
+                                 ("b" * 32, run_entries(READS_ITS_INPUT, data=data))])
+        run = run_session_runner(tmp_path, stream)
+    assert [f["stdout"] for f in run.frames] == ["tampered\n", f"True {len(CSV)} {sha(CSV)}\n"], run.frames
+    assert service.gets() == ["/v1/inputs/0", "/v1/inputs/0"]
+
+
+def test_a_warm_pods_run_fetches_its_inputs_once_it_has_its_input(tmp_path, service):
+    run = runner_in(tmp_path)(READS_ITS_INPUT, data=service.data(["in/data.csv"]), warm_nonce="d" * 32,
+                              prestart=True)
+    assert run.frame["reason"] == "Completed" and run.frame["nonce"] == "d" * 32, run.frame
+    assert run.frame["stdout"] == f"True {len(CSV)} {sha(CSV)}\n"
+    assert service.gets() == ["/v1/inputs/0"]

@@ -147,6 +147,8 @@ class DataService:
             os.close(fd)
             os.unlink(temp_name, dir_fd=parent_fd)
             raise
+        if written == size and digest == pinned:
+            os.fchmod(fd, 0o444)  # read-only however the program sees the dir (confinement.bind_read_only)
         os.close(fd)
         if written != size or digest != pinned:
             os.unlink(temp_name, dir_fd=parent_fd)
@@ -207,33 +209,36 @@ class DataService:
 
     def store(self, name: str, fd: int, size: int) -> dict | str:
         """PUT the artifact open at fd (size bytes, from its start) to the data service: its frame entry, or the
-        `why` of a skipped one. The bytes are hashed as they go; the service's answer must agree."""
+        `why` of a skipped one. The bytes are hashed as they go; the service's answer must agree. A service that
+        refuses the artifact may answer before the body is sent, and close: its answer is read even so."""
         if self.broken:
             return STORE_FAILED
         digest, sent = hashlib.sha256(), 0
         try:
             with Transfer(self, self.bounds.deadline(size), self.bounds) as transfer:
                 transfer.request("PUT", "/v1/artifacts/" + urllib.parse.quote(name, safe="/"), self.token, size)
-                while sent < size:
-                    transfer.pace()
-                    chunk = os.pread(fd, min(CHUNK, size - sent), sent)
-                    if not chunk:  # the file shrank: an honest length can no longer be sent
-                        raise OSError("the artifact shrank while it was sent")
-                    transfer.connection.send(chunk)
-                    digest.update(chunk)
-                    sent += len(chunk)
+                try:
+                    while sent < size:
+                        transfer.pace()
+                        chunk = os.pread(fd, min(CHUNK, size - sent), sent)
+                        if not chunk:  # the file shrank: an honest length can no longer be sent
+                            raise OSError("the artifact shrank while it was sent")
+                        transfer.connection.send(chunk)
+                        digest.update(chunk)
+                        sent += len(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # an early answer, read below (none: an HTTPException)
                 transfer.pace()
                 response = transfer.connection.getresponse()
                 if response.status != 200:
                     reason, _ = service_error(response)
-                    return kebab(reason) if SERVICE_REASON.match(reason) and not reason.startswith("HTTP") \
-                        else STORE_FAILED
+                    return kebab(reason) if SERVICE_REASON.match(reason) else STORE_FAILED
                 answer = json.loads(response.read(MAX_ERROR_BODY_BYTES))
         except (OSError, http.client.HTTPException, ValueError, UnicodeDecodeError, RecursionError):
             self.broken = True
             return STORE_FAILED
         local = digest.hexdigest()
-        if not isinstance(answer, dict) or answer.get("sha256") != local or answer.get("size") != size:
+        if sent != size or not isinstance(answer, dict) or answer.get("sha256") != local or answer.get("size") != size:
             return STORE_FAILED
         return {"name": name, "size": size, "sha256": local, "stored": True}
 
@@ -363,7 +368,6 @@ def lay_out_one(index: int, entry: dict, parent_fd: int, held: dict[str, HeldInp
     assert service is not None  # a run with inputs has its data plane
     temp_name = f"{TEMP_PREFIX}{index}-{os.urandom(6).hex()}"
     service.fetch(index, entry, parent_fd, temp_name)
-    os.chmod(temp_name, 0o444, dir_fd=parent_fd)
     try:
         os.rename(temp_name, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
     except OSError as exc:  # a dir in its place
