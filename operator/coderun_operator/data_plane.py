@@ -320,10 +320,8 @@ class DataPlane:
             return None
         _, url, key = self._read()
         meta = run["metadata"]
-        prefix = artifacts_prefix(meta["namespace"], meta["uid"])
-        grant = ReadGrant(namespace=meta["namespace"], uid=meta["uid"], expires=expires, artifacts=tuple(
-            (a["name"], StoredObject(self.settings.bucket, prefix + a["name"], a["size"], a["sha256"]))
-            for a in stored))
+        grant = ReadGrant(namespace=meta["namespace"], uid=meta["uid"], expires=expires, bucket=self.settings.bucket,
+                          prefix=artifacts_prefix(meta["namespace"], meta["uid"]))
         return {"url": url, "token": mint(self.settings.key_id, key, grant), "expires": _iso(expires)}
 
     def verify_stored(self, run: Mapping[str, Any], artifact: Mapping[str, Any]) -> bool:

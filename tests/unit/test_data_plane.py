@@ -170,7 +170,7 @@ def test_stored_artifacts_are_vouched_for_read_by_grant_and_gone_with_their_run(
     assert not plane.verify_stored(body, {**entry, "name": "absent.bin"})
     grant = plane.read_grant(body, [entry], EXPIRES)
     read = verify(grant["token"], {"k1": KEY}, 0)
-    assert isinstance(read, ReadGrant) and read.artifacts[0][0] == "r.bin" and read.uid == uid
+    assert isinstance(read, ReadGrant) and read.prefix == artifacts_prefix(NS, uid) and read.uid == uid
     assert plane.sweep(lambda run_uid: run_uid != "uid-gone") == 1  # only the run that is gone
     listed = store.client().list_objects_v2(Bucket="coderun", Prefix="runs/")
     keys = {o["Key"] for o in listed.get("Contents", ())}

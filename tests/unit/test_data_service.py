@@ -158,8 +158,8 @@ def upload_grant(bucket, files) -> str:
     return mint("k1", KEYS["k1"], UploadGrant(NS, int(time.time()) + 600, bucket, tuple(files)))
 
 
-def read_grant(bucket, artifacts) -> str:
-    return mint("k1", KEYS["k1"], ReadGrant(NS, UID, int(time.time()) + 600, tuple(artifacts)))
+def read_grant(bucket, prefix=PREFIX) -> str:
+    return mint("k1", KEYS["k1"], ReadGrant(NS, UID, int(time.time()) + 600, bucket, prefix))
 
 
 def error(answer) -> tuple[int, str]:
@@ -310,11 +310,16 @@ def test_an_artifact_is_stored_with_its_sha256(s3, bucket, svc, size):
                                                 "sha256": sha(data)})
     assert head(s3, bucket, key) == (size, sha(data))
     assert keys_in(s3, bucket) == [key]
-    # And a read grant reads it back, pinned.
-    token = read_grant(bucket, [("out/résult one.bin", StoredObject(bucket, key, size, sha(data)))])
+    # And a read grant reads it back, with the sha256 the service computed.
+    token = read_grant(bucket)
     status, headers, got = svc.request("GET", "/v1/artifacts/out/r%C3%A9sult%20one.bin", token)
     assert (status, got == data, headers["X-Coderun-Sha256"]) == (200, True, sha(data))
-    assert error(svc.request("GET", "/v1/artifacts/out/other.bin", token)) == (403, "NotGranted")
+    assert error(svc.request("GET", "/v1/artifacts/out/other.bin", token)) == (404, "ArtifactUnavailable")
+    # only under its own run's prefix: another run's artifact is out of its reach, whatever the name says
+    assert error(svc.request("GET", "/v1/artifacts/out/r%C3%A9sult%20one.bin",
+                             read_grant(bucket, f"runs/{NS}/other-uid/artifacts/"))) == (404, "ArtifactUnavailable")
+    assert error(svc.request("GET", "/v1/artifacts/..%2F..%2Fother-uid%2Fartifacts%2Fx", token)) == \
+        (400, "BadArtifactName")
 
 
 def test_the_artifact_caps(s3, bucket, svc):
@@ -358,14 +363,15 @@ def test_each_grant_opens_only_its_own_routes(s3, bucket, svc):
     data = b"uploaded"
     run = run_grant(bucket, [StoredObject(bucket, "in/a", 3, "")])
     upload = upload_grant(bucket, [(sha(data), len(data))])
-    read = read_grant(bucket, [("a", StoredObject(bucket, "in/a", 3, sha(b"abc")))])
+    put(s3, bucket, PREFIX + "a", b"abc")
+    read = read_grant(bucket)
     assert error(svc.request("GET", "/v1/inputs/0", read)) == (403, "NotGranted")
     assert error(svc.request("GET", "/v1/inputs/0", upload)) == (403, "NotGranted")
     assert error(svc.request("PUT", f"/v1/uploads/{sha(data)}", run, data)) == (403, "NotGranted")
     assert error(svc.request("PUT", "/v1/artifacts/a", read, data)) == (403, "NotGranted")
     assert error(svc.request("PUT", "/v1/artifacts/a", upload, data)) == (403, "NotGranted")
     assert error(svc.request("GET", "/v1/artifacts/a", run)) == (403, "NotGranted")
-    assert keys_in(s3, bucket) == ["in/a"]
+    assert keys_in(s3, bucket) == ["in/a", PREFIX + "a"]
     # The controls: each grant on its own route.
     assert svc.request("GET", "/v1/inputs/0", run)[::2] == (200, b"abc")
     assert svc.request("GET", "/v1/artifacts/a", read)[::2] == (200, b"abc")

@@ -50,9 +50,10 @@ def test_an_import_across_the_operators_contracts_breaks_one(tmp_path, module, a
 
 def test_operator_holds_the_operator_and_does_not_shadow_the_standard_library():
     top = REPO / "operator"
-    # The images users build: the operator's, and the egress proxy's beside it (squid, which the chart runs).
+    # The images users build: the operator's, and beside it the egress proxy's (squid) and the embedded store's
+    # (versitygw), which the chart runs.
     assert {p.name for p in top.iterdir() if p.name != "__pycache__"} == {
-        "Dockerfile", "egress-proxy.Dockerfile", "requirements.txt", "coderun_operator"}
+        "Dockerfile", "egress-proxy.Dockerfile", "store.Dockerfile", "requirements.txt", "coderun_operator"}
     assert not (top / "__init__.py").exists()
     # With the repository root first on the path (as `python -m pytest` puts it), `operator` is still the stdlib's.
     probe = subprocess.run([sys.executable, "-c", "import operator; print(operator.add(2, 3), operator.__file__)"],

@@ -68,11 +68,14 @@ class UploadGrant:
 
 @dataclass(frozen=True)
 class ReadGrant:
-    """A caller's, in the status of a run whose artifacts are stored: GET /v1/artifacts/<name>."""
+    """A caller's, in the status of a run whose artifacts are stored: GET /v1/artifacts/<name> of what is under
+    the run's artifacts prefix. It names the prefix, not each artifact, so it stays small however many a run
+    stored; the caller checks the bytes against the size and sha256 the run's status lists."""
     namespace: str
     uid: str
     expires: int
-    artifacts: tuple[tuple[str, StoredObject], ...]  # (artifact name, object)
+    bucket: str
+    prefix: str  # runs/<ns>/<uid>/artifacts/
 
 
 Grant = RunGrant | UploadGrant | ReadGrant
@@ -142,8 +145,8 @@ def _payload(grant: Grant) -> dict[str, Any]:
     if isinstance(grant, UploadGrant):
         return {"k": "up", "ns": grant.namespace, "exp": grant.expires, "b": grant.bucket,
                 "f": [[sha, size] for sha, size in grant.files]}
-    return {"k": "read", "ns": grant.namespace, "uid": grant.uid, "exp": grant.expires,
-            "a": [[name, *_object(o)] for name, o in grant.artifacts]}
+    return {"k": "read", "ns": grant.namespace, "uid": grant.uid, "exp": grant.expires, "b": grant.bucket,
+            "p": grant.prefix}
 
 
 def _object(o: StoredObject) -> list[Any]:
@@ -170,13 +173,11 @@ def _grant(payload: Any) -> Grant:
             files.append((_text(sha, SHA256_PATTERN, "sha256"), _count(size, "size")))
         return UploadGrant(ns, expires, _text(payload["b"], BUCKET_PATTERN, "bucket"), tuple(files))
     if kind == "read":
-        artifacts = []
-        for item in _list(payload["a"]):
-            name, *stored = _list(item, 5)
-            if not isinstance(name, str) or artifact_name_problem(name):
-                raise ValueError("an artifact name is malformed")
-            artifacts.append((name, _stored(stored, pinned=True)))
-        return ReadGrant(ns, _text(payload["uid"], UID_PATTERN, "uid"), expires, tuple(artifacts))
+        prefix = _key(payload["p"])
+        if not prefix.endswith("/"):
+            raise ValueError("the artifacts prefix does not end with /")
+        return ReadGrant(ns, _text(payload["uid"], UID_PATTERN, "uid"), expires,
+                         _text(payload["b"], BUCKET_PATTERN, "bucket"), prefix)
     raise ValueError(f"no grant kind {kind!r}")
 
 

@@ -186,13 +186,19 @@ class Handler(BaseHTTPRequestHandler):
             self._send(service, obj, f"input {index} (s3://{obj.bucket}/{obj.key})", "Input", transfer)
 
     def _get_artifact(self, service: Service, grant: ReadGrant, name: str, transfer: Transfer) -> None:
-        found = [obj for artifact, obj in grant.artifacts if artifact == name]
-        if not found:
-            raise Answer(403, "NotGranted", f"the grant names no stored artifact {name[:200]!r}: read the names "
-                         "in the run's status (artifacts with stored: true)")
-        transfer.object = f"s3://{found[0].bucket}/{found[0].key}"
+        problem = artifact_name_problem(name)
+        if problem:
+            raise Answer(400, "BadArtifactName", f"artifact name {name[:200]!r}: {problem}: read the names in the "
+                         "run's status (artifacts with stored: true)")
+        key = grant.prefix + name
+        transfer.object = f"s3://{grant.bucket}/{key}"
         with service.transfer():
-            self._send(service, found[0], f"artifact {name!r}", "Artifact", transfer)
+            found = head(service.s3, grant.bucket, key)
+            if found is None:
+                raise Answer(404, "ArtifactUnavailable", f"the run has no stored artifact {name[:200]!r}: read the "
+                             "names in the run's status (artifacts with stored: true)")
+            self._send(service, StoredObject(grant.bucket, key, found[0], found[1] or ""), f"artifact {name!r}",
+                       "Artifact", transfer)
 
     def _put_artifact(self, service: Service, grant: RunGrant, name: str, transfer: Transfer) -> None:
         key = grant.artifacts_prefix + name
