@@ -51,12 +51,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, controller: Cont
 async def start(memo: kopf.Memo, controller: Controller) -> None:
     """The tick (a plain background loop rather than @kopf.timer: kopf puts a finalizer on every object that has
     a timer, and a finalizer would keep CodeRuns and their namespaces from being deleted while the operator is
-    down), the warm pool's refill loop, and the egress proxy's signing key and the audit agent's key (their pods wait
-    for them)."""
+    down), the warm pool's refill loop, and the egress proxy's signing key, the data service's grant key and the
+    audit agent's key (their pods wait for them)."""
     # Made at start, and again at each tick until made (the API server away, RBAC not yet bound): the proxy's and
     # the agents' pods wait for them, and a run's end would otherwise be the next to try.
     missing = {name: ensure for name, ensure in (
         ("egress proxy signing key", controller.proxy and controller.proxy.ensure_keys),
+        ("data service grant key", controller.data and controller.data.ensure_keys),
         ("audit agent key", controller.audit and controller.audit.ensure_key)) if ensure}
 
     async def ensure_secrets() -> None:

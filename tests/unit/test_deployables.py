@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).parents[2]
-DEPLOYABLES = ["src/coderun/sandbox/runner", "src/coderun/egress", "src/coderun/audit"]
+DEPLOYABLES = ["src/coderun/sandbox/runner", "src/coderun/egress", "src/coderun/audit", "operator/coderun_operator/data"]
 SECTIONS = ["**Image.**", "**Built by.**", "**Run by.**", "**What keeps it small.**"]
 REPO_ROOTS = ("src/", "e2e/", "operator/", "sandbox-images/", "charts/", "docs/")
 CONTRACTS = set(re.findall(r"^\[importlinter:contract:([\w-]+)\]", (REPO / ".importlinter").read_text(), re.M))
