@@ -401,6 +401,10 @@ def check_args(args: argparse.Namespace) -> None:
             args.limits = Limits(memory=args.memory, cpu=args.cpu)
         except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
             raise UsageError(f"invalid input: {describe_invalid(e)}") from e
+    if args.command == "artifacts" and args.artifacts_command == "get":
+        args.dest = artifact_destination(args.artifact, args.dest)
+        if args.dest != "-" and not Path(args.dest).resolve().parent.is_dir():
+            raise UsageError(f"cannot write {args.dest}: its directory does not exist")
     if args.command == "session" and args.session_command == "create":
         try:
             args.session_spec = session_spec(args.language, policy=args.policy, keep_state=args.keep_state,
@@ -584,7 +588,7 @@ def cmd_artifacts(client: CodeRunClient, args: argparse.Namespace) -> int:
         print(one_line(f"coderun: run {result.name} has no artifact {args.artifact!r} (artifacts: {offered})"
                        + (f"; {skipped}" if skipped else "")), file=sys.stderr)
         return EXIT_NOT_FOUND
-    dest = artifact_destination(args.artifact, args.dest)
+    dest = args.dest  # check_args chose it and saw its directory
     if dest == "-" and sys.stdout.isatty():  # the program's bytes could drive the terminal (see terminal_text)
         return usage_error(args.command_parser, "standard output is a terminal: pipe it, or give -o PATH")
     if dest == "-":  # checked whole before a byte is written: a reader never gets bytes the run did not make

@@ -313,6 +313,10 @@ def test_cli_artifacts_get_writes_the_file_and_list_shows_where_each_is(api, ser
     assert "1 output file not kept: huge.csv (artifact-too-large)" in err
     assert cli.main(["artifacts", "get", "run-a", "nope.csv"]) == cli.EXIT_NOT_FOUND
     assert "no artifact 'nope.csv'" in capsys.readouterr().err
+    requests = len(api.requests)
+    assert cli.main(["artifacts", "get", "run-a", "out/clean.csv", "-o", "no/such/dir/x.csv"]) == cli.EXIT_USAGE
+    assert "cannot write no/such/dir/x.csv: its directory does not exist" in capsys.readouterr().err
+    assert len(api.requests) == requests  # refused before the cluster is asked anything
 
 
 def test_cli_artifacts_get_to_stdout(api, service, tmp_path, monkeypatch, capfdbinary):

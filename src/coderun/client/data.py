@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from ..api.models import Artifact, DataGrant, UploadWait
-from .errors import ArtifactUnavailable, InputTooLarge, UploadFailed
+from .errors import ArtifactUnavailable, CodeRunError, InputTooLarge, UploadFailed
 from .inputs import CHUNK, Upload, asked_for
 
 CONNECT_SECONDS = 10.0
@@ -183,7 +183,11 @@ def download(grant: DataGrant, run: str, artifact: Artifact, sink: BinaryIO) -> 
             if not chunk:
                 break
             digest.update(chunk)
-            sink.write(chunk)
+            try:
+                sink.write(chunk)
+            except OSError as e:  # the caller's disk, not the service: said apart
+                raise CodeRunError(f"artifact {artifact.name} of run {run}: cannot write it here: "
+                                   f"{e.strerror or e}") from None
             size += len(chunk)
         if size != artifact.size or digest.hexdigest() != artifact.sha256:
             raise _mismatch(run, artifact, f"got {'more than ' if size > artifact.size else ''}{size} bytes"
@@ -223,32 +227,39 @@ def fetch(grant: DataGrant | None, run: str, artifact: Artifact, path: str | Pat
         buffer = io.BytesIO()
         refusal = download(grant, run, artifact, buffer)
         return refusal or buffer.getvalue()
+    return _written(path, lambda handle: download(grant, run, artifact, handle))
+
+
+def save(path: str | Path, data: bytes) -> Path:
+    """An artifact's bytes written to `path` whole or not at all."""
+    def write(handle: BinaryIO) -> None:
+        handle.write(data)
+    written = _written(path, write)
+    assert isinstance(written, Path)
+    return written
+
+
+def _written(path: str | Path, write: Callable[[BinaryIO], Refusal | None]) -> Path | Refusal:
+    """`write` into a temporary file beside `path`, renamed into place only when it returned None (no refusal)
+    and raised nothing: a refused or mismatched artifact leaves no file, and a file already at `path` as it was."""
     target = Path(path)
-    handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False)
+    try:
+        handle = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part",
+                                             delete=False)
+    except OSError as e:
+        raise CodeRunError(f"cannot write {target}: {e.strerror or e}") from None
     try:
         with handle:
-            refusal = download(grant, run, artifact, handle)  # type: ignore[arg-type]
+            refusal = write(handle)  # type: ignore[arg-type]
         if refusal is None:
             os.replace(handle.name, target)
             return target
         return refusal
+    except OSError as e:
+        raise CodeRunError(f"cannot write {target}: {e.strerror or e}") from None
     finally:
         if os.path.exists(handle.name):
             os.unlink(handle.name)
-
-
-def save(path: str | Path, data: bytes) -> Path:
-    """An artifact's bytes written to `path` whole or not at all (a temporary file beside it, renamed)."""
-    target = Path(path)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part",
-                                     delete=False) as handle:
-        try:
-            handle.write(data)
-        except BaseException:
-            os.unlink(handle.name)
-            raise
-    os.replace(handle.name, target)
-    return target
 
 
 def refused(run: str, artifact: Artifact, refusal: Refusal) -> ArtifactUnavailable:
