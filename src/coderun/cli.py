@@ -53,7 +53,8 @@ EXIT_BROKEN_PIPE = 141     # stdout's reader went away (`coderun list | head`), 
 
 RESULT_COMMANDS = ("run", "logs")    # exit with the run's outcome
 ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session", "completion", "mcp")
-API_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session")  # `mcp` serves: its failures are its own
+# `mcp` serves: its failures are its own
+API_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session")
 # (code, meaning, the commands that exit with it): the one source of every --help epilog and of docs/agents.md.
 EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
     ("0-255", "the program's own exit code (0: it succeeded)", RESULT_COMMANDS),
@@ -207,9 +208,13 @@ def run_name(text: str) -> str:
 
 
 def parse_file_arg(arg: str) -> tuple[str, Path]:
-    """`data.csv` lands as data.csv; `in/data.csv=../local/x.csv` picks the sandbox path."""
+    """`data.csv` lands as data.csv; `in/data.csv=../local/x.csv` or `../local/x.csv:in/data.csv` picks the
+    sandbox path (a local file whose own name has a colon is taken whole)."""
     if "=" in arg:
         dest, local = arg.split("=", 1)
+        return dest, Path(local)
+    if ":" in arg and not Path(arg).exists():
+        local, _, dest = arg.rpartition(":")
         return dest, Path(local)
     return sandbox_path(arg), Path(arg)
 
@@ -722,8 +727,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument("-c", "--code", help="the program as a string instead of a file")
     run.add_argument("--language", help="runtime (default: from the file suffix, else python)")
     run.add_argument("--file", action="append", default=[], metavar="[DEST=]PATH",
-                     help="input file for the program (repeatable); lands as its base name unless DEST= is "
-                          "given. Any size the policy allows: small files go in the run, larger ones are uploaded "
+                     help="input file for the program (repeatable); lands as its base name unless DEST= (or "
+                          "PATH:DEST) is given. Any size the policy allows: small files go in the run, larger ones are uploaded "
                           "to the data service (streamed) once the run asks for them").complete = shtab.FILE
     run.add_argument("--stdin", metavar="FILE",
                      help="file passed on the program's standard input (- for ours)").complete = shtab.FILE

@@ -50,6 +50,7 @@ def test_summary_line_names_the_run_outcome_error_timings_and_truncation():
 def test_file_args_map_to_sandbox_paths():
     assert cli.parse_file_arg("/tmp/x/data.csv") == ("data.csv", cli.Path("/tmp/x/data.csv"))
     assert cli.parse_file_arg("in/d.csv=../local.csv") == ("in/d.csv", cli.Path("../local.csv"))
+    assert cli.parse_file_arg("../local.csv:in/d.csv") == ("in/d.csv", cli.Path("../local.csv"))
 
 
 def test_labels_must_be_key_value():

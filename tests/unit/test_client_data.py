@@ -154,6 +154,16 @@ def test_an_upload_answered_before_its_body_was_read_counts(api, service, client
     assert service.uploads == {}  # never read: the service said at once it had those bytes
 
 
+def test_wait_for_returns_once_the_predicate_holds_or_the_run_ended(api, service, client):
+    operator(api, service)
+    created = client.run("...", inputs=[{"path": "a.csv", "upload": {"sha256": "0" * 64, "size": 10}}], wait=False)
+    waiting = client.wait_for(created.name, lambda r: r.reason == "WaitingForUpload", timeout=10)
+    assert waiting.upload.files[0].path == "a.csv" and service.requests == []  # nothing given, nothing sent
+    api.finish("agents", created.name, {"phase": "Failed", "reason": "InputUnavailable"})
+    ended = client.wait_for(created.name, lambda r: r.reason == "never", timeout=10)
+    assert ended.reason == "InputUnavailable"
+
+
 def test_an_upload_refused_for_its_size_is_input_too_large_naming_the_file_and_the_run_is_deleted(api, service,
                                                                                                     client):
     operator(api, service)

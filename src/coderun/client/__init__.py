@@ -30,6 +30,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["ArtifactUnavailable", "AsyncCodeRunClient", "CodeRunClient", "CodeRunError", "InputTooLarge",
-           "PolicyDenied", "RunNotFound", "RunRejected", "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo", "Session",
-           "SessionEnded", "SessionInfo", "SessionNotReady", "UploadFailed", "WaitStats", "artifact_input",
+           "PolicyDenied", "RunNotFound", "RunRejected", "RunRequest", "RunResult", "RunTimeout", "RuntimeInfo",
+           "Session", "SessionEnded", "SessionInfo", "SessionNotReady", "UploadFailed", "WaitStats", "artifact_input",
            "file_input"]

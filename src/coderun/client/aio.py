@@ -36,8 +36,8 @@ from .runtimes import RuntimeInfo, runtimes_plan
 from .steps import (Create, Delete, Fetch, FetchAll, Get, GetPolicy, NextEvent, OpenWatch, Plan, Sleep, Step, T,
                     advance)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      fetched, listed_items, run_wait_seconds, upload_settled, wait_all_outcome, wait_all_plan,
-                      wait_outcome, wait_plan, watch_event)
+                      fetched, listed_items, run_wait_seconds, settled_by, upload_settled, wait_all_outcome,
+                      wait_all_plan, wait_outcome, wait_plan, watch_event)
 
 # Connections the client may hold open at once: each wait in flight holds one (its watch).
 DEFAULT_MAX_CONNECTIONS = 1000
@@ -140,8 +140,9 @@ class AsyncCodeRunClient:
 
     async def get(self, name: str, *, namespace: str | None = None) -> RunResult:
         custom = await self._apis()
-        return self._own(result_from_object(await self._call(f"get CodeRun {name}", custom.get_namespaced_custom_object,
-                                                             GROUP, VERSION, namespace or self.namespace, PLURAL, name)))
+        obj = await self._call(f"get CodeRun {name}", custom.get_namespaced_custom_object,
+                               GROUP, VERSION, namespace or self.namespace, PLURAL, name)
+        return self._own(result_from_object(obj))
 
     async def wait(self, name: str, *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
                    on_update: Callable[[RunResult], None] | None = None,
@@ -151,10 +152,15 @@ class AsyncCodeRunClient:
         loop = asyncio.get_running_loop()
         started = loop.time()
         notify = (lambda obj: on_update(result_from_object(obj))) if on_update else None
-        plan = wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds, clock=loop.time, on_update=notify,
-                         stats=stats, until=until)
+        plan = wait_plan(name, started + timeout, max_watch_seconds=self.watch_seconds, clock=loop.time,
+                         on_update=notify, stats=stats, until=until)
         last, finished = await drive_async(plan, self._performer(namespace), self._watcher(namespace))
         return self._own(wait_outcome(name, namespace, loop.time() - started, last, finished))
+
+    async def wait_for(self, name: str, predicate: Callable[[RunResult], bool], *, namespace: str | None = None,
+                       timeout: float = DEFAULT_WAIT_SECONDS) -> RunResult:
+        """CodeRunClient.wait_for, awaitable."""
+        return await self.wait(name, namespace=namespace, timeout=timeout, until=settled_by(predicate))
 
     async def wait_all(self, names: Iterable[str], *, namespace: str | None = None,
                        timeout: float = DEFAULT_WAIT_SECONDS, labels: Mapping[str, str] | None = None,

@@ -27,8 +27,8 @@ from .sessions import (SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, Se
                        batch_requests, batch_wait_seconds, build_session_body, refused_as_ended, run_in_session_spec,
                        settled, why_over, session_info, session_spec)
 from .waiting import (API_REQUEST_TIMEOUT, DEFAULT_WAIT_SECONDS, DEFAULT_WATCH_SECONDS, WaitStats, api_failures,
-                      default_wait_seconds, fetched, listed_items, run_wait_seconds, upload_settled, wait_all_outcome,
-                      wait_all_plan, wait_outcome, wait_plan)
+                      default_wait_seconds, fetched, listed_items, run_wait_seconds, settled_by, upload_settled,
+                      wait_all_outcome, wait_all_plan, wait_outcome, wait_plan)
 
 __all__ = ["CodeRunClient", "default_wait_seconds", "raise_if_rejected"]  # the last two: for the CLI and tests
 
@@ -146,6 +146,13 @@ class CodeRunClient:
                                          on_update=notify, stats=stats, until=until),
                                self._performer(namespace), self._watcher(namespace))
         return self._own(wait_outcome(name, namespace, time.monotonic() - started, last, finished))
+
+    def wait_for(self, name: str, predicate: Callable[[RunResult], bool], *, namespace: str | None = None,
+                 timeout: float = DEFAULT_WAIT_SECONDS) -> RunResult:
+        """The run once `predicate(run)` holds, or once it finished (it changes no more: check what you waited
+        for); RunTimeout when `timeout` seconds pass first. E.g. `wait_for(name, lambda r: r.reason ==
+        "WaitingForUpload")`."""
+        return self.wait(name, namespace=namespace, timeout=timeout, until=settled_by(predicate))
 
     def wait_all(self, names: Iterable[str], *, namespace: str | None = None, timeout: float = DEFAULT_WAIT_SECONDS,
                  labels: Mapping[str, str] | None = None, stats: WaitStats | None = None) -> list[RunResult]:

@@ -187,11 +187,17 @@ def wait_all_outcome(names: list[str], namespace: str, waited_seconds: float,
             for name in names]
 
 
-def upload_settled(obj: Mapping[str, Any] | None) -> bool:
-    """The run says where to upload its inputs (status.upload), or needs none: it left Pending (started, or ended
-    without them)."""
-    status = (obj or {}).get("status") or {}
-    return bool(status.get("upload")) or status.get("phase") not in (None, "", "Pending")
+def settled_by(predicate: Callable[[RunResult], bool]) -> Callable[[Mapping[str, Any] | None], bool]:
+    """wait_for's `until`: the caller's predicate over the run as a RunResult, or the run's end."""
+    return lambda obj: is_finished(obj) or predicate(result_from_object(obj or {}))
+
+
+def _upload_settled(result: RunResult) -> bool:
+    """The run says where to upload its inputs (status.upload), or needs none: it left Pending."""
+    return result.upload is not None or result.phase not in (None, "", "Pending")
+
+
+upload_settled = settled_by(_upload_settled)
 
 
 def listed_items(listed: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
