@@ -208,6 +208,28 @@ def test_a_session_run_uploads_its_large_file_and_a_later_run_sends_it_no_more(a
     assert session.run("...", files={"big.bin": big}).succeeded and len(service.puts()) == 1
 
 
+def test_a_caller_outside_the_cluster_names_its_own_way_to_the_data_service(api, service, tmp_path, monkeypatch):
+    operator(api, service)
+    on_create = api.on_create
+
+    def cluster_address(obj):  # the status names an address only pods reach (a ClusterIP, here a dead port)
+        on_create(obj)
+        if "upload" in obj["status"]:
+            obj["status"]["upload"]["url"] = "http://127.0.0.1:9"
+    api.on_create = cluster_address
+    monkeypatch.setattr("coderun.client.data.time.sleep", lambda seconds: None)  # the retries' backoff
+    kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig"))
+    with pytest.raises(UploadFailed, match="set CODERUN_DATA_URL .* `kubectl port-forward"):
+        CodeRunClient(kubeconfig=kubeconfig).run("...", files={"big.bin": b"o" * BIG})
+    monkeypatch.setenv("CODERUN_DATA_URL", service.url)  # e.g. a port-forward's address
+    assert CodeRunClient(kubeconfig=kubeconfig).run("...", files={"big.bin": b"o" * BIG}).succeeded
+    stored_run(api, service, {"a.bin": b"abc"})
+    api.finish("agents", "run-a", {**api.runs[("agents", "run-a")]["status"],
+                                   "dataGrant": {"url": "http://127.0.0.1:9", "token": READ_TOKEN,
+                                                 "expires": EXPIRES}})
+    assert CodeRunClient(kubeconfig=kubeconfig).get("run-a").artifact("a.bin") == b"abc"
+
+
 def test_async_client_uploads_too(api, service, tmp_path):
     from coderun.client.aio import AsyncCodeRunClient
     from fake_api import write_kubeconfig

@@ -11,6 +11,7 @@ One client per event loop (its aiohttp session belongs to the loop of its first 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping, Sequence
 
@@ -23,7 +24,7 @@ from ..api.coderunsession import SESSION_PLURAL
 from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, InputRef, Limits
 from .connection import connect_async, default_namespace
 from .creating import create_plan
-from .data import AUTH_FAILURES, fetch, refused, save, send_uploads
+from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
 from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
@@ -56,12 +57,14 @@ class AsyncCodeRunClient:
 
     def __init__(self, namespace: str | None = None, *, kubeconfig: str | None = None, context: str | None = None,
                  api_client: aio_client.ApiClient | None = None, client_name: str = "sdk",
-                 watch_seconds: float = DEFAULT_WATCH_SECONDS, max_connections: int = DEFAULT_MAX_CONNECTIONS):
+                 watch_seconds: float = DEFAULT_WATCH_SECONDS, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 data_url: str | None = None):
         # The namespace is read now (a missing kubeconfig fails here, as with the sync client); the connection
         # is made at the first request, inside the caller's event loop.
         self.namespace = namespace or ("default" if api_client is not None else default_namespace(kubeconfig, context))
         self.client_name = client_name
         self.watch_seconds = watch_seconds
+        self.data_url = data_url or os.environ.get(DATA_URL_ENV) or None
         self._kubeconfig, self._context, self._max_connections = kubeconfig, context, max_connections
         self._api_client = api_client
         self._owns_api_client = api_client is None
@@ -123,7 +126,7 @@ class AsyncCodeRunClient:
         seen = await self.wait(created.name, namespace=created.namespace, timeout=timeout, on_update=on_update,
                                until=upload_settled)
         if seen.upload is not None:
-            await asyncio.to_thread(send_uploads, seen.upload, uploads)
+            await asyncio.to_thread(send_uploads, seen.upload, uploads, self.data_url)
         return refused_inputs(seen)
 
     # ---- the building blocks
@@ -198,10 +201,10 @@ class AsyncCodeRunClient:
                                          artifact.config_map, result.namespace)
             data = artifact_bytes(artifact, configmap.binary_data)
             return data if path is None else await asyncio.to_thread(save, path, data)
-        got = await asyncio.to_thread(fetch, result.data_grant, result.name, artifact, path)
+        got = await asyncio.to_thread(fetch, result.data_grant, result.name, artifact, path, self.data_url)
         if not isinstance(got, (bytes, Path)) and got.status in AUTH_FAILURES:  # a grant read long ago: read anew
             fresh = await self.get(result.name, namespace=result.namespace)
-            got = await asyncio.to_thread(fetch, fresh.data_grant, result.name, artifact, path)
+            got = await asyncio.to_thread(fetch, fresh.data_grant, result.name, artifact, path, self.data_url)
         if isinstance(got, (bytes, Path)):
             return got
         raise refused(result.name, artifact, got)

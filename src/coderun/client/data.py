@@ -32,6 +32,11 @@ MAX_ERROR_BODY_BYTES = 64 * 1024
 ATTEMPTS = 4                # a busy service (503 Busy, with Retry-After) or a dropped connection is tried again
 MAX_RETRY_AFTER_SECONDS = 10.0
 AUTH_FAILURES = (401, 403)  # BadGrant, GrantExpired: the grant in hand no longer opens the door
+# Where this caller reaches the data service, when not at the address the run's status names (a ClusterIP, which a
+# laptop outside the cluster cannot reach): e.g. a `kubectl port-forward -n coderun-system svc/coderun-data 8080`.
+DATA_URL_ENV = "CODERUN_DATA_URL"
+REACH_ADVICE = (f"the caller must reach the data service: run inside the cluster, or set {DATA_URL_ENV} (e.g. "
+                "http://127.0.0.1:8080 beside `kubectl port-forward -n coderun-system svc/coderun-data 8080`)")
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,7 @@ def upload(url: str, token: str, file: Upload, *, attempts: int = ATTEMPTS,
             answer = _put_once(url, token, file)
         except Unreachable as e:
             if attempt == attempts:
-                raise UploadFailed(file.path, None, f"{e}; the caller must reach the data service's address in the "
-                                                    "run's status.upload (or run from inside the cluster)") from None
+                raise UploadFailed(file.path, None, f"{e}; {REACH_ADVICE}") from None
             sleep(min(2.0 ** attempt, MAX_RETRY_AFTER_SECONDS))
             continue
         if isinstance(answer, dict):
@@ -166,8 +170,7 @@ def download(grant: DataGrant, run: str, artifact: Artifact, sink: BinaryIO) -> 
     try:
         connection, prefix = _connect(grant.url)
     except Unreachable as e:
-        raise ArtifactUnavailable(run, artifact.name, f"{e}; the caller must reach the data service's address in "
-                                                      "the run's status.dataGrant") from None
+        raise ArtifactUnavailable(run, artifact.name, f"{e}; {REACH_ADVICE}") from None
     try:
         connection.request("GET", f"{prefix}/v1/artifacts/{urllib.parse.quote(artifact.name, safe='/')}",
                            headers={"Authorization": f"Bearer {grant.token}"})
@@ -206,16 +209,18 @@ def _mismatch(run: str, artifact: Artifact, what: str) -> ArtifactUnavailable:
                                                    "they were changed after the run; nothing was kept")
 
 
-def send_uploads(wait: UploadWait, uploads: Sequence[Upload]) -> list[str]:
-    """Upload every file the run waits for (status.upload), one after the other; the paths sent."""
+def send_uploads(wait: UploadWait, uploads: Sequence[Upload], url: str | None = None) -> list[str]:
+    """Upload every file the run waits for (status.upload), one after the other, to `url` (default: the one the
+    status names); the paths sent."""
     sent = []
     for file in asked_for(wait, uploads):
-        upload(wait.url, wait.token, file)
+        upload(url or wait.url, wait.token, file)
         sent.append(file.path)
     return sent
 
 
-def fetch(grant: DataGrant | None, run: str, artifact: Artifact, path: str | Path | None) -> bytes | Path | Refusal:
+def fetch(grant: DataGrant | None, run: str, artifact: Artifact, path: str | Path | None,
+          url: str | None = None) -> bytes | Path | Refusal:
     """A stored artifact's bytes, or with `path` the file written there (through a temporary file beside it,
     renamed into place only once the bytes are checked: a mismatch leaves no file and an existing file as it
     was). A Refusal when the data service refused the grant: the caller reads the run again for a fresh one."""
@@ -223,6 +228,8 @@ def fetch(grant: DataGrant | None, run: str, artifact: Artifact, path: str | Pat
         raise ArtifactUnavailable(run, artifact.name, "the run's status has no dataGrant to read stored artifacts "
                                                       "with (the operator has not written it yet, or the artifacts "
                                                       "expired with the policy's artifactTTLSeconds)")
+    if url:
+        grant = grant.model_copy(update={"url": url})
     if path is None:
         buffer = io.BytesIO()
         refusal = download(grant, run, artifact, buffer)

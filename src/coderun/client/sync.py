@@ -1,6 +1,7 @@
 """CodeRunClient: create a CodeRun, wait for it with a watch, read the typed result. The SDK's only I/O module."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -12,7 +13,7 @@ from kubernetes.client.rest import ApiException
 from ..api.models import GROUP, PLURAL, VERSION, CodeRunSpec, InputRef, Limits
 from .connection import connect
 from .creating import create_plan
-from .data import AUTH_FAILURES, fetch, refused, save, send_uploads
+from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
 from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
@@ -48,7 +49,7 @@ class CodeRunClient:
 
     def __init__(self, namespace: str | None = None, *, kubeconfig: str | None = None, context: str | None = None,
                  api_client: client.ApiClient | None = None, client_name: str = "sdk",
-                 watch_seconds: float = DEFAULT_WATCH_SECONDS):
+                 watch_seconds: float = DEFAULT_WATCH_SECONDS, data_url: str | None = None):
         if api_client is None:
             api_client, default_namespace = connect(kubeconfig, context)
         else:
@@ -56,6 +57,8 @@ class CodeRunClient:
         self.namespace = namespace or default_namespace
         self.client_name = client_name
         self.watch_seconds = watch_seconds
+        # Where to reach the data service instead of the address a run's status names (docs/data.md).
+        self.data_url = data_url or os.environ.get(DATA_URL_ENV) or None
         self._api_client = api_client
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
@@ -111,7 +114,7 @@ class CodeRunClient:
         seen = self.wait(created.name, namespace=created.namespace, timeout=timeout, on_update=on_update,
                          until=upload_settled)
         if seen.upload is not None:
-            send_uploads(seen.upload, uploads)
+            send_uploads(seen.upload, uploads, self.data_url)
         return refused_inputs(seen)
 
     # ---- the building blocks
@@ -193,9 +196,10 @@ class CodeRunClient:
                                    artifact.config_map, result.namespace)
             data = artifact_bytes(artifact, configmap.binary_data)
             return data if path is None else save(path, data)
-        got = fetch(result.data_grant, result.name, artifact, path)
+        got = fetch(result.data_grant, result.name, artifact, path, self.data_url)
         if not isinstance(got, (bytes, Path)) and got.status in AUTH_FAILURES:  # a grant read long ago: read anew
-            got = fetch(self.get(result.name, namespace=result.namespace).data_grant, result.name, artifact, path)
+            got = fetch(self.get(result.name, namespace=result.namespace).data_grant, result.name, artifact, path,
+                        self.data_url)
         if isinstance(got, (bytes, Path)):
             return got
         raise refused(result.name, artifact, got)
