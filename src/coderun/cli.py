@@ -430,7 +430,7 @@ class Progress:
         self._thread = threading.Thread(target=self._spin, daemon=True)
 
     def update(self, result: RunResult) -> None:
-        self.phase = result.phase or "Pending"
+        self.phase = (result.phase or "Pending") + (", uploading inputs" if result.upload else "")
 
     def _spin(self) -> None:
         started, frame = time.monotonic(), 0

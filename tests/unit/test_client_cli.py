@@ -110,6 +110,8 @@ def test_progress_stays_silent_when_stderr_is_not_a_terminal():
     with cli.Progress(stream, "run-a") as progress:
         progress.update(_result(phase="Running"))
     assert stream.getvalue() == "" and progress.phase == "Running"
+    progress.update(_result(phase="Pending", upload={"url": "http://x", "token": "t", "expires": "2026-12-01T00:00:00Z"}))
+    assert progress.phase == "Pending, uploading inputs"
 
 
 def test_bad_limits_exit_with_usage_and_a_one_line_message(capsys, monkeypatch):
