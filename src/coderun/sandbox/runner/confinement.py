@@ -91,8 +91,11 @@ def mount_capped_scratch(scratch_dir: str, max_inodes: int, disk_bytes: int | No
 
 def bind_read_only(libc, path: str) -> bool:
     """path read-only in this mount namespace (a bind of it over itself, remounted read-only): the program reads
-    what is there, and what the runner adds through its own mount later, and can write, unlink or rename none of
-    it (the syscall filter refuses it mount and umount)."""
+    what is there, and what the runner adds through its own mount later, and can open for writing, create, unlink
+    or rename none of it (the syscall filter refuses it mount and umount). gVisor (runsc, measured 2026-12) still
+    lets the owner change attributes through such a mount: chmod, truncate(2) by path, utimes, setxattr. So the
+    program (the files' owner: it runs as the runner's uid) can spoil its own run's inputs that way, never another
+    run's: a session's runner fetches again any input whose file changed (data.py HeldInput, ctime and size)."""
     try:
         existing = os.statvfs(path).f_flag
     except OSError:
@@ -120,7 +123,12 @@ def enter_program_namespaces(max_processes: int, hidden_dir: str | None = None, 
 
     hidden_dir (the raw input, which the runner has read) gets an empty read-only tmpfs over it: the program
     sees its input only where the runner laid it out, the same whether it came from a ConfigMap or a warm pod's
-    stdin, and cannot write where a warm pod's runner wrote it. Best effort: if refused, it stays visible."""
+    stdin, and cannot write where a warm pod's runner wrote it (run.json, and the data plane's grant in it). Best
+    effort: if refused, it stays visible.
+
+    read_only_dir (the data plane's inputs dir, when it exists): read-only to the program (bind_read_only). Best
+    effort too: if refused, the files are still mode 0444 (data.py), which their owner, the program's uid, may
+    change; a session's runner fetches again any input whose file changed."""
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
