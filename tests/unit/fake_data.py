@@ -21,13 +21,17 @@ def sha(data: bytes) -> str:
 
 class DataService:
     """The data service's caller-facing half: PUT /v1/uploads/<sha256> (upload grant), GET /v1/artifacts/<name>
-    (read grant). `upload_mode`: ok, 413 (refused at once, body unread), present (200 at once, body unread)."""
+    (read grant). `upload_mode`: ok, 413 (refused at once, body unread), present (200 at once, body unread).
+    `continue_mode`: checked (as the real service: 100 Continue only once the upload will be read), at-once (as
+    http.server does by default, before any check), never (an HTTP/1.0-minded server that ignores Expect)."""
 
     def __init__(self) -> None:
         self.uploads: dict[str, bytes] = {}
         self.artifacts: dict[str, bytes] = {}
         self.requests: list[tuple[str, str, str | None, str | None]] = []  # method, path, Authorization, length
         self.upload_mode = "ok"
+        self.continue_mode = "checked"
+        self.expects: list[str | None] = []  # each PUT's Expect header
         self.read_tokens = {READ_TOKEN}
         self.on_upload: Callable[[str], None] = lambda digest: None
         service = self
@@ -37,6 +41,11 @@ class DataService:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def handle_expect_100(self) -> bool:
+                if service.continue_mode == "at-once":
+                    return super().handle_expect_100()
+                return True  # checked: do_PUT says it when it reads the body; never: not at all
 
             def answer(self, status: int, body: dict[str, Any], close: bool = False) -> None:
                 data = json.dumps(body).encode()
@@ -52,6 +61,7 @@ class DataService:
             def do_PUT(self) -> None:
                 service.requests.append(("PUT", self.path, self.headers.get("Authorization"),
                                          self.headers.get("Content-Length")))
+                service.expects.append(self.headers.get("Expect"))
                 digest = self.path.removeprefix("/v1/uploads/")
                 if self.headers.get("Authorization") != f"Bearer {UPLOAD_TOKEN}":
                     return self.answer(401, {"reason": "BadGrant", "message": "no upload grant"}, close=True)
@@ -60,6 +70,9 @@ class DataService:
                                              "than the policy's maxInputBytes (1048576)"}, close=True)
                 if service.upload_mode == "present":
                     return self.answer(200, {"sha256": digest, "size": 0, "key": f"uploads/ns/{digest}"}, close=True)
+                if service.continue_mode == "checked" and self.headers.get("Expect") == "100-continue":
+                    self.send_response_only(100)
+                    self.end_headers()
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if sha(body) != digest:
                     return self.answer(400, {"reason": "InputMismatch", "message": "the bytes differ"})

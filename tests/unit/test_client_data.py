@@ -145,6 +145,16 @@ def test_bytes_the_store_holds_already_are_not_sent_again(api, service, client):
     assert service.requests == []
 
 
+@pytest.mark.parametrize("continue_mode", ["checked", "at-once", "never"])
+def test_the_body_follows_100_continue_or_a_short_wait_for_it(api, service, client, monkeypatch, continue_mode):
+    monkeypatch.setattr("coderun.client.data.CONTINUE_SECONDS", 0.2)  # a server that never says it
+    operator(api, service)
+    service.continue_mode = continue_mode
+    big = bytes(range(256)) * (BIG // 256)
+    assert client.run("...", files={"big.bin": big}).succeeded
+    assert service.uploads == {sha(big): big} and service.expects == ["100-continue"]
+
+
 def test_an_upload_answered_before_its_body_was_read_counts(api, service, client):
     operator(api, service)
     service.upload_mode = "present"  # the store had it: 200 at once, Connection: close, body not read

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import select
+import socket
 import tempfile
 import time
 import urllib.parse
@@ -31,6 +32,8 @@ IDLE_SECONDS = 60.0         # a socket silent this long (the service stalled, or
 MAX_ERROR_BODY_BYTES = 64 * 1024
 ATTEMPTS = 4                # a busy service (503 Busy, with Retry-After) or a dropped connection is tried again
 MAX_RETRY_AFTER_SECONDS = 10.0
+CONTINUE_SECONDS = 3.0      # how long an upload waits for 100 Continue before sending its body anyway
+MAX_INTERIM_BYTES = 4096
 AUTH_FAILURES = (401, 403)  # BadGrant, GrantExpired: the grant in hand no longer opens the door
 # Where this caller reaches the data service, when not at the address the run's status names (a ClusterIP, which a
 # laptop outside the cluster cannot reach): e.g. a `kubectl port-forward -n coderun-system svc/coderun-data 8080`.
@@ -104,7 +107,12 @@ def _put_once(url: str, token: str, upload: Upload) -> dict | Refusal:
             connection.putheader("Authorization", f"Bearer {token}")
             connection.putheader("Content-Type", "application/octet-stream")
             connection.putheader("Content-Length", str(upload.size))
+            plain = type(connection.sock) is socket.socket  # MSG_PEEK: not on TLS sockets
+            if plain:
+                connection.putheader("Expect", "100-continue")
             connection.endheaders()
+            if plain and not _continued(connection.sock):
+                return _answer(url, connection)  # refused, or there already: not a byte of the body sent
             with upload.open() as body:
                 left = upload.size
                 while left > 0 and not _answered_early(connection):
@@ -116,21 +124,46 @@ def _put_once(url: str, token: str, upload: Upload) -> dict | Refusal:
                     left -= len(chunk)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the service may have answered and closed: its answer says why
-        try:
-            response = connection.getresponse()
-        except (OSError, http.client.HTTPException) as e:
-            raise Unreachable(f"the data service at {url} did not answer: {e}") from None
-        if response.status != 200:
-            return _refusal(response)
-        try:
-            answer = json.loads(response.read(MAX_ERROR_BODY_BYTES) or b"{}")
-        except ValueError:
-            answer = {}
-        return answer if isinstance(answer, dict) else {}
+        return _answer(url, connection)
     except OSError as e:
         raise Unreachable(f"the data service at {url} failed mid-transfer: {e}") from None
     finally:
         connection.close()
+
+
+def _answer(url: str, connection: http.client.HTTPConnection) -> dict | Refusal:
+    try:
+        response = connection.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+        raise Unreachable(f"the data service at {url} did not answer: {e}") from None
+    if response.status != 200:
+        return _refusal(response)
+    try:
+        answer = json.loads(response.read(MAX_ERROR_BODY_BYTES) or b"{}")
+    except ValueError:
+        answer = {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def _continued(sock: socket.socket) -> bool:
+    """After `Expect: 100-continue`: True to send the body (the service said 100 Continue, consumed here, or said
+    nothing within CONTINUE_SECONDS, as curl does); False when its final answer came instead (it refused the
+    upload, or holds those bytes already): the body is not sent at all."""
+    if not select.select([sock], [], [], CONTINUE_SECONDS)[0]:
+        return True
+    seen = b""
+    for _ in range(64):  # an interim answer is one short line and a blank one: a few reads at most
+        seen = sock.recv(MAX_INTERIM_BYTES, socket.MSG_PEEK)
+        if not seen.startswith(b"HTTP/1.1 100"[:len(seen)]) or not seen:
+            return False
+        end = seen.find(b"\r\n\r\n")
+        if end >= 0:
+            sock.recv(end + 4)  # what was peeked is there: one read takes it
+            return True
+        if len(seen) >= MAX_INTERIM_BYTES:
+            return False  # no interim answer is that long: let the response parser say what it is
+        time.sleep(0.005)  # the rest of the line is on its way (the socket stays readable meanwhile)
+    return False
 
 
 def upload(url: str, token: str, file: Upload, *, attempts: int = ATTEMPTS,
