@@ -8,6 +8,7 @@ from coderun.api.models import CodeRunSpec
 from coderun.api.reasons import Reason
 from coderun_operator.builders import build_input_configmap, warm_input
 from coderun_operator.builders.objects import REDACTION_MARGIN_BYTES
+from coderun_operator.data_plane import INPUT_REASONS
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 from coderun_operator.results import frame
 from coderun.sandbox.runner import protocol
@@ -47,7 +48,10 @@ def test_the_operator_speaks_the_runners_words():
                       if name.isupper() and isinstance(value, str) and value[:1].isupper() and value.isalpha()}
     assert runner_reasons == set(protocol.REASONS)  # every reason the protocol spells is one a frame can carry
     # InputIncomplete: a warm pod whose input broke off; the operator starts that run cold (warm.go_cold).
-    assert runner_reasons - {r.value for r in Reason} <= {"InvalidInput", "RunnerError", "InputIncomplete"}
+    # The data plane's input reasons (a frame's inputError) the operator words itself (data_plane.INPUT_REASONS).
+    assert runner_reasons - {r.value for r in Reason} - INPUT_REASONS <= {"InvalidInput", "RunnerError",
+                                                                         "InputIncomplete"}
+    assert set(protocol.INPUT_REASONS) <= INPUT_REASONS
 
 
 def test_a_warm_pods_input_is_the_input_configmap_with_a_nonce(run_body, tmp_path):

@@ -40,6 +40,7 @@ def test_an_input_is_fetched_verified_and_read_through_its_link(tmp_path, servic
     run = runner_in(tmp_path)(READS_ITS_INPUT, data=service.data(["in/data.csv"]))
     assert run.frame["reason"] == "Completed", run.frame
     assert run.frame["stdout"] == f"True {len(CSV)} {sha(CSV)}\n"
+    assert run.frame["inputs"] == [{"path": "in/data.csv", "size": len(CSV), "sha256": sha(CSV)}]
     assert os.readlink(run.work / "in" / "data.csv") == str(tmp_path / "inputs" / "in" / "data.csv")
     assert (tmp_path / "inputs" / "in" / "data.csv").read_bytes() == CSV
     assert service.requests == [("GET", "/v1/inputs/0", f"Bearer {TOKEN}")]
@@ -70,7 +71,7 @@ def test_an_input_that_fails_stops_the_run_before_its_program(tmp_path, service,
     assert run.frame["reason"] == reason, run.frame
     assert run.frame["inputError"]["path"] == "data.csv" and run.frame["inputError"]["reason"] == reason
     assert says in run.frame["inputError"]["message"] and "data.csv" in run.frame["message"]
-    assert run.frame["exitCode"] is None and run.frame["signal"] is None
+    assert run.frame["exitCode"] is None and run.frame["signal"] is None and "inputs" not in run.frame
     assert not (run.work / "ran.marker").exists()
     # The frame is vouched for as any other; nothing partial is left, the grant is in no message.
     assert run.termination["frameSha256"] == sha(run.frame_json) and run.termination["reason"] == reason

@@ -58,7 +58,11 @@ def result_frame(spec: dict, outcome: ChildOutcome, metrics: dict, oom_killed: b
         error = parse_error(outcome.stderr.text_for_parsing(), spec["codeFile"])
     # The operator writes every human message; the frame carries facts (reason, limit, counts) only.
     frame_limit = {"limit": outcome.limit} if outcome.limit else {}
-    return {**frame_limit,
+    # The data plane's inputs, as laid out: every one was verified against its pin before the program started.
+    data_inputs = (spec.get("data") or {}).get("inputs") or []
+    laid_out = {"inputs": [{"path": cap(i["path"], MAX_NAME_CHARS), "size": i["size"], "sha256": i["sha256"]}
+                           for i in data_inputs]} if data_inputs else {}
+    return {**frame_limit, **laid_out,
         "version": FRAME_VERSION,
         "reason": reason,
         "message": "",
