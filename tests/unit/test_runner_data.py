@@ -268,3 +268,76 @@ def test_a_warm_pods_run_fetches_its_inputs_once_it_has_its_input(tmp_path, serv
     assert run.frame["reason"] == "Completed" and run.frame["nonce"] == "d" * 32, run.frame
     assert run.frame["stdout"] == f"True {len(CSV)} {sha(CSV)}\n"
     assert service.gets() == ["/v1/inputs/0"]
+
+
+# The real thing: the runner against coderun's data service (coderun_operator.data.service) and its store
+# (versitygw on loopback, as tests/unit/test_data_service.py starts it).
+
+@pytest.fixture(scope="module")
+def real_service(tmp_path_factory):
+    import socket
+    import subprocess
+    import threading
+    from pathlib import Path
+
+    from coderun_operator.data.service import DataServer, Service
+    from coderun_operator.data.store import StoreSettings, client, ensure_bucket
+
+    repo = Path(__file__).parents[2]
+    found = subprocess.run(["bash", "-c", "source e2e/cluster/versions.sh && echo $CODERUN_CACHE/bin/versitygw-"
+                            "$VERSITYGW_VERSION/versitygw"], cwd=repo, capture_output=True, text=True, check=True)
+    binary = Path(found.stdout.strip())
+    if not binary.exists():
+        pytest.fail(f"no versitygw at {binary}: run `bash e2e/cluster/build-binaries.sh versitygw`")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tmp_path_factory.mktemp("store")
+    gw = subprocess.Popen([str(binary), "--access", "testkey", "--secret", "testsecret1234", "--quiet",
+                           "--port", f"127.0.0.1:{port}", "posix", str(root)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert gw.poll() is None and time.monotonic() < deadline, "versitygw did not listen"
+            time.sleep(0.05)  # polling the port, bounded by the deadline
+    s3 = client(StoreSettings(f"http://127.0.0.1:{port}", "us-east-1", "testkey", "testsecret1234"))
+    ensure_bucket(s3, "coderun")
+    server = DataServer(("127.0.0.1", 0), Service(s3, lambda: {"k1": b"k" * 32}, "coderun"))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield s3, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+        gw.terminate()
+        gw.wait(10)
+
+
+def test_against_the_real_data_service_inputs_arrive_and_artifacts_are_stored(tmp_path, real_service):
+    from coderun_operator.data.grant import RunGrant, StoredObject, mint
+    s3, url = real_service
+    s3.put_object(Bucket="coderun", Key="in/data.csv", Body=CSV)
+    uid = f"uid-{os.getpid()}-{time.monotonic_ns()}"
+    grant = RunGrant(namespace="ns", name="job", uid=uid, expires=int(time.time()) + 600,
+                     inputs=(StoredObject("coderun", "in/data.csv", len(CSV), sha(CSV)),), bucket="coderun",
+                     artifacts_prefix=f"runs/ns/{uid}/artifacts/", max_file_bytes=len(BIG), max_total_bytes=1 << 20,
+                     max_files=4)
+    data = {"url": url, "token": mint("k1", b"k" * 32, grant), "artifactsToStore": True,
+            "inputs": [{"path": "in/data.csv", "size": len(CSV), "sha256": sha(CSV)}]}
+    code = READS_ITS_INPUT + WRITES_ARTIFACTS + ("open(os.path.join(out, 'over.bin'), 'wb')"
+                                                 ".write(b'o' * (len(data) + 600000))\n")
+    run = runner_in(tmp_path)(code, data=data, artifacts=dict(STORING_CAPS, maxFileBytes=1 << 20))
+    assert run.frame["reason"] == "Completed", run.frame
+    assert run.frame["stdout"] == f"True {len(CSV)} {sha(CSV)}\n"
+    assert [a for a in run.frame["artifacts"] if a.get("stored")] == [
+        {"name": "big.bin", "size": len(BIG), "sha256": sha(BIG), "stored": True}]
+    # Past the grant's max_file_bytes: the service refuses it, and the frame says why.
+    assert run.frame["artifactsSkipped"] == [{"name": "over.bin", "why": "artifact-too-large"}]
+    stored = s3.get_object(Bucket="coderun", Key=f"runs/ns/{uid}/artifacts/big.bin")
+    assert stored["Body"].read() == BIG and stored["Metadata"]["sha256"] == sha(BIG)
