@@ -32,6 +32,8 @@ class DataService:
         self.upload_mode = "ok"
         self.continue_mode = "checked"
         self.expects: list[str | None] = []  # each PUT's Expect header
+        self.keep_bodies = True  # False: an upload is hashed as it streams and only its size kept (memory flat)
+        self.sizes: dict[str, int] = {}
         self.read_tokens = {READ_TOKEN}
         self.on_upload: Callable[[str], None] = lambda digest: None
         service = self
@@ -73,11 +75,22 @@ class DataService:
                 if service.continue_mode == "checked" and self.headers.get("Expect") == "100-continue":
                     self.send_response_only(100)
                     self.end_headers()
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if sha(body) != digest:
+                left, hashed, kept = int(self.headers["Content-Length"]), hashlib.sha256(), []
+                while left:
+                    chunk = self.rfile.read(min(left, 1 << 20))
+                    if not chunk:
+                        return self.answer(400, {"reason": "BodyCutShort", "message": "the body ended early"})
+                    hashed.update(chunk)
+                    left -= len(chunk)
+                    if service.keep_bodies:
+                        kept.append(chunk)
+                if hashed.hexdigest() != digest:
                     return self.answer(400, {"reason": "InputMismatch", "message": "the bytes differ"})
-                service.uploads[digest] = body
-                self.answer(200, {"sha256": digest, "size": len(body), "key": f"uploads/ns/{digest}"})
+                size = int(self.headers["Content-Length"])
+                service.sizes[digest] = size
+                if service.keep_bodies:
+                    service.uploads[digest] = b"".join(kept)
+                self.answer(200, {"sha256": digest, "size": size, "key": f"uploads/ns/{digest}"})
                 service.on_upload(digest)
 
             def do_GET(self) -> None:
@@ -92,7 +105,9 @@ class DataService:
                 self.send_header("Content-Length", str(len(data)))
                 self.send_header("X-Coderun-Sha256", sha(data))
                 self.end_headers()
-                self.wfile.write(data)
+                view = memoryview(data)
+                for start in range(0, len(data), 1 << 20):  # in chunks, as the service streams
+                    self.wfile.write(view[start:start + (1 << 20)])
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

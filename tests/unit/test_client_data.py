@@ -4,6 +4,7 @@ record. Against the fake API server (fake_api.py, the test plays the operator) a
 127.0.0.1 (below, the contract's HTTP API), both over real HTTP."""
 import asyncio
 import base64
+import tracemalloc
 
 import pytest
 
@@ -55,7 +56,7 @@ def operator(api, service, *, held=()):
             return
 
         def on_upload(digest):
-            if all(f["sha256"] in service.uploads for f in wanted):
+            if all(f["sha256"] in service.sizes for f in wanted):
                 api.finish(namespace, name, {**SUCCEEDED, "inputs": records})
         service.on_upload = on_upload
         obj["status"] = {"phase": "Pending", "reason": "WaitingForUpload",
@@ -153,6 +154,32 @@ def test_the_body_follows_100_continue_or_a_short_wait_for_it(api, service, clie
     big = bytes(range(256)) * (BIG // 256)
     assert client.run("...", files={"big.bin": big}).succeeded
     assert service.uploads == {sha(big): big} and service.expects == ["100-continue"]
+
+
+def test_memory_stays_flat_in_the_size_of_an_uploaded_path_and_a_stored_artifact_written_to_a_file(
+        api, service, client, tmp_path):
+    """64 MiB each way, traced in this process (the stand-in's threads too): the peak is the chunks in flight."""
+    operator(api, service)
+    service.keep_bodies = False
+    local = tmp_path / "big.bin"
+    with local.open("wb") as out:
+        for i in range(64):
+            out.write(bytes([i]) * (1 << 20))
+    digest = sha(local.read_bytes())
+    artifact = local.read_bytes()
+    stored_run(api, service, {"out.bin": artifact})
+    result = client.get("run-a")
+    tracemalloc.start()
+    try:
+        assert client.run("...", files={"big.bin": local}).succeeded
+        uploaded_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        client.artifact(result, "out.bin", path=tmp_path / "out.bin")
+        downloaded_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert service.sizes == {digest: 64 << 20} and (tmp_path / "out.bin").read_bytes() == artifact
+    assert uploaded_peak < 12 << 20 and downloaded_peak < 12 << 20, (uploaded_peak, downloaded_peak)
 
 
 def test_an_upload_answered_before_its_body_was_read_counts(api, service, client):
