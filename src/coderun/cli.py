@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .api.coderunsession import SESSION_KIND
-from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, Limits
+from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, InputRef, Limits
 from .api.reasons import Reason, SessionReason
 from .api.text import one_line, printable
 from .client import CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout
@@ -219,6 +219,25 @@ def parse_file_arg(arg: str) -> tuple[str, Path]:
     return sandbox_path(arg), Path(arg)
 
 
+def parse_input_arg(arg: str) -> dict[str, Any]:
+    """`--input [DEST=]SOURCE`, SOURCE as status.inputs names it: s3://BUCKET/KEY or run/RUN/ARTIFACT; it lands
+    as DEST, else as the base name of the key or artifact."""
+    dest, equals, source = arg.partition("=")
+    if not equals or "://" in dest or dest.startswith("run/"):
+        dest, source = "", arg
+    if source.startswith("s3://"):
+        bucket, _, key = source[len("s3://"):].partition("/")
+        ref: dict[str, Any] = {"s3": {"bucket": bucket, "key": key}}
+    elif source.startswith("run/"):
+        run, _, key = source[len("run/"):].partition("/")
+        ref = {"artifact": {"run": run, "name": key}}
+    else:
+        key = ""
+    if not key:
+        raise UsageError(f"--input {arg!r}: give [DEST=]s3://BUCKET/KEY or [DEST=]run/RUN/ARTIFACT")
+    return {"path": dest or sandbox_path(key), **ref}
+
+
 def parse_labels(pairs: Sequence[str]) -> dict[str, str]:
     labels = {}
     for pair in pairs:
@@ -386,6 +405,10 @@ def build_request(args: argparse.Namespace) -> tuple[RunRequest, list[Upload]]:
                       timeout=args.timeout), uploads
 
 
+def input_refs_of(args: argparse.Namespace) -> list[InputRef]:
+    return [InputRef.model_validate(parse_input_arg(arg)) for arg in args.input]
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Everything that can be refused without the cluster, refused before connecting to it (UsageError), and
     the inputs read and typed on `args`: -o for this command, labels, and for `run` the request and limits."""
@@ -404,8 +427,12 @@ def check_args(args: argparse.Namespace) -> None:
         try:
             args.request, args.uploads = build_request(args)
             args.limits = Limits(memory=args.memory, cpu=args.cpu)
+            # a path named twice, too many inputs: said before the cluster is asked
+            args.spec = with_inputs(args.request.to_spec(args.limits), input_refs_of(args), args.uploads)
         except ValidationError as e:  # a bad --memory, --timeout or file path, named by field
             raise UsageError(f"invalid input: {describe_invalid(e)}") from e
+        except CodeRunError as e:  # an input path named twice
+            raise UsageError(str(e)) from e
     if args.command == "artifacts" and args.artifacts_command == "get":
         args.dest = artifact_destination(args.artifact, args.dest)
         if args.dest != "-" and not Path(args.dest).resolve().parent.is_dir():
@@ -454,10 +481,9 @@ class Progress:
 
 
 def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
-    spec = args.request.to_spec(args.limits)
+    spec = args.spec
     if args.session:
         spec = spec.model_copy(update={"session": args.session})
-    spec = with_inputs(spec, uploads=args.uploads)
     try:
         created = client.create(spec, labels=args.labels)
     except PolicyDenied as e:  # the namespace's policy refused it at creation (admission: Enforce)
@@ -730,6 +756,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                      help="input file for the program (repeatable); lands as its base name unless DEST= (or "
                           "PATH:DEST) is given. Any size the policy allows: small files go in the run, larger ones are uploaded "
                           "to the data service (streamed) once the run asks for them").complete = shtab.FILE
+    run.add_argument("--input", action="append", default=[], metavar="[DEST=]SOURCE",
+                     help="an input by reference (repeatable): s3://BUCKET/KEY (a bucket the policy allows) or "
+                          "run/RUN/ARTIFACT (an earlier run's artifact); lands as DEST, else its base name")
     run.add_argument("--stdin", metavar="FILE",
                      help="file passed on the program's standard input (- for ours)").complete = shtab.FILE
     run.add_argument("--timeout", type=program_seconds, metavar="DURATION",

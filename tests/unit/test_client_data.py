@@ -417,3 +417,26 @@ def test_cli_run_uploads_a_large_file_and_lists_the_inputs(api, service, tmp_pat
     err = capsys.readouterr().err
     digest = sha(local.read_bytes())
     assert f"coderun: input big.csv: {local.stat().st_size} bytes, sha256 {digest}, from upload:{digest}\n" in err
+
+
+def test_cli_run_takes_inputs_by_reference_as_the_status_names_their_sources(api, service, tmp_path, monkeypatch,
+                                                                              capsys):
+    monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path / "kubeconfig")))
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    operator(api, service)
+    assert cli.main(["run", "-c", "print(1)", "--input", "s3://datasets/2026/raw.csv",
+                     "--input", "in/clean.csv=run/clean-1/out/clean.csv"]) == 0
+    assert created_spec(api)["inputs"] == [
+        {"path": "raw.csv", "s3": {"bucket": "datasets", "key": "2026/raw.csv"}},
+        {"path": "in/clean.csv", "artifact": {"run": "clean-1", "name": "out/clean.csv"}}]
+    capsys.readouterr()
+    requests = len(api.requests)
+    for bad, said in [("ftp://x/y", "give [DEST=]s3://BUCKET/KEY or [DEST=]run/RUN/ARTIFACT"),
+                      ("s3://datasets", "give [DEST=]s3://BUCKET/KEY"),
+                      ("a.csv=run/r1/a.csv --input a.csv=s3://b1b/a.csv", "input paths must be unique: a.csv "
+                                                                            "named twice")]:
+        argv = ["run", "-c", "print(1)"] + [x for part in bad.split(" --input ") for x in ("--input", part)]
+        assert cli.main(argv) == cli.EXIT_USAGE
+        assert said in capsys.readouterr().err
+    assert len(api.requests) == requests  # each refused before the cluster was asked

@@ -224,6 +224,10 @@ def with_inputs(spec: CodeRunSpec, refs: Sequence[InputRef] = (), uploads: Seque
     document = spec.model_dump(by_alias=True, exclude_none=True)
     document["inputs"] = [*document.get("inputs", []), *(i.model_dump(by_alias=True, exclude_none=True)
                                                           for i in [*refs, *(u.input_ref() for u in uploads)])]
+    paths = [i["path"] for i in document["inputs"]]
+    twice = sorted({p for p in paths if paths.count(p) > 1})
+    if twice:  # the API server's rule too (CEL): said here before any request
+        raise CodeRunError(f"input paths must be unique: {', '.join(twice)} named twice")
     return CodeRunSpec.model_validate(document)
 
 
