@@ -30,7 +30,8 @@ from .api.coderunsession import SESSION_KIND
 from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, InputRef, Limits
 from .api.reasons import Reason, SessionReason
 from .api.text import one_line, printable
-from .client import CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRequest, RunResult, RunTimeout
+from .client import (CodeRunClient, CodeRunError, PolicyDenied, RunNotFound, RunRejected, RunRequest, RunResult,
+                     RunTimeout)
 from .client.errors import describe_invalid, upload_failed_for
 from .client.inputs import Upload, split_files, with_inputs
 from .client.sessions import SESSION_READY_WAIT_SECONDS, SessionEnded, SessionInfo, SessionNotReady, session_spec
@@ -506,6 +507,8 @@ def cmd_run(client: CodeRunClient, args: argparse.Namespace) -> int:
             wait_timeout = args.wait_timeout or default_wait_seconds(args.request.timeout)
             try:
                 client.send_uploads(created, args.uploads, timeout=wait_timeout, on_update=progress.update)
+            except RunRejected:
+                pass  # the wait below returns the refused run, printed as any refusal
             except (RunTimeout, RunNotFound):
                 raise
             except CodeRunError as e:  # the upload's failure (the run is deleted below unless --keep)

@@ -225,6 +225,17 @@ def test_a_run_the_operator_ends_for_its_input_sizes_is_input_too_large_and_noth
     assert client.run("...", files={"big.bin": b"b" * BIG}).succeeded and len(service.puts()) == 1
 
 
+def test_a_run_the_policy_refuses_before_its_uploads_is_policy_denied_and_kept_like_any_refused_run(api, service,
+                                                                                                     client):
+    from coderun.client import PolicyDenied
+    api.on_create = lambda obj: obj.update(status={"phase": "Rejected", "reason": "PolicyDenied",
+                                                   "policyRule": "data.buckets", "message": "no inputs here"})
+    with pytest.raises(PolicyDenied, match="no inputs here") as denied:
+        client.run("...", files={"big.bin": b"r" * BIG})
+    assert denied.value.rule == "data.buckets" and service.requests == []
+    assert list(api.runs) == [("agents", denied.value.result.name)]  # kept: not an upload's failure
+
+
 def test_an_unreachable_data_service_is_upload_failed_naming_the_file(api, service, client, monkeypatch):
     operator(api, service)
     monkeypatch.setattr("coderun.client.data.time.sleep", lambda seconds: None)  # the retries' backoff

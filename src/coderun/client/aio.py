@@ -26,7 +26,7 @@ from .connection import connect_async, default_namespace
 from .creating import create_plan
 from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
-from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
+from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, refused_inputs, upload_failed_for
 from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
 from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
@@ -109,6 +109,8 @@ class AsyncCodeRunClient:
         if uploads:
             try:
                 created = await self.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except RunRejected:
+                raise  # refused by the operator: kept, as any refused run
             except CodeRunError as e:
                 await self.delete(created.name, namespace=created.namespace)
                 raise upload_failed_for(e, created.name)
@@ -379,6 +381,8 @@ class AsyncSession:
         if uploads:
             try:
                 created = await self.client.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except RunRejected:
+                raise  # refused by the operator: kept, as any refused run
             except CodeRunError as e:
                 await self.client.delete(created.name, namespace=self.namespace)
                 raise upload_failed_for(e, created.name)

@@ -15,7 +15,7 @@ from .connection import connect
 from .creating import create_plan
 from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
-from .errors import CodeRunError, RunNotFound, raise_if_rejected, refused_inputs, upload_failed_for
+from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, refused_inputs, upload_failed_for
 from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
@@ -96,6 +96,8 @@ class CodeRunClient:
         if uploads:
             try:
                 created = self.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except RunRejected:
+                raise  # refused by the operator: kept, as any refused run
             except CodeRunError as e:
                 self.delete(created.name, namespace=created.namespace)
                 raise upload_failed_for(e, created.name)
@@ -343,6 +345,8 @@ class Session:
         if uploads:
             try:
                 created = self.client.send_uploads(created, uploads, timeout=wait_seconds, on_update=on_update)
+            except RunRejected:
+                raise  # refused by the operator: kept, as any refused run
             except CodeRunError as e:
                 self.client.delete(created.name, namespace=self.namespace)
                 raise upload_failed_for(e, created.name)
