@@ -89,10 +89,11 @@ def test_an_earlier_runs_artifact_is_the_next_runs_input_without_passing_through
 def test_a_session_uploads_once_and_every_later_run_reads_the_file(client, sales_csv):
     path, sha = sales_csv
     with client.session(limits={"memory": "2Gi", "disk": "256Mi"}, keep_state=True) as session:
-        first = session.run("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(len(df))",
-                            files={"sales.csv": path}, timeout=300)
+        uploaded = session.upload({"sales.csv": path}, timeout=120)
+        assert uploaded.phase == "Succeeded" and uploaded.inputs[0].sha256 == sha, uploaded.message
+        first = session.run("import pandas as pd\ndf = pd.read_csv('sales.csv')\nprint(len(df))", timeout=300)
         assert (first.phase, first.stdout) == ("Succeeded", f"{ROWS}\n"), (first.message, first.stderr[-2000:])
-        again = session.run("print(round(df['converted'].mean(), 6))", files={"sales.csv": path}, timeout=120)
+        again = session.run("print(round(df['converted'].mean(), 6))", timeout=120)
         assert (again.phase, again.stdout) == ("Succeeded", "0.4\n"), again.message
         assert again.inputs[0].sha256 == sha
 

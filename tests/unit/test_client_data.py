@@ -179,7 +179,8 @@ def test_memory_stays_flat_in_the_size_of_an_uploaded_path_and_a_stored_artifact
     finally:
         tracemalloc.stop()
     assert service.sizes == {digest: 64 << 20} and (tmp_path / "out.bin").read_bytes() == artifact
-    assert uploaded_peak < 12 << 20 and downloaded_peak < 12 << 20, (uploaded_peak, downloaded_peak)
+    # a few 1 MiB chunks in flight (and the stand-in's): far below the 64 MiB a whole read would hold
+    assert uploaded_peak < 24 << 20 and downloaded_peak < 24 << 20, (uploaded_peak, downloaded_peak)
 
 
 def test_an_upload_answered_before_its_body_was_read_counts(api, service, client):
@@ -254,6 +255,28 @@ def test_a_session_run_uploads_its_large_file_and_a_later_run_sends_it_no_more(a
     assert created_spec(api)["session"] == "s1" and service.uploads == {sha(big): big}
     operator(api, service, held={sha(big)})  # the store keeps it by its sha256: the operator asks for nothing
     assert session.run("...", files={"big.bin": big}).succeeded and len(service.puts()) == 1
+
+
+def test_a_session_uploads_once_and_every_later_run_has_the_file_with_nothing_sent_again(api, service, client):
+    big, small = b"u" * BIG, b"a,b\n"
+    api.sessions[("agents", "s2")] = {"metadata": {"name": "s2", "namespace": "agents"},
+                                      "spec": {"language": "python"}}
+    operator(api, service)
+    session = client.open_session("s2")
+    uploaded = session.upload({"big.bin": big, "small.csv": small})
+    assert uploaded.succeeded and {i.path for i in uploaded.inputs} == {"big.bin", "small.csv"}
+    spec = created_spec(api)
+    assert spec["code"] == "\n" and spec["session"] == "s2" and not spec.get("files")  # small ones go the same way
+    assert service.uploads == {sha(big): big, sha(small): small}
+    operator(api, service, held={sha(big), sha(small)})  # the store keeps them: nothing is asked for
+    assert session.run("print(open('big.bin').read(3))").succeeded
+    later = {i["path"]: i["upload"]["sha256"] for i in created_spec(api)["inputs"]}
+    assert later == {"big.bin": sha(big), "small.csv": sha(small)} and len(service.puts()) == 2
+    # a run that names a path itself takes its own file there
+    other = b"v" * BIG
+    operator(api, service, held={sha(big), sha(small)})
+    assert session.run("...", files={"big.bin": other}).succeeded
+    assert {i["path"]: i["upload"]["sha256"] for i in created_spec(api)["inputs"]}["big.bin"] == sha(other)
 
 
 def test_a_caller_outside_the_cluster_names_its_own_way_to_the_data_service(api, service, tmp_path, monkeypatch):

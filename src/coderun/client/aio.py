@@ -27,7 +27,8 @@ from .creating import create_plan
 from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, refused_inputs, upload_failed_for
-from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
+from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_files, upload_of_inline, with_inputs,
+                     with_kept)
 from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
@@ -360,6 +361,7 @@ class AsyncSession:
 
     def __init__(self, client: AsyncCodeRunClient, name: str, namespace: str, language: str):
         self.client, self.name, self.namespace, self.language = client, name, namespace, language
+        self.uploaded: dict[str, Upload] = {}  # what upload() sent: every later run has it at its path
 
     async def __aenter__(self) -> AsyncSession:
         return self
@@ -373,9 +375,15 @@ class AsyncSession:
                   wait_timeout: float | None = None, labels: Mapping[str, str] | None = None,
                   on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         inline, uploads = await asyncio.to_thread(split_files, files, code=code, stdin=stdin)
-        spec = with_inputs(run_in_session_spec(RunRequest(code=code, language=self.language, files=inline or None,
-                                                          stdin=stdin, timeout=timeout), self.name),
-                           input_refs(inputs), uploads)
+        return await self._submit(RunRequest(code=code, language=self.language, files=inline or None, stdin=stdin,
+                                             timeout=timeout), inputs, uploads, wait, wait_timeout, labels, on_update)
+
+    async def _submit(self, request: RunRequest, inputs: Sequence[InputRef | Mapping[str, Any]] | None,
+                      uploads: Sequence[Upload], wait: bool = True, wait_timeout: float | None = None,
+                      labels: Mapping[str, str] | None = None,
+                      on_update: Callable[[RunResult], None] | None = None) -> RunResult:
+        uploads = with_kept(uploads, self.uploaded)
+        spec = with_inputs(run_in_session_spec(request, self.name), input_refs(inputs), uploads)
         created = await self._create(spec, labels)
         wait_seconds = run_wait_seconds(spec, wait_timeout)
         if uploads:
@@ -394,6 +402,16 @@ class AsyncSession:
         if over is not None:
             raise over
         return raise_if_rejected(result)
+
+    async def upload(self, files: Mapping[str, FileSource] | list, timeout: int | None = None) -> RunResult:
+        """Session.upload (the sync client's), awaitable."""
+        inline, uploads = await asyncio.to_thread(split_files, files, code=UPLOAD_RUN_CODE)
+        everything = uploads + [upload_of_inline(f) for f in inline]
+        result = await self._submit(RunRequest(code=UPLOAD_RUN_CODE, language=self.language, timeout=timeout),
+                                    None, everything)
+        if result.phase == "Succeeded":
+            self.uploaded.update({u.path: u for u in everything})
+        return result
 
     async def map(self, programs: Iterable[str | RunRequest], *, timeout: int | None = None,
                   wait_timeout: float | None = None, labels: Mapping[str, str] | None = None) -> list[RunResult]:

@@ -196,6 +196,25 @@ def _check_size(path: str, size: int) -> None:
         raise InputTooLarge(path, size, f"over coderun's bound of {MAX_INPUT_BYTES // 1024**3} GiB per input")
 
 
+def upload_of_inline(file: FileInput) -> Upload:
+    """A small file as an upload (a session's upload sends every file the one way)."""
+    data = file.content.encode() if file.content is not None else \
+        base64.b64decode("".join((file.content_base64 or "").split()))
+    return _upload_of_bytes(file.path, data)
+
+
+# A session's upload is laid out by a run of no code (every runtime runs an empty program), so it fails here,
+# saying why, rather than in the agent's next step.
+UPLOAD_RUN_CODE = "\n"
+
+
+def with_kept(uploads: Sequence[Upload], kept: Mapping[str, Upload]) -> list[Upload]:
+    """A session run's uploads: its own, then every file the session uploaded before at a path the run does not
+    name itself (the store holds them by sha256, the session's pod keeps them: nothing is sent or fetched again)."""
+    own = {u.path for u in uploads}
+    return [*uploads, *(u for path, u in kept.items() if path not in own)]
+
+
 def artifact_input(result_or_run: Any, artifact_name: str, path: str | None = None) -> InputRef:
     """An input that is an artifact of an earlier run (a RunResult, or a run's name): chains runs without the bytes
     passing through the caller. Given a RunResult, the input is pinned to the artifact's sha256. `path`: where the

@@ -16,7 +16,8 @@ from .creating import create_plan
 from .data import AUTH_FAILURES, DATA_URL_ENV, fetch, refused, save, send_uploads
 from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, refused_inputs, upload_failed_for
-from .inputs import FileSource, Upload, input_refs, split_files, with_inputs
+from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_files, upload_of_inline, with_inputs,
+                     with_kept)
 from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
@@ -307,6 +308,7 @@ class Session:
     def __init__(self, client: CodeRunClient, name: str, namespace: str, language: str | None = None):
         self.client, self.name, self.namespace = client, name, namespace
         self._language = language  # read from the session's spec at the first run when not given
+        self.uploaded: dict[str, Upload] = {}  # what upload() sent: every later run has it at its path
 
     def __enter__(self) -> Session:
         return self
@@ -334,11 +336,25 @@ class Session:
                            inputs=inputs, uploads=uploads, wait=wait, wait_timeout=wait_timeout, labels=labels,
                            on_update=on_update)
 
+    def upload(self, files: Mapping[str, FileSource] | list, timeout: int | None = None) -> RunResult:
+        """Upload once, use in every later run: the files (any size the policy allows; a Path is streamed) go to
+        the store and into the session's sandbox now, by a run of no code, whose result (its status.inputs: path,
+        size, sha256) is returned; every later run of this session finds them at their paths, read-only, with
+        nothing sent or fetched again. Raises as a run does (UploadFailed, InputTooLarge, SessionEnded)."""
+        inline, uploads = split_files(files, code=UPLOAD_RUN_CODE)
+        everything = uploads + [upload_of_inline(f) for f in inline]
+        result = self.submit(RunRequest(code=UPLOAD_RUN_CODE, language=self.language, timeout=timeout),
+                             uploads=everything)
+        if result.phase == "Succeeded":
+            self.uploaded.update({u.path: u for u in everything})
+        return result
+
     def submit(self, request: RunRequest, *, inputs: Sequence[InputRef | Mapping[str, Any]] | None = None,
                uploads: Sequence[Upload] = (), wait: bool = True, wait_timeout: float | None = None,
                labels: Mapping[str, str] | None = None,
                on_update: Callable[[RunResult], None] | None = None) -> RunResult:
         """`run` for a ready RunRequest (what the agent loop holds); its memory and cpu must be unset."""
+        uploads = with_kept(uploads, self.uploaded)
         spec = with_inputs(run_in_session_spec(request, self.name), input_refs(inputs), uploads)
         created = self._create(spec, labels)
         wait_seconds = run_wait_seconds(spec, wait_timeout)
