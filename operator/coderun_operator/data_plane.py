@@ -336,8 +336,9 @@ class DataPlane:
         delete_prefix(self.store(), self.settings.bucket, run_prefix(namespace, uid))
 
     def sweep(self, live: Callable[[str], bool]) -> int:
-        """Delete the objects of runs that are gone (deleted while the operator was away, or by hand): the store
-        keeps nothing of a run that no longer exists. Returns how many runs' objects went."""
+        """Delete the objects of runs that are gone (deleted while the operator was away, or by hand) or whose
+        artifacts' time has passed (`live` says which to keep): the store keeps nothing of a run that no longer
+        exists. Returns how many runs' objects went."""
         store, gone = self.store(), 0
         seen: set[tuple[str, str]] = set()
         with translated(f"listing s3://{self.settings.bucket}/runs/"):

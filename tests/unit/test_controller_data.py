@@ -133,3 +133,25 @@ def test_without_a_data_plane_a_run_with_inputs_fails_saying_how_to_get_one():
     ctl.on_run(api.add_run(make_run(name="plain", uid="uid-plain2")), deleted=False)
     document = json.loads(api.objects[("ConfigMap", NS, "plain-input")]["data"]["run.json"])
     assert "data" not in document and document["artifacts"]["maxFileBytes"] == 256 * 1024
+
+
+def test_stored_artifacts_go_at_the_policys_artifact_ttl_while_the_run_stays(env, store):
+    api, clock, ctl = env
+    from datetime import timedelta
+    from support.controller import policy_object
+    ctl.on_policy(policy_object(data={"artifactTTLSeconds": 120}), deleted=False)
+    uid = "uid-ttl"
+    submit(env, make_run(uid=uid))
+    big = b"t" * 300_000
+    digest = hashlib.sha256(big).hexdigest()
+    store.client().put_object(Bucket="coderun", Key=artifacts_prefix(NS, uid) + "t.bin", Body=big,
+                              Metadata={"sha256": digest})
+    log, termination = frame_log(artifacts=[{"name": "t.bin", "size": len(big), "sha256": digest, "stored": True}])
+    status = terminate(env, log=log, termination=termination)["status"]
+    assert status["dataGrant"]["expires"] == "2026-11-22T10:02:00Z"  # 120 s, not the run's hour
+    ctl._forget_data(sweep=True)
+    assert "Contents" in store.client().list_objects_v2(Bucket="coderun", Prefix=artifacts_prefix(NS, uid))
+    clock.now += timedelta(seconds=121)
+    ctl._forget_data(sweep=True)
+    assert "Contents" not in store.client().list_objects_v2(Bucket="coderun", Prefix=artifacts_prefix(NS, uid))
+    assert api.run(NS, "demo") is not None  # the run itself stays its ttlSecondsAfterFinished

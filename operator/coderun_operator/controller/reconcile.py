@@ -72,7 +72,7 @@ EXPIRY_RETRY_SECONDS = 30
 # behind missed watch events; the other ticks only at runs with work due (see `_due`).
 FULL_PASS_TICKS = 12
 WAITING_FOR_UPLOAD = "WaitingForUpload"
-DATA_SWEEP_TICKS = 720  # about an hour at the default 5 s tick
+DATA_SWEEP_TICKS = 120  # ten minutes at the default 5 s tick
 
 
 class Controller:
@@ -210,7 +210,8 @@ class Controller:
 
     def _forget_data(self, sweep: bool) -> None:
         """Deleted runs' objects out of the store; and now and then a sweep for runs deleted while no operator
-        watched (only once two full passes have seen every run, so a run not yet listed is never taken for gone).
+        watched (only once two full passes have seen every run, so a run not yet listed is never taken for gone)
+        and for stored artifacts past their time (the policy's artifactTTLSeconds: status.dataGrant.expires).
         The store away: retried on a later tick, the run's objects are never lost track of by the sweep."""
         assert self.data is not None
         data = self.data
@@ -223,12 +224,20 @@ class Controller:
         self._data_gone.drain(forget)
         if sweep:
             try:
-                gone = data.sweep(lambda uid: self.store.run(uid) is not None)
+                gone = data.sweep(self._keeps_data)
             except DATA_ERRORS as e:
                 log.warning("the store sweep failed: %s", str(e)[:200])
                 return
             if gone:
                 log.info("the store sweep deleted the objects of %d runs that are gone", gone)
+
+    def _keeps_data(self, uid: str) -> bool:
+        """The store keeps a run's objects while the run exists and its stored artifacts' time has not passed."""
+        run = self.store.run(uid)
+        if run is None:
+            return False
+        until = parse_time(((run.get("status") or {}).get("dataGrant") or {}).get("expires"))
+        return until is None or self.now() < until
 
     def _streamed(self, uid: str, pod_name: str, text: str | None, nonce: str) -> None:
         """What a warm pod's attach brought back (from its thread): no input sent (None), or the stream's frame."""
@@ -595,10 +604,14 @@ class Controller:
             outcome = replace(outcome, phase=Phase.FAILED, reason=reason,
                               message=f"input {failed.path}: {failed.message or reason}; the program did not run")
         if stored and self.data is not None:
-            # the run is about to finish now: it expires its ttlSecondsAfterFinished later, and its grant with it
+            # The run is about to finish now: it expires its ttlSecondsAfterFinished later, its stored artifacts
+            # then or at the policy's artifactTTLSeconds if sooner; the grant says until when (the sweep reads it).
             ttl = ttl_seconds(run, self.store.policies(run["metadata"]["namespace"]))
+            _, decision = self._decide(run)
+            artifact_ttl = decision.policy.data.artifact_ttl_seconds if isinstance(decision, Decision) else None
+            keep = min(ttl, artifact_ttl) if artifact_ttl else ttl
             try:
-                grant = self.data.read_grant(run, stored, int(self.now().timestamp()) + ttl)
+                grant = self.data.read_grant(run, stored, int(self.now().timestamp()) + keep)
             except DATA_ERRORS as e:  # the grant is a convenience: the artifacts stay listed
                 log.warning("run %s: no data grant: %s", run["metadata"]["name"], str(e)[:200])
                 grant = None

@@ -67,6 +67,9 @@ def finished_projection(run: Mapping[str, Any]) -> dict[str, Any]:
     ttl = (status.get("decision") or {}).get("ttlSecondsAfterFinished")
     if ttl is not None:
         projected["status"]["decision"] = {"ttlSecondsAfterFinished": ttl}  # only this, never a whole record
+    kept_until = (status.get("dataGrant") or {}).get("expires")
+    if kept_until is not None:  # when its stored artifacts go (the store's sweep), never the grant itself
+        projected["status"]["dataGrant"] = {"expires": kept_until}
     return projected
 
 

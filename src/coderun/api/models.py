@@ -421,9 +421,9 @@ class DataPolicy(ApiModel):
     max_inputs_total_bytes: int = Field(2 * GiB, ge=1, le=4 * MAX_INPUT_BYTES, description=(
         "All of a run's inputs together at most (default 2 GiB): the size of the pod's input volume."))
     artifacts: ArtifactCaps | None = None
-    artifact_ttl_seconds: int | None = Field(None, ge=60, le=30 * 86400, description=(
-        "Delete stored artifacts this long after the run ended, even if the run is kept longer. Unset: they go "
-        "with the run."))
+    artifact_ttl_seconds: int | None = Field(None, ge=60, le=30 * 86400, alias="artifactTTLSeconds", description=(
+        "Delete stored artifacts this long after the run ended (within ten minutes after), even if the run is "
+        "kept longer. Unset: they go with the run."))
     upload_wait_seconds: int = Field(900, ge=10, le=86400, description=(
         "How long a run waits for its uploads before it fails InputUnavailable (default 900)."))
 
