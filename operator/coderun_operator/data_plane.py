@@ -41,6 +41,7 @@ log = logging.getLogger("coderun")
 
 CACHE_SECONDS = 60
 MAX_SWEPT_OBJECTS = 10000  # a sweep's bound; the next sweep goes on where the store's listing is then
+UPLOAD_TTL_SECONDS = 86400  # an upload kept for the runs that name it after it came (content-addressed, shared)
 # Reasons a run fails with when its inputs cannot be had (docs/data.md); the message names the input.
 INPUT_UNAVAILABLE, INPUT_MISMATCH, INPUT_TOO_LARGE, INPUT_NOT_ALLOWED = (
     "InputUnavailable", "InputMismatch", "InputTooLarge", "InputNotAllowed")
@@ -335,23 +336,36 @@ class DataPlane:
         """Everything the store holds of a run (its artifacts): deleted with the run."""
         delete_prefix(self.store(), self.settings.bucket, run_prefix(namespace, uid))
 
-    def sweep(self, live: Callable[[str], bool]) -> int:
+    def sweep(self, live: Callable[[str], bool], now: datetime) -> int:
         """Delete the objects of runs that are gone (deleted while the operator was away, or by hand) or whose
         artifacts' time has passed (`live` says which to keep): the store keeps nothing of a run that no longer
-        exists. Returns how many runs' objects went."""
+        exists; and uploads older than UPLOAD_TTL_SECONDS (a run that names one later waits for it again, and the
+        SDK sends it again). Returns how many runs' objects went."""
         store, gone = self.store(), 0
         seen: set[tuple[str, str]] = set()
-        with translated(f"listing s3://{self.settings.bucket}/runs/"):
-            paginator = store.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.settings.bucket, Prefix="runs/",
-                                           PaginationConfig={"MaxItems": MAX_SWEPT_OBJECTS, "PageSize": 1000}):
-                for item in page.get("Contents") or ():
-                    parts = item["Key"].split("/")
-                    if len(parts) >= 3:
-                        seen.add((parts[1], parts[2]))
+        for item in self._listed("runs/"):
+            parts = item["Key"].split("/")
+            if len(parts) >= 3:
+                seen.add((parts[1], parts[2]))
         for namespace, uid in sorted(seen):
             if not live(uid):
                 self.forget(namespace, uid)
                 gone += 1
+        old = [item["Key"] for item in self._listed("uploads/")
+               if (now - item["LastModified"]).total_seconds() > UPLOAD_TTL_SECONDS]
+        for start in range(0, len(old), 1000):
+            with translated(f"deleting old uploads in s3://{self.settings.bucket}/uploads/"):
+                store.delete_objects(Bucket=self.settings.bucket,
+                                     Delete={"Objects": [{"Key": k} for k in old[start:start + 1000]], "Quiet": True})
         return gone
+
+    def _listed(self, prefix: str) -> list[dict[str, Any]]:
+        """Up to MAX_SWEPT_OBJECTS objects under `prefix` (the next sweep goes on from what is left then)."""
+        found: list[dict[str, Any]] = []
+        with translated(f"listing s3://{self.settings.bucket}/{prefix}"):
+            paginator = self.store().get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.settings.bucket, Prefix=prefix,
+                                           PaginationConfig={"MaxItems": MAX_SWEPT_OBJECTS, "PageSize": 1000}):
+                found.extend(page.get("Contents") or ())
+        return found
 

@@ -171,7 +171,15 @@ def test_stored_artifacts_are_vouched_for_read_by_grant_and_gone_with_their_run(
     grant = plane.read_grant(body, [entry], EXPIRES)
     read = verify(grant["token"], {"k1": KEY}, 0)
     assert isinstance(read, ReadGrant) and read.prefix == artifacts_prefix(NS, uid) and read.uid == uid
-    assert plane.sweep(lambda run_uid: run_uid != "uid-gone") == 1  # only the run that is gone
+    put(store, "coderun", f"uploads/{NS}/{'e' * 64}", b"an upload")
+    from datetime import datetime, timedelta, timezone
+    now = datetime.now(timezone.utc)
+    assert plane.sweep(lambda run_uid: run_uid != "uid-gone", now) == 1  # only the run that is gone
+    uploads = {o["Key"] for o in store.client().list_objects_v2(Bucket="coderun", Prefix="uploads/")["Contents"]}
+    assert f"uploads/{NS}/{'e' * 64}" in uploads  # a day's grace for uploads
+    plane.sweep(lambda run_uid: True, now + timedelta(days=1, seconds=1))
+    uploads = store.client().list_objects_v2(Bucket="coderun", Prefix="uploads/").get("Contents", ())
+    assert f"uploads/{NS}/{'e' * 64}" not in {o["Key"] for o in uploads}
     listed = store.client().list_objects_v2(Bucket="coderun", Prefix="runs/")
     keys = {o["Key"] for o in listed.get("Contents", ())}
     assert artifacts_prefix(NS, uid) + "r.bin" in keys and not any("uid-gone" in k for k in keys)

@@ -224,7 +224,7 @@ class Controller:
         self._data_gone.drain(forget)
         if sweep:
             try:
-                gone = data.sweep(self._keeps_data)
+                gone = data.sweep(self._keeps_data, self.now())
             except DATA_ERRORS as e:
                 log.warning("the store sweep failed: %s", str(e)[:200])
                 return
