@@ -49,6 +49,18 @@ def test_an_input_is_fetched_verified_and_read_through_its_link(tmp_path, servic
     assert os.listdir(tmp_path / "inputs" / "in") == ["data.csv"]
 
 
+def test_an_input_nobody_pinned_is_checked_for_size_and_reported_as_it_came(tmp_path, service):
+    data = service.data(["in/data.csv"])
+    data["inputs"][0]["sha256"] = ""  # an S3 object without a pin or sha256 metadata
+    run = runner_in(tmp_path)(READS_ITS_INPUT, data=data)
+    assert run.frame["reason"] == "Completed", run.frame
+    assert run.frame["inputs"] == [{"path": "in/data.csv", "size": len(CSV), "sha256": sha(CSV)}]
+    short = service.data(["in/data.csv"])
+    short["inputs"][0].update(sha256="", size=len(CSV) + 1)  # the size still holds it
+    failed = runner_in(tmp_path / "again")(READS_ITS_INPUT, data=short)
+    assert failed.frame["inputError"]["reason"] in ("InputMismatch", "InputUnavailable"), failed.frame
+
+
 def test_the_grant_never_reaches_the_programs_environment_or_argv(tmp_path, service):
     code = "import os, sys\nprint(repr(dict(os.environ)), sys.argv, open('/proc/self/cmdline','rb').read())\n"
     run = runner_in(tmp_path)(code, data=service.data(["data.csv"]))

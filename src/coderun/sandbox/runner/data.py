@@ -147,10 +147,13 @@ class DataService:
             os.close(fd)
             os.unlink(temp_name, dir_fd=parent_fd)
             raise
-        if written == size and digest == pinned:
+        whole = written == size and (not pinned or digest == pinned)
+        if whole:
             os.fchmod(fd, 0o444)  # read-only however the program sees the dir (confinement.bind_read_only)
         os.close(fd)
-        if written != size or digest != pinned:
+        if whole and not pinned:
+            entry["sha256"] = digest  # what the frame reports of an input nobody pinned: the bytes as they came
+        if not whole:
             os.unlink(temp_name, dir_fd=parent_fd)
             raise InputFailure(path, INPUT_MISMATCH,
                                f"input {path!r}: the data service sent {written} bytes with sha256 {digest}, not the "
@@ -179,7 +182,7 @@ class DataService:
                                        f"input {path!r}: the data service has {int(announced)} bytes, not the {size} "
                                        "the run's grant names: the object changed since the run was created")
                 pin = response.getheader("X-Coderun-Sha256")
-                if pin is not None and pin != entry["sha256"]:
+                if pin is not None and entry["sha256"] and pin != entry["sha256"]:
                     raise InputFailure(path, INPUT_MISMATCH,
                                        f"input {path!r}: the data service's sha256 {pin[:64]} is not the "
                                        f"{entry['sha256']} the run pinned")
@@ -358,7 +361,8 @@ def lay_out_one(index: int, entry: dict, parent_fd: int, held: dict[str, HeldInp
                 service: DataService | None) -> None:
     path, name = entry["path"], os.path.basename(entry["path"])
     kept = held.get(path)
-    if kept is not None and kept.sha256 == entry["sha256"]:
+    # (an input nobody pinned is fetched again: the store may hold other bytes under its name by now)
+    if kept is not None and entry["sha256"] and kept.sha256 == entry["sha256"]:
         try:
             if identity(os.stat(name, dir_fd=parent_fd, follow_symlinks=False)) == kept.identity:
                 return

@@ -169,8 +169,10 @@ def parse_data(data: object, work_paths: set[str]) -> dict | None:
         _require(isinstance(entry, dict), f"run.json: data.inputs[{index}] must be an object")
         path = validate_relative_path(entry.get("path"), f"data.inputs[{index}]")
         sha256 = entry.get("sha256")
-        _require(isinstance(sha256, str) and bool(SHA256_HEX.match(sha256)),
-                 f"data.inputs[{index}]: sha256 must be 64 lowercase hex digits")
+        # "" : an object nobody pinned (an S3 input without a pin or sha256 metadata): its size is checked, and
+        # the frame reports the sha256 of the bytes as they came
+        _require(isinstance(sha256, str) and (sha256 == "" or bool(SHA256_HEX.match(sha256))),
+                 f"data.inputs[{index}]: sha256 must be 64 lowercase hex digits, or empty (not pinned)")
         size = _non_negative_int(entry.get("size"), f"data.inputs[{index}].size")
         _require(path not in taken, f"data.inputs[{index}]: path {path!r} is used twice")
         taken.add(path)
