@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from coderun.api.models import Artifact, ArtifactCaps, CodeRunSpec, InputRef
 from coderun.api.reasons import TERMINAL_PHASES
 from .builders.egress import ProxyRoute, pinned_pod, socket_address
+from .builders.objects import transfer_seconds
 from .data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
 from .data.store import (ObjectUnavailable, StoreMisconfigured, StoreSettings, StoreUnavailable, client as store_client,
                          delete_prefix, head, translated)
@@ -109,7 +110,12 @@ def upload_key(namespace: str, sha256: str) -> str:
     return f"uploads/{namespace}/{sha256}"
 
 
-def allowed_by(decision: Decision, bucket: str, key: str) -> bool:
+def allowed_by(decision: Decision, bucket: str, key: str, own_bucket: str) -> bool:
+    """An S3 input's object is under one of the policy's buckets and prefixes: never one with a '.', '..' or empty
+    segment (a posix-backed store would resolve it outside the prefix), never coderun's own bucket (every
+    namespace's runs and uploads are there)."""
+    if bucket == own_bucket or any(part in ("", ".", "..") for part in key.split("/")):
+        return False
     return any(b.bucket == bucket and key.startswith(b.prefix) for b in decision.policy.data.buckets or ())
 
 
@@ -190,9 +196,11 @@ class DataPlane:
     # ------------------------------------------------------------------ a run's inputs
     def prepare(self, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision, expires: int,
                 find_run: Callable[[str, str], Mapping[str, Any] | None],
-                same_creator: Callable[[Mapping[str, Any]], bool]) -> dict[str, Any] | InputProblem | UploadsAwaited:
-        """run.json's `data` section for a run (its inputs resolved to objects, its grant minted), or why it cannot
-        start (InputProblem), or the uploads it waits for. Raises DataUnavailable when the data plane is broken."""
+                same_creator: Callable[[Mapping[str, Any]], bool], now: float | None = None
+                ) -> dict[str, Any] | InputProblem | UploadsAwaited:
+        """run.json's `data` section for a run (its inputs resolved to objects, its grant minted: valid until
+        `expires` plus the time its transfers may take), or why it cannot start (InputProblem), or the uploads it
+        waits for (from `now` on). Raises DataUnavailable when the data plane is broken."""
         meta = run["metadata"]
         ns, uid = meta["namespace"], meta["uid"]
         limits = decision.policy.data
@@ -220,21 +228,28 @@ class DataPlane:
                                 "files")
         route, url, key = self._read()
         if missing:
-            return self._awaited(ns, missing, url, key, limits.upload_wait_seconds, run)
+            return self._awaited(ns, missing, url, key, limits.upload_wait_seconds,
+                                 time.time() if now is None else now)
         caps = limits.artifacts or ArtifactCaps()
-        grant = RunGrant(namespace=ns, name=meta["name"], uid=uid, expires=expires,
+        section = {"url": self._pod_address(route, uid), "token": "",
+                   "inputs": [{"path": r.path, "size": o.size, "sha256": o.sha256} for r, o in objects],
+                   "artifactsToStore": True}
+        grant = RunGrant(namespace=ns, name=meta["name"], uid=uid,
+                         expires=expires + transfer_seconds(decision.policy, section),
                          inputs=tuple(o for _, o in objects), bucket=self.settings.bucket,
                          artifacts_prefix=artifacts_prefix(ns, uid), max_file_bytes=caps.max_file_bytes,
                          max_total_bytes=caps.max_total_bytes, max_files=caps.max_files)
-        return {"url": self._pod_address(route, uid), "token": mint(self.settings.key_id, key, grant),
-                "inputs": [{"path": r.path, "size": o.size, "sha256": o.sha256} for r, o in objects],
-                "artifactsToStore": True}
+        try:
+            section["token"] = mint(self.settings.key_id, key, grant)
+        except ValueError:  # over the grant's length: the inputs' keys are too long together
+            return InputProblem(INPUT_TOO_LARGE, "the inputs' object keys are too long together for the run's grant "
+                                "(16,000 characters): name fewer inputs, or objects with shorter keys")
+        return section
 
     def _awaited(self, ns: str, missing: Sequence[InputRef], url: str, key: bytes, wait_seconds: int,
-                 run: Mapping[str, Any]) -> UploadsAwaited:
-        created = run["metadata"].get("creationTimestamp")
-        start = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else time.time()
-        expires = int(start) + wait_seconds
+                 now: float) -> UploadsAwaited:
+        """The upload grant of a run that waits from `now` (the first time it is written: reconcile keeps it)."""
+        expires = int(now) + wait_seconds
         files = tuple(sorted({(r.upload.sha256, r.upload.size) for r in missing if r.upload}))
         token = mint(self.settings.key_id, key, UploadGrant(namespace=ns, expires=expires,
                                                             bucket=self.settings.bucket, files=files))
@@ -248,7 +263,7 @@ class DataPlane:
         """The object an input names, HEADed in the store (size, sha256 metadata); None: an upload not there yet."""
         bucket = self.settings.bucket
         if ref.s3 is not None:
-            if not allowed_by(decision, ref.s3.bucket, ref.s3.key):
+            if not allowed_by(decision, ref.s3.bucket, ref.s3.key, self.settings.bucket):
                 return InputProblem(INPUT_NOT_ALLOWED, f"input {ref.path}: s3://{ref.s3.bucket}/{ref.s3.key} is not "
                                     f"under a bucket and prefix of policy {decision.policy.name!r} (spec.data.buckets)"
                                     ": name an allowed object or ask the platform team to allow it")

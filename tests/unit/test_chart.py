@@ -833,7 +833,7 @@ def test_the_data_service_checks_grants_with_mounted_keys_and_holds_no_api_token
     env = {name: e["value"] for name, e in _env(container).items()}
     assert env == {"CODERUN_DATA_PORT": "8080", "CODERUN_DATA_KEYS_DIR": "/etc/coderun/data-keys",
                    "CODERUN_STORE_DIR": "/etc/coderun/store", "CODERUN_STORE_BUCKET": "coderun",
-                   "CODERUN_DATA_MAX_TRANSFERS": "32"}
+                   "CODERUN_DATA_MAX_TRANSFERS": "16"}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     keys, store = mounts["/etc/coderun/data-keys"], mounts["/etc/coderun/store"]

@@ -10,7 +10,8 @@ from coderun.api.models import INPUT_PATH_TWICE, MiB, ArtifactCaps, CodeRunSpec,
 from coderun_operator.builders import build_input_configmap, build_pod
 from coderun_operator.builders.egress import ProxyRoute
 from coderun_operator.builders.objects import (INLINE_ARTIFACT_FILE_BYTES, INLINE_ARTIFACT_TOTAL_BYTES, INPUTS_MOUNT,
-                                               artifact_caps, build_data_network_policy, inputs_bytes)
+                                               artifact_caps, build_data_network_policy, inputs_bytes,
+                                               transfer_seconds)
 from coderun_operator.builders.session import session_inputs_room
 from coderun_operator.policy import DEFAULT_POLICY, evaluate
 
@@ -86,7 +87,9 @@ def test_a_pod_with_inputs_has_a_volume_of_their_own_outside_the_disk_limit(run_
     body = run_body({"language": "python", "code": "print(1)"})
     _, decision = decide(body)
     plain = build_pod(body, decision, "demo-input")
-    sized = build_pod(body, decision, "demo-input", inputs_room=200 * 1000 * 1000 + 1)
+    data = {"url": "http://10.0.0.9:8080", "token": "t", "artifactsToStore": True,
+            "inputs": [{"path": "a.csv", "size": 200 * 1000 * 1000 + 1, "sha256": SHA}]}
+    sized = build_pod(body, decision, "demo-input", data)
     mounts = {m["mountPath"]: m["name"] for m in sized["spec"]["containers"][0]["volumeMounts"]}
     assert mounts[INPUTS_MOUNT] == "inputs"
     assert {"name": "inputs", "emptyDir": {"sizeLimit": "191Mi"}} in sized["spec"]["volumes"]
@@ -96,6 +99,13 @@ def test_a_pod_with_inputs_has_a_volume_of_their_own_outside_the_disk_limit(run_
     before = plain["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"]
     after = sized["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"]
     assert int(after) - int(before) == 191 * MiB
+    # the pod's deadline leaves its transfers the runner's own bound: the input and the artifact caps, at 5 MB/s
+    moved = plain["spec"]["activeDeadlineSeconds"] + transfer_seconds(decision.policy, data)
+    assert sized["spec"]["activeDeadlineSeconds"] == moved
+    assert transfer_seconds(decision.policy, data) >= (200 * 1000 * 1000 + 5 * MiB) // (5 * 1000 * 1000)
+    # an input of no bytes still has its volume
+    empty = build_pod(body, decision, "demo-input", {**data, "inputs": [{"path": "e", "size": 0, "sha256": SHA}]})
+    assert {"name": "inputs", "emptyDir": {"sizeLimit": "1Mi"}} in empty["spec"]["volumes"]
 
 
 def test_a_session_pod_keeps_room_for_inputs_only_when_its_policy_sets_data():

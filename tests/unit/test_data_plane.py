@@ -71,7 +71,8 @@ def test_an_upload_there_is_laid_out_with_a_run_grant_the_runner_alone_holds(pla
     assert prepared["url"] == "http://10.88.0.7:8080"  # one ready data pod: sandboxes resolve no names
     assert prepared["inputs"] == [{"path": "d/in.csv", "size": len(data), "sha256": sha}]
     grant = verify(prepared["token"], {"k1": KEY}, 0)
-    assert isinstance(grant, RunGrant) and grant.uid == body["metadata"]["uid"] and grant.expires == EXPIRES
+    # valid past the program's deadline by what its transfers may take
+    assert isinstance(grant, RunGrant) and grant.uid == body["metadata"]["uid"] and grant.expires > EXPIRES
     assert [(o.key, o.size, o.sha256) for o in grant.inputs] == [(f"uploads/{NS}/{sha}", len(data), sha)]
     assert grant.artifacts_prefix == artifacts_prefix(NS, body["metadata"]["uid"])
     assert (grant.max_file_bytes, grant.max_total_bytes) == (5 * MiB, 5 * MiB)
@@ -185,3 +186,27 @@ def test_stored_artifacts_are_vouched_for_read_by_grant_and_gone_with_their_run(
     assert artifacts_prefix(NS, uid) + "r.bin" in keys and not any("uid-gone" in k for k in keys)
     plane.forget(NS, uid)
     assert "Contents" not in store.client().list_objects_v2(Bucket="coderun", Prefix=f"runs/{NS}/{uid}/")
+
+
+@pytest.mark.parametrize("key", ["shared/../private/b.csv", "shared/./a.csv", "shared//a.csv"])
+def test_an_s3_key_that_could_leave_its_prefix_is_not_allowed(plane, store, run_body, key):
+    allowed = policy(buckets=[DataBucket(bucket="datasets", prefix="shared/")])
+    _, refused = prepare(plane, run_body, [{"path": "a.csv", "s3": {"bucket": "datasets", "key": key}}], allowed)
+    assert isinstance(refused, InputProblem) and refused.reason == INPUT_NOT_ALLOWED
+
+
+def test_coderuns_own_bucket_is_never_an_s3_input_whatever_the_policy_says(plane, store, run_body):
+    put(store, "coderun", f"uploads/other-ns/{'f' * 64}", b"another namespace's upload")
+    careless = policy(buckets=[DataBucket(bucket="coderun", prefix="")])
+    _, refused = prepare(plane, run_body, [{"path": "x", "s3": {"bucket": "coderun",
+                                                                "key": f"uploads/other-ns/{'f' * 64}"}}], careless)
+    assert isinstance(refused, InputProblem) and refused.reason == INPUT_NOT_ALLOWED
+
+
+def test_inputs_whose_keys_overflow_the_grant_are_refused_naming_why(plane, store, run_body):
+    key = "shared/long/" + "/".join(["k" * 200] * 4)
+    put(store, "datasets", key, b"1")
+    allowed = policy(buckets=[DataBucket(bucket="datasets", prefix="shared/")])
+    inputs = [{"path": f"in{i}", "s3": {"bucket": "datasets", "key": key}} for i in range(16)]
+    _, refused = prepare(plane, run_body, inputs, allowed)
+    assert isinstance(refused, InputProblem) and refused.reason == INPUT_TOO_LARGE and "keys" in refused.message

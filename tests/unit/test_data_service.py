@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from coderun.egress.files import keys_in as keys_in_dir
+import coderun_operator.data.service as service_module
 from coderun_operator.data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
 from coderun_operator.data.service import DataServer, Service
 from coderun_operator.data.store import (Deleted, StoreSettings, StoreUnavailable, client, delete_prefix,
@@ -479,3 +480,25 @@ def test_store_settings_from_a_mounted_secret_or_the_api(tmp_path):
     (tmp_path / "secret-access-key").unlink()
     with pytest.raises(ValueError, match="no entry 'secret-access-key'"):
         StoreSettings.from_dir(str(tmp_path))
+
+
+def test_headers_that_drip_are_cut_at_the_header_deadline(s3, bucket, start, monkeypatch):
+    monkeypatch.setattr(service_module, "HEADER_SECONDS", 0.5)
+    svc = start(s3, bucket)
+    with svc.raw() as slow:
+        slow.sendall(b"GET /v1/inputs/0 HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        slow.settimeout(10)  # far past the deadline: a connection held open fails the read below
+        assert slow.makefile("rb").read() == b""  # closed by the service, not by us
+    assert svc.request("GET", "/healthz")[0] == 200  # the control: a whole request in time is answered
+
+
+def test_one_address_holds_a_bounded_number_of_connections(s3, bucket, start, monkeypatch):
+    monkeypatch.setattr(service_module, "MAX_CONNECTIONS_PER_ADDRESS", 2)
+    svc = start(s3, bucket)
+    with svc.raw() as first, svc.raw() as second:
+        with svc.raw() as third:
+            answer = third.makefile("rb").read()
+            assert answer.startswith(b"HTTP/1.1 503") and b'"Busy"' in answer
+        first.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert first.makefile("rb").readline().startswith(b"HTTP/1.1 200")
+    assert svc.request("GET", "/healthz")[0] == 200  # the address's count came back down

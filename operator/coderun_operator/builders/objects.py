@@ -129,6 +129,23 @@ def inputs_bytes(data: Mapping[str, Any] | None) -> int:
     return sum(int(i["size"]) for i in (data or {}).get("inputs") or ())
 
 
+# The runner's own bound on one transfer to or from the data service (runner data.py): this long, plus a second
+# for each TRANSFER_BYTES_PER_SECOND bytes. The pod's deadline and the run's grant leave it that much more time.
+TRANSFER_BASE_SECONDS = 30
+TRANSFER_BYTES_PER_SECOND = 5 * 1000 * 1000
+
+
+def transfer_seconds(policy: Policy, data: Mapping[str, Any] | None) -> int:
+    """How much longer than its program a run with the store may take: its inputs fetched before the program
+    starts and its artifacts stored after it ended, each at the runner's slowest allowed rate. 0 without the store."""
+    if not data:
+        return 0
+    caps = policy.data.artifacts or ArtifactCaps()
+    inputs = (data or {}).get("inputs") or ()
+    moved = inputs_bytes(data) + caps.max_total_bytes
+    return TRANSFER_BASE_SECONDS * (len(inputs) + caps.max_files) + moved // TRANSFER_BYTES_PER_SECOND
+
+
 def prestart_argument(decision: Decision) -> str:
     """A pool or session pod's runner starts each program before its code comes (runner prestart.py), as a run
     of this decision would start: its settings are the run.json every such run shares."""
@@ -237,15 +254,20 @@ def sandbox_memory(limits: ResourceLimits) -> str:
     return f"{total // 1048576}Mi" if total % 1048576 == 0 else str(total)
 
 
-def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str, inputs_room: int = 0
-              ) -> dict[str, Any]:
+def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str,
+              run_data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The hardened sandbox pod (docs/security.md, "What every run gets"). Nothing here is the caller's to switch
-    off. `inputs_room`: bytes of inputs by reference the runner fetches (a volume of their own)."""
+    off. `run_data`: the run's inputs by reference (a volume of their own) and its artifacts to the store (time
+    beyond the program's for their transfers)."""
     metadata = _child_metadata(run, "sandbox", {LABEL_SANDBOX: "true"})
     metadata["annotations"] = {ANNOTATION_POLICY: decision.policy.name}
+    inputs = (run_data or {}).get("inputs") or ()
+    # an input of no bytes still needs its volume: the room is at least a MiB when there are inputs
+    room = max(inputs_bytes(run_data), 1048576) if inputs else 0
     return _sandbox_pod(metadata, decision, list(RUNNER_COMMAND),
-                        decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS,
-                        {"name": "input", "configMap": {"name": input_configmap}}, inputs_room)
+                        decision.limits.timeout_seconds + POD_DEADLINE_MARGIN_SECONDS +
+                        transfer_seconds(decision.policy, run_data),
+                        {"name": "input", "configMap": {"name": input_configmap}}, room)
 
 
 def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str],

@@ -16,7 +16,7 @@ from ..builders import (build_artifacts_configmap, build_audit_record_configmap,
                         build_namespace_network_policy, build_network_log_configmap, build_network_policy, build_pod,
                         build_pool_network_policy)
 from ..builders.egress import EgressAccess, ProxyRoute, credential_expiry, minted, run_environment
-from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS, build_data_network_policy, inputs_bytes
+from ..builders.objects import POD_DEADLINE_MARGIN_SECONDS, build_data_network_policy
 from ..builders.ownership import genuine_artifacts, is_managed, not_ours, same_rules
 from ..policy import Decision, Policy
 from ..results.frame import FrameArtifact
@@ -75,7 +75,7 @@ def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, deci
         expiry, egress = found
         configmap = input_configmap(run, spec, decision, egress, now, expiry, run_data=run_data)
     conflict = conflict or not_ours(existing, uid, configmap)
-    pod = build_pod(run, decision, configmap["metadata"]["name"], inputs_bytes(run_data))
+    pod = build_pod(run, decision, configmap["metadata"]["name"], run_data)
     network_policy = build_network_policy(run, decision.policy.egress, egress.route if egress else None)
     for child in (network_policy, pod):
         conflict = conflict or not_ours(api.create_or_get(child), uid, child)

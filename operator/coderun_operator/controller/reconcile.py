@@ -369,7 +369,9 @@ class Controller:
         if decision.policy.approval_required() and not self._approved(run, decision):
             return None
         digest = image_digest(decision.runtime.image, self._node_images())
-        key = cache_key(spec, decision, digest)
+        # a run with inputs by reference is never a cache's question nor its answer (the code hash covers the
+        # spec, not the bytes an input names)
+        key = cache_key(spec, decision, digest) if not spec.inputs else None
         if spec.cache and spec.cache.enabled and key and digest and \
                 self._answer_from_cache(run, spec, spec.cache.ttl_seconds, decision, digest, key):
             return None
@@ -421,7 +423,8 @@ class Controller:
         try:
             ensure = run["metadata"]["namespace"] not in self._data_routed
             prepared = self.data.prepare(run, spec, decision, expires,
-                                         lambda ns, name: self.api.get_run(ns, name), same_creator)
+                                         lambda ns, name: self.api.get_run(ns, name), same_creator,
+                                         self.now().timestamp())
             if ensure and not ensure_data_route(self.api, run["metadata"]["namespace"], self.data.route()):
                 self._data_routed.add(run["metadata"]["namespace"])
         except DATA_ERRORS as e:
@@ -560,7 +563,8 @@ class Controller:
         image = image_with_digest(pod, status.get("image") or "")
         # a shared sandbox's result depends on the runs before it: never a cache's answer
         key = cache_key(spec, decision, image_digest(image)) if isinstance(decision, Decision) and spec and \
-            not placement.shares_sandbox and not spec.inputs and not outcome.fields.get("dataGrant") else None
+            not placement.shares_sandbox and not spec.inputs and \
+            not any(a.get("stored") for a in outcome.fields.get("artifacts") or ()) else None
         outcome = outcome.with_fields(
             image=image, metrics={**(status.get("metrics") or {}), **(outcome.fields.get("metrics") or {})},
             cacheKey=key)

@@ -4,7 +4,7 @@
     CODERUN_DATA_KEYS_DIR        the grant signing keys (Secret coderun-data-keys mounted), re-read as they change
     CODERUN_STORE_DIR            the store's Secret mounted: endpoint, region, access-key-id, secret-access-key
     CODERUN_STORE_BUCKET         coderun; created when missing (the embedded store)
-    CODERUN_DATA_MAX_TRANSFERS   32 at once; beyond, 503 Busy
+    CODERUN_DATA_MAX_TRANSFERS   16 at once; beyond, 503 Busy
 """
 from __future__ import annotations
 

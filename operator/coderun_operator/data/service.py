@@ -33,7 +33,12 @@ log = logging.getLogger("coderun.data")
 CHUNK = 1 << 20
 PART_BYTES = 8 << 20  # a multipart upload's part (S3 wants 5 MiB or more but for the last)
 IDLE_TIMEOUT = 60.0
-MAX_TRANSFERS = 32
+# A request's line and headers must all come within this (a slow drip of header bytes would otherwise hold a
+# connection slot a minute per byte: the sandboxes' programs reach this port), and no one address holds more than
+# MAX_CONNECTIONS_PER_ADDRESS connections (a run's runner and a caller's SDK each hold one at a time).
+HEADER_SECONDS = 10.0
+MAX_CONNECTIONS_PER_ADDRESS = 8
+MAX_TRANSFERS = 16  # each may hold ~17 MiB (a multipart part and its copy): 16 fit the chart's 512Mi
 RETRY_AFTER = 2
 # A body answered before it was read (refused, or already stored) is read and dropped after the answer, this much
 # at most: a caller still sending then reads the answer instead of a connection reset (which may drop it).
@@ -102,6 +107,29 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:
         self._serve("DELETE")
+
+    def handle_one_request(self) -> None:
+        """One request, its line and headers within HEADER_SECONDS in all (a timer shuts the socket), its body then
+        within IDLE_TIMEOUT a read."""
+        timer = threading.Timer(HEADER_SECONDS, self._too_slow)
+        timer.daemon = True
+        self._header_timer = timer
+        timer.start()
+        try:
+            super().handle_one_request()
+        finally:
+            timer.cancel()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers
+        self._header_timer.cancel()
+        return parsed
+
+    def _too_slow(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def handle_expect_100(self) -> bool:
         # 100 Continue goes out once the request passed every check (_chunks): a refused body is never sent.
@@ -442,28 +470,56 @@ class DataServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], service: Service, max_connections: int | None = None):
         self.service = service
         self.connections = threading.BoundedSemaphore(max_connections or 2 * service.max_transfers + 16)
+        self.by_address: dict[str, int] = {}
+        self.by_address_lock = threading.Lock()
         super().__init__(address, Handler)
 
+    def _take(self, address: str) -> bool:
+        with self.by_address_lock:
+            if self.by_address.get(address, 0) >= MAX_CONNECTIONS_PER_ADDRESS:
+                return False
+            self.by_address[address] = self.by_address.get(address, 0) + 1
+            return True
+
+    def _give_back(self, address: str) -> None:
+        with self.by_address_lock:
+            left = self.by_address.get(address, 1) - 1
+            if left:
+                self.by_address[address] = left
+            else:
+                self.by_address.pop(address, None)
+
     def process_request(self, request: Any, client_address: Any) -> None:
+        address = str(client_address[0]) if isinstance(client_address, tuple) else str(client_address)
+        if not self._take(address):
+            self._busy(request)
+            return
         if not self.connections.acquire(blocking=False):
-            body = json.dumps({"reason": "Busy", "message": "the data service has too many connections open: try "
-                                                            "again in a few seconds"}).encode()
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
-                                % (RETRY_AFTER, len(body), body))
-            except OSError:
-                pass
-            self.shutdown_request(request)
+            self._give_back(address)
+            self._busy(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self.connections.release()
+            self._give_back(address)
             raise
+
+    def _busy(self, request: Any) -> None:
+        """503 Busy, and the connection closed: too many open, in all or from its address."""
+        body = json.dumps({"reason": "Busy", "message": "the data service has too many connections open: try "
+                                                        "again in a few seconds"}).encode()
+        try:
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                            b"Retry-After: %d\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                            % (RETRY_AFTER, len(body), body))
+        except OSError:
+            pass
+        self.shutdown_request(request)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self.connections.release()
+            self._give_back(str(client_address[0]) if isinstance(client_address, tuple) else str(client_address))

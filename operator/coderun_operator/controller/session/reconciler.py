@@ -23,7 +23,7 @@ from coderun.api.reasons import SessionPhase, SessionReason
 from ...kube_api import KubeApi
 from ...builders.names import LABEL_SESSION_UID
 from ...builders.ownership import controlled_by
-from ...builders.session import build_session_network_policy, build_session_pod
+from ...builders.session import build_session_network_policy, build_session_pod, session_inputs_room
 from ...key_secret import ensure_key, read_key
 from ...policy import Decision, Denial, Policy
 from ...policy.evaluate import needs_use_permission, select_policy
@@ -265,7 +265,8 @@ class SessionReconciler:
             # asked of the API server, not only the watch: after a restart the session's event may come first
             held = next((p for p in self.api.list_pods(session["metadata"]["namespace"], {LABEL_SESSION_UID: uid})
                          if not p["metadata"].get("deletionTimestamp")), None)
-        if held is None and self._claims is not None:
+        # a pool pod has no room for inputs: a session whose policy keeps room for them gets a pod of its own
+        if held is None and self._claims is not None and not session_inputs_room(decision):
             held = self._claims.claim_for_session(session, decision, lifetime_seconds)
         if held is not None:
             self.book.pods[uid] = held
