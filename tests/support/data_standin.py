@@ -49,6 +49,9 @@ class DataStandIn:
                 index = int(self.path.rsplit("/", 1)[1])
                 content = standin.inputs[index]
                 mode = standin.input_modes.get(index, "ok")
+                if mode == "busy-once":  # a burst elsewhere: 503 Busy, then the bytes
+                    standin.input_modes[index] = "ok"
+                    return self.answer(503, {"reason": "Busy", "message": "busy"}, {"Retry-After": "1"})
                 if mode in ("404", "409"):
                     reason = "InputUnavailable" if mode == "404" else "InputMismatch"
                     return self.answer(int(mode), {"reason": reason, "message": f"input {index}: {reason}"})
@@ -82,6 +85,11 @@ class DataStandIn:
             def do_PUT(self):
                 name = urllib.parse.unquote(self.path[len("/v1/artifacts/"):])
                 standin.requests.append(("PUT", self.path, self.headers.get("Authorization")))
+                if standin.artifact_mode == "busy-once":
+                    standin.artifact_mode = "ok"
+                    self.close_connection = True
+                    return self.answer(503, {"reason": "Busy", "message": "busy"},
+                                       {"Retry-After": "1", "Connection": "close"})
                 if standin.artifact_mode == "413":
                     self.close_connection = True
                     return self.answer(413, {"reason": "ArtifactTooLarge", "message": f"{name}: too large"},

@@ -61,6 +61,19 @@ def test_an_input_nobody_pinned_is_checked_for_size_and_reported_as_it_came(tmp_
     assert failed.frame["inputError"]["reason"] in ("InputMismatch", "InputUnavailable"), failed.frame
 
 
+def test_a_busy_data_service_is_asked_again_after_its_retry_after(tmp_path, service):
+    service.input_modes[0] = "busy-once"
+    service.artifact_mode = "busy-once"
+    code = READS_ITS_INPUT + ("import os\nopen(os.path.join(os.environ['CODERUN_OUTPUT_DIR'], 'big.bin'), 'wb')"
+                              ".write(b'b' * 600000)\n")
+    run = runner_in(tmp_path)(code, data=service.data(["in/data.csv"], artifacts_to_store=True),
+                              artifacts=STORING_CAPS)
+    assert run.frame["reason"] == "Completed", run.frame
+    assert service.gets() == ["/v1/inputs/0", "/v1/inputs/0"]  # busy, then the bytes
+    assert [a["name"] for a in run.frame["artifacts"] if a.get("stored")] == ["big.bin"]
+    assert [m for m, p, _ in service.requests if m == "PUT"] == ["PUT", "PUT"]
+
+
 def test_the_grant_never_reaches_the_programs_environment_or_argv(tmp_path, service):
     code = "import os, sys\nprint(repr(dict(os.environ)), sys.argv, open('/proc/self/cmdline','rb').read())\n"
     run = runner_in(tmp_path)(code, data=service.data(["data.csv"]))

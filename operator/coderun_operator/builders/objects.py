@@ -130,20 +130,23 @@ def inputs_bytes(data: Mapping[str, Any] | None) -> int:
 
 
 # The runner's own bound on one transfer to or from the data service (runner data.py): this long, plus a second
-# for each TRANSFER_BYTES_PER_SECOND bytes. The pod's deadline and the run's grant leave it that much more time.
+# for each TRANSFER_BYTES_PER_SECOND bytes, plus what a busy service makes it wait (BUSY_SECONDS there). The pod's
+# deadline and the run's grant leave a run's transfers that much more time than its program's.
 TRANSFER_BASE_SECONDS = 30
 TRANSFER_BYTES_PER_SECOND = 5 * 1000 * 1000
+TRANSFER_BUSY_SECONDS = 60
 
 
 def transfer_seconds(policy: Policy, data: Mapping[str, Any] | None) -> int:
     """How much longer than its program a run with the store may take: its inputs fetched before the program
-    starts and its artifacts stored after it ended, each at the runner's slowest allowed rate. 0 without the store."""
+    starts and its artifacts stored after it ended (as one), at the runner's slowest allowed rate, and a busy
+    service waited for once. 0 without the store."""
     if not data:
         return 0
     caps = policy.data.artifacts or ArtifactCaps()
     inputs = (data or {}).get("inputs") or ()
     moved = inputs_bytes(data) + caps.max_total_bytes
-    return TRANSFER_BASE_SECONDS * (len(inputs) + caps.max_files) + moved // TRANSFER_BYTES_PER_SECOND
+    return TRANSFER_BASE_SECONDS * (len(inputs) + 1) + TRANSFER_BUSY_SECONDS + moved // TRANSFER_BYTES_PER_SECOND
 
 
 def prestart_argument(decision: Decision) -> str:

@@ -17,6 +17,7 @@ import stat
 import threading
 import time
 import urllib.parse
+from typing import Any, Callable
 
 from .protocol import INPUT_MISMATCH, INPUT_TOO_LARGE, INPUT_UNAVAILABLE
 
@@ -125,6 +126,39 @@ def service_error(response: http.client.HTTPResponse) -> tuple[str, str]:
     return reason, message
 
 
+class Busy(Exception):
+    """The data service answered 503 Busy (before any byte of the transfer): asked again after its Retry-After."""
+
+    def __init__(self, retry_after: float):
+        super().__init__("busy")
+        self.retry_after = retry_after
+
+
+# A busy data service (a burst of runs) is asked again, after its Retry-After, this long at most in all for one
+# transfer; the operator's pod deadline leaves it this much (builders/objects.py TRANSFER_BUSY_SECONDS).
+BUSY_SECONDS = 60.0
+
+
+def busy(response: http.client.HTTPResponse, reason: str) -> Busy | None:
+    if response.status != 503 or reason != "Busy":
+        return None
+    after = response.getheader("Retry-After") or ""
+    return Busy(min(max(float(after) if after.isdigit() else 2.0, 0.5), 10.0))
+
+
+def when_not_busy(attempt: Callable[[], Any]) -> Any:
+    """attempt(), again after each Busy's Retry-After, for BUSY_SECONDS at most; then the last Busy is raised."""
+    waited = 0.0
+    while True:
+        try:
+            return attempt()
+        except Busy as b:
+            if waited + b.retry_after > BUSY_SECONDS:
+                raise
+            time.sleep(b.retry_after)  # the service's own word on when to come back
+            waited += b.retry_after
+
+
 class DataService:
     """The data service at run.json's `data.url` (one ready data pod's address), with the run's grant."""
 
@@ -142,7 +176,11 @@ class DataService:
         fd = os.open(temp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=parent_fd)
         try:
-            digest, written = self._stream_into(index, entry, fd)
+            try:
+                digest, written = when_not_busy(lambda: self._stream_into(index, entry, fd))
+            except Busy:
+                raise InputFailure(path, INPUT_UNAVAILABLE, f"input {path!r}: the data service stayed busy for "
+                                   f"{BUSY_SECONDS:.0f} s: try again when fewer runs move data") from None
         except BaseException:
             os.close(fd)
             os.unlink(temp_name, dir_fd=parent_fd)
@@ -170,6 +208,8 @@ class DataService:
                 response = transfer.connection.getresponse()
                 if response.status != 200:
                     reason, message = service_error(response)
+                    if (too_busy := busy(response, reason)) is not None:
+                        raise too_busy
                     raise InputFailure(path, input_reason(response.status, reason),
                                        f"input {path!r}: the data service answered {reason}: {message}")
                 announced = response.getheader("Content-Length")
@@ -213,9 +253,16 @@ class DataService:
     def store(self, name: str, fd: int, size: int) -> dict | str:
         """PUT the artifact open at fd (size bytes, from its start) to the data service: its frame entry, or the
         `why` of a skipped one. The bytes are hashed as they go; the service's answer must agree. A service that
-        refuses the artifact may answer before the body is sent, and close: its answer is read even so."""
+        refuses the artifact may answer before the body is sent, and close: its answer is read even so. A busy
+        one is asked again (when_not_busy)."""
         if self.broken:
             return STORE_FAILED
+        try:
+            return when_not_busy(lambda: self._store(name, fd, size))
+        except Busy:
+            return "busy"
+
+    def _store(self, name: str, fd: int, size: int) -> dict | str:
         digest, sent = hashlib.sha256(), 0
         try:
             with Transfer(self, self.bounds.deadline(size), self.bounds) as transfer:
@@ -235,6 +282,8 @@ class DataService:
                 response = transfer.connection.getresponse()
                 if response.status != 200:
                     reason, _ = service_error(response)
+                    if (too_busy := busy(response, reason)) is not None:
+                        raise too_busy
                     return kebab(reason) if SERVICE_REASON.match(reason) else STORE_FAILED
                 answer = json.loads(response.read(MAX_ERROR_BODY_BYTES))
         except (OSError, http.client.HTTPException, ValueError, UnicodeDecodeError, RecursionError):
