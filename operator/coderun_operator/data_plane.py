@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("coderun")
 
 CACHE_SECONDS = 60
+OPERATOR_READ_SECONDS = 10.0  # the operator's store calls (HEAD, list, delete): never the bytes
 MAX_SWEPT_OBJECTS = 10000  # a sweep's bound; the next sweep goes on where the store's listing is then
 UPLOAD_TTL_SECONDS = 86400  # an upload kept for the runs that name it after it came (content-addressed, shared)
 # Reasons a run fails with when its inputs cannot be had (docs/data.md); the message names the input.
@@ -182,7 +183,9 @@ class DataPlane:
             secret = self.api.read_secret(s.store_namespace, s.store_secret)
             if secret is None:
                 raise DataUnavailable(f"the store's Secret {s.store_namespace}/{s.store_secret} does not exist")
-            self._store = store_client(StoreSettings.from_secret_data(secret.get("data") or {}))
+            # short reads: the operator's calls are small (HEAD, list, delete) and run on its tick
+            self._store = store_client(StoreSettings.from_secret_data(secret.get("data") or {}),
+                                       read_timeout=OPERATOR_READ_SECONDS)
         return self._store
 
     def _pod_address(self, route: ProxyRoute, uid: str) -> str:
@@ -275,7 +278,12 @@ class DataPlane:
             found = self._artifact(ns, ref, find_run, same_creator)
             if isinstance(found, InputProblem):
                 return found
-            key = found
+            key, listed = found
+            answer = head(self.store(), bucket, key)
+            if answer is None or answer[0] != listed.size or (answer[1] or listed.sha256) != listed.sha256:
+                return InputProblem(INPUT_MISMATCH, f"input {ref.path}: the store no longer holds the bytes run "
+                                    f"{ref.artifact.run} recorded for {ref.artifact.name!r} (size and sha256)")
+            return StoredObject(bucket, key, listed.size, listed.sha256)  # pinned to what the earlier run recorded
         answer = head(self.store(), bucket, key)
         if answer is None:
             if ref.upload is not None:
@@ -289,8 +297,9 @@ class DataPlane:
         return StoredObject(bucket, key, size, sha or "")
 
     def _artifact(self, ns: str, ref: InputRef, find_run: Callable[[str, str], Mapping[str, Any] | None],
-                  same_creator: Callable[[Mapping[str, Any]], bool]) -> str | InputProblem:
-        """The store key of an earlier run's artifact; one that was kept inline is copied into the store first."""
+                  same_creator: Callable[[Mapping[str, Any]], bool]) -> tuple[str, Artifact] | InputProblem:
+        """The store key of an earlier run's artifact, and the artifact as that run recorded it; one that was kept
+        inline is copied into the store first."""
         assert ref.artifact is not None
         earlier = find_run(ns, ref.artifact.run)
         if earlier is None or not same_creator(earlier):
@@ -306,11 +315,12 @@ class DataPlane:
             return InputProblem(INPUT_UNAVAILABLE, f"input {ref.path}: run {ref.artifact.run} has no artifact "
                                 f"{ref.artifact.name!r} (artifacts: {offered[:200]})")
         key = artifacts_prefix(ns, earlier["metadata"]["uid"]) + ref.artifact.name
-        if not listed.get("stored"):
-            problem = self._promote(ns, Artifact.model_validate(listed), key, ref)
+        recorded = Artifact.model_validate(listed)
+        if not recorded.stored:
+            problem = self._promote(ns, recorded, key, ref)
             if problem is not None:
                 return problem
-        return key
+        return key, recorded
 
     def _promote(self, ns: str, artifact: Artifact, key: str, ref: InputRef) -> InputProblem | None:
         """An inline artifact (at most INLINE_FILE_BYTES, in its ConfigMap) copied to the store under the run's

@@ -210,3 +210,14 @@ def test_inputs_whose_keys_overflow_the_grant_are_refused_naming_why(plane, stor
     inputs = [{"path": f"in{i}", "s3": {"bucket": "datasets", "key": key}} for i in range(16)]
     _, refused = prepare(plane, run_body, inputs, allowed)
     assert isinstance(refused, InputProblem) and refused.reason == INPUT_TOO_LARGE and "keys" in refused.message
+
+
+def test_a_chained_artifact_is_pinned_to_what_its_run_recorded(plane, store, run_body):
+    data = b"recorded\n"
+    put(store, "coderun", artifacts_prefix(NS, "uid-swapped") + "out.csv", b"swapped in the store since")
+    swapped = finished("swapped", "uid-swapped", "alice", [{"name": "out.csv", "size": len(data),
+                                                             "sha256": hashlib.sha256(data).hexdigest(),
+                                                             "stored": True}])
+    _, refused = prepare(plane, run_body, [{"path": "in.csv", "artifact": {"run": "swapped", "name": "out.csv"}}],
+                         runs=[swapped])
+    assert isinstance(refused, InputProblem) and refused.reason == INPUT_MISMATCH and "swapped" in refused.message

@@ -43,6 +43,7 @@ from ..results.cache import (CACHE_LABEL, cache_key, image_digest, is_reusable, 
                              pick_reusable, reused_outcome)
 from ..audit import AuditAgent
 from ..proxy import EgressProxy, ProxyUnavailable, access_for, cannot_start
+from ..data.grant import artifact_name_problem
 from ..data_plane import DATA_ERRORS, INPUT_REASONS, INPUT_UNAVAILABLE, DataPlane, InputProblem, UploadsAwaited
 from ..results.frame import FrameArtifact, FrameError, RunnerFrame
 from ..results.lifecycle import ttl_seconds
@@ -583,6 +584,9 @@ class Controller:
         skipped: list[dict[str, Any]] = []
         for artifact in reported:
             entry = {"name": artifact.name, "size": artifact.size, "sha256": artifact.sha256}
+            if artifact_name_problem(artifact.name):  # never a key the data service would have taken
+                skipped.append({"name": artifact.name, "why": "corrupt"})
+                continue
             try:
                 vouched = self.data is not None and self.data.verify_stored(run, entry)
             except DATA_ERRORS as e:  # the store away: the artifact cannot be vouched for
