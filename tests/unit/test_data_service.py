@@ -502,3 +502,15 @@ def test_one_address_holds_a_bounded_number_of_connections(s3, bucket, start, mo
         first.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert first.makefile("rb").readline().startswith(b"HTTP/1.1 200")
     assert svc.request("GET", "/healthz")[0] == 200  # the address's count came back down
+
+
+@pytest.mark.parametrize("size", [MIB + 3, PART + MIB + 5], ids=["one-put", "multipart"])
+def test_an_artifact_declared_with_its_sha256_is_stored_so_or_not_at_all(s3, bucket, svc, size):
+    data = os.urandom(size)
+    status, _, body = svc.request("PUT", "/v1/artifacts/declared.bin", run_grant(bucket), data,
+                                  {"X-Coderun-Sha256": sha(data)})
+    assert (status, json.loads(body)["sha256"]) == (200, sha(data))
+    assert head(s3, bucket, PREFIX + "declared.bin") == (size, sha(data))
+    assert error(svc.request("PUT", "/v1/artifacts/lied.bin", run_grant(bucket), data,
+                             {"X-Coderun-Sha256": "0" * 64})) == (400, "ArtifactMismatch")
+    assert PREFIX + "lied.bin" not in keys_in(s3, bucket)

@@ -24,8 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import unquote, urlsplit
 
-from .grant import (MAX_KEY_BYTES, Grant, GrantRefused, ReadGrant, RunGrant, StoredObject, UploadGrant,
-                    artifact_name_problem, verify)
+from .grant import (MAX_KEY_BYTES, SHA256_PATTERN, Grant, GrantRefused, ReadGrant, RunGrant, StoredObject,
+                    UploadGrant, artifact_name_problem, verify)
 from .store import ObjectUnavailable, StoreUnavailable, ensure_bucket, head, list_prefix, translated
 
 log = logging.getLogger("coderun.data")
@@ -248,7 +248,11 @@ class Handler(BaseHTTPRequestHandler):
                 raise Answer(413, "ArtifactsTooLarge", f"artifact {name!r} ({length} bytes) would take the run's "
                              f"stored artifacts over the policy's data.artifacts.maxTotalBytes "
                              f"({grant.max_total_bytes}): write less")
-            sha = self._store(service, grant.bucket, key, length, None, f"artifact {name!r}", transfer)
+            # The runner names the hash it read (X-Coderun-Sha256): the store gets it as metadata from the start
+            # and the bytes must have it, so no copy of the object onto itself is needed to set it afterwards.
+            declared = self.headers.get("X-Coderun-Sha256") or ""
+            sha = self._store(service, grant.bucket, key, length, declared if SHA256_PATTERN.fullmatch(declared) else None,
+                              f"artifact {name!r}", transfer)
         self._reply({"name": name, "key": key, "size": length, "sha256": sha})
 
     def _put_upload(self, service: Service, grant: UploadGrant, sha: str, transfer: Transfer) -> None:
@@ -341,6 +345,9 @@ class Handler(BaseHTTPRequestHandler):
         def check() -> str:
             sha = digest.hexdigest()
             if expected is not None and sha != expected:
+                if what.startswith("artifact"):
+                    raise Answer(400, "ArtifactMismatch", f"{what}: the bytes sent have sha256 {sha}, not the "
+                                 f"{expected} declared: nothing was stored")
                 raise Answer(400, "InputMismatch", f"{what}: the bytes sent have sha256 {sha}, not {expected}: "
                              "nothing was stored; send the file the run's input names")
             return sha

@@ -105,9 +105,12 @@ class Transfer:
         if self.connection.sock is not None:
             self.connection.sock.settimeout(min(self.bounds.read_seconds, self.remaining()))
 
-    def request(self, method: str, path: str, token: str, length: int | None = None) -> None:
+    def request(self, method: str, path: str, token: str, length: int | None = None, sha256: str | None = None
+                ) -> None:
         self.connection.putrequest(method, path, skip_accept_encoding=True)
         self.connection.putheader("Authorization", f"Bearer {token}")
+        if sha256 is not None:
+            self.connection.putheader("X-Coderun-Sha256", sha256)
         if length is not None:
             self.connection.putheader("Content-Length", str(length))
             self.connection.putheader("Content-Type", "application/octet-stream")
@@ -265,8 +268,14 @@ class DataService:
     def _store(self, name: str, fd: int, size: int) -> dict | str:
         digest, sent = hashlib.sha256(), 0
         try:
+            # read once to name its hash up front (the store then takes it as the object's metadata at once, no
+            # copy afterwards), once more as it is sent: the two must agree
+            declared = hashlib.sha256()
+            for offset in range(0, size, CHUNK):
+                declared.update(os.pread(fd, min(CHUNK, size - offset), offset))
             with Transfer(self, self.bounds.deadline(size), self.bounds) as transfer:
-                transfer.request("PUT", "/v1/artifacts/" + urllib.parse.quote(name, safe="/"), self.token, size)
+                transfer.request("PUT", "/v1/artifacts/" + urllib.parse.quote(name, safe="/"), self.token, size,
+                                 declared.hexdigest())
                 try:
                     while sent < size:
                         transfer.pace()
@@ -290,7 +299,8 @@ class DataService:
             self.broken = True
             return STORE_FAILED
         local = digest.hexdigest()
-        if sent != size or not isinstance(answer, dict) or answer.get("sha256") != local or answer.get("size") != size:
+        if sent != size or local != declared.hexdigest() or not isinstance(answer, dict) or \
+                answer.get("sha256") != local or answer.get("size") != size:
             return STORE_FAILED
         return {"name": name, "size": size, "sha256": local, "stored": True}
 
