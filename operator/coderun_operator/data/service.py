@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -364,6 +365,15 @@ class Handler(BaseHTTPRequestHandler):
         with translated(f"storing {what}"):
             upload = s3.create_multipart_upload(Bucket=bucket, Key=key,
                                                 Metadata={"sha256": expected} if expected else {})["UploadId"]
+        # One part goes to the store while the next is read from the caller (two parts held at most): the store's
+        # write and the caller's send overlap, as a client's parallel parts would.
+        sending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coderun-data-part")
+        in_flight: Future[str] | None = None
+
+        def send(number: int, body: bytes) -> str:
+            with translated(f"storing {what}"):
+                return str(s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=number,
+                                          Body=body)["ETag"])
         try:
             parts: list[dict[str, Any]] = []
             part = bytearray()
@@ -371,21 +381,28 @@ class Handler(BaseHTTPRequestHandler):
                 digest.update(chunk)
                 part += chunk
                 if len(part) >= service.part_bytes or transfer.bytes == length:
-                    with translated(f"storing {what}"):
-                        etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=len(parts) + 1,
-                                              Body=bytes(part))["ETag"]
-                    parts.append({"ETag": etag, "PartNumber": len(parts) + 1})
+                    if in_flight is not None:
+                        parts.append({"ETag": in_flight.result(), "PartNumber": len(parts) + 1})
+                    in_flight = sending.submit(send, len(parts) + 1, bytes(part))
                     part = bytearray()
+            if in_flight is not None:
+                parts.append({"ETag": in_flight.result(), "PartNumber": len(parts) + 1})
+                in_flight = None
             sha = check()
             with translated(f"storing {what}"):
                 s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload,
                                              MultipartUpload={"Parts": parts})
         except BaseException:
+            if in_flight is not None:
+                in_flight.cancel()
+                wait([in_flight])  # a part still being sent goes before the upload is aborted
             try:
                 s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload)
             except Exception as e:  # the store's lifecycle must then clear it; the answer stays the first error
                 log.warning("aborting the upload of s3://%s/%s failed: %s", bucket, key, type(e).__name__)
             raise
+        finally:
+            sending.shutdown(wait=False)
         if expected is None:
             try:
                 with translated(f"storing {what}"):
