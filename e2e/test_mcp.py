@@ -126,8 +126,11 @@ def test_an_image_the_program_writes_comes_back_as_an_image(operator, namespace,
     assert not result.is_error, result.content[0].text
     images = [block for block in result.content if block.type == "image"]
     assert [(image.mime_type, base64.b64decode(image.data)) for image in images] == [("image/png", expected)]
-    assert result.structured_content["artifacts"] == [
-        {"name": "plot", "size": len(expected), "mimeType": "image/png", "shown": "image"}]
+    [listed] = result.structured_content["artifacts"]
+    assert {k: v for k, v in listed.items() if k != "uri"} == \
+        {"name": "plot", "size": len(expected), "mimeType": "image/png", "shown": "image"}
+    # every artifact, inline or stored, is a resource the server reads back (resources/read)
+    assert listed["uri"].startswith(f"coderun://runs/{namespace}/") and listed["uri"].endswith("/artifacts/plot")
 
 
 def test_a_long_run_sends_progress_all_along(operator, namespace):
