@@ -743,8 +743,9 @@ PROGRAMS: list[Hostile] = [
             lambda s, f: s["stdoutTruncated"] and s["stdoutBytes"] == 70000 and s["stdout"] == "o" * len(s["stdout"])
             and 0 < len(s["stdout"]) <= 65536),
     # ------------------------------------------------------------------ artifacts
+    # (the default caps with the chart's store: 5 MiB a file, 5 MiB in all, 16 files: docs/data.md)
     Hostile("huge-artifact", r'''
-        open(os.path.join(OUT, "big.bin"), "wb").write(b"x" * 3_000_000)
+        open(os.path.join(OUT, "big.bin"), "wb").write(b"x" * 6_000_000)
         open(os.path.join(OUT, "ok.txt"), "w").write("ok")''',
             "Completed", lambda s, f: skipped(s).get("big.bin") == "too-large" and artifact_names(s) == ["ok.txt"]),
     Hostile("many-artifacts", r'''
@@ -754,8 +755,8 @@ PROGRAMS: list[Hostile] = [
             and len(artifact_names(s)) + len(s["artifactsSkipped"]) + s.get("artifactsSkippedUnlisted", 0) == 300),
     Hostile("artifacts-total-too-large", r'''
         for i in range(4):
-            open(os.path.join(OUT, f"part{i}"), "wb").write(bytes([65 + i]) * 200_000)''',
-            "Completed", lambda s, f: sum(a["size"] for a in s["artifacts"]) <= 512 * 1024
+            open(os.path.join(OUT, f"part{i}"), "wb").write(bytes([65 + i]) * 2_000_000)''',
+            "Completed", lambda s, f: sum(a["size"] for a in s["artifacts"]) <= 5 * 1024 * 1024
             and "total-too-large" in skipped(s).values()),
     Hostile("symlink-out-passwd", r'''
         os.symlink("/etc/passwd", os.path.join(OUT, "passwd"))
