@@ -189,6 +189,10 @@ def test_an_input_streams_with_its_pin(s3, bucket, svc, caplog):
                                StoredObject(bucket, "in/unpinned.csv", 8, "")])
     with caplog.at_level(logging.INFO, logger="coderun.data"):
         status, headers, body = svc.request("GET", "/v1/inputs/0", token)
+        # (the service logs a transfer once it ended, which may be just after the caller read its last byte)
+        deadline = time.monotonic() + 10
+        while not any("in/data.bin" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+            time.sleep(0.01)
     assert (status, body == data, headers["Content-Length"], headers["X-Coderun-Sha256"]) == (
         200, True, str(len(data)), sha(data))
     status, headers, body = svc.request("GET", "/v1/inputs/1", token)
