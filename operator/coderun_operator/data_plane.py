@@ -33,6 +33,7 @@ from .data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
 from .data.store import (ObjectUnavailable, StoreMisconfigured, StoreSettings, StoreUnavailable, client as store_client,
                          delete_prefix, head, translated)
 from .key_secret import ensure_key, read_key
+from .proxy import target_port
 from .policy import Decision
 
 if TYPE_CHECKING:
@@ -161,9 +162,7 @@ class DataPlane:
         if "data" not in ports or not spec.get("selector"):
             raise DataUnavailable(f"the data service's Service {s.namespace}/{s.service} needs a pod selector and "
                                   "a port named data")
-        port = int(ports["data"].get("targetPort") or ports["data"]["port"]) \
-            if isinstance(ports["data"].get("targetPort", 0), int) else int(ports["data"]["port"])
-        route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), port)
+        route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), target_port(ports["data"]))
         cluster_ip = spec.get("clusterIP")
         url = s.url or (f"http://{socket_address(cluster_ip, int(ports['data']['port']))}"
                         if cluster_ip and cluster_ip != "None" else "")

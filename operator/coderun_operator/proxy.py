@@ -157,8 +157,8 @@ class EgressProxy:
         if not {"proxy", "admin"} <= set(ports) or not spec.get("selector"):
             raise ProxyUnavailable(f"the egress proxy's Service {s.namespace}/{s.service} needs a pod selector and "
                                    "ports named proxy and admin")
-        route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), _target(ports["proxy"]))
-        return EgressAccess(s.key_id, self._key(), route), _target(ports["admin"])
+        route = ProxyRoute(s.namespace, tuple(sorted(spec["selector"].items())), target_port(ports["proxy"]))
+        return EgressAccess(s.key_id, self._key(), route), target_port(ports["admin"])
 
     def _key(self) -> bytes:
         s = self.settings
@@ -233,7 +233,8 @@ def _count(headers: Mapping[str, str], name: str) -> int:
     return int(value) if value.isdigit() and len(value) < 19 else 0
 
 
-def _target(port: Mapping[str, Any]) -> int:
+def target_port(port: Mapping[str, Any]) -> int:
+    """The pod port a Service port leads to (its targetPort when a number, else its own port)."""
     target = port.get("targetPort")
     return target if isinstance(target, int) else int(port["port"])
 
