@@ -97,7 +97,8 @@ def run_all(cluster, namespace: str, codes: dict[str, str]) -> dict[str, str]:
 def assert_all_true(cluster, namespace: str, expected: dict[str, str], census: PodCensus, timeout: float = 180):
     for name, stdout in expected.items():
         status = cluster.wait_run(namespace, name, timeout=timeout)["status"]
-        assert (status["phase"], status.get("stdout")) == ("Succeeded", stdout), (name, status)
+        assert (status["phase"], status.get("stdout")) == ("Succeeded", stdout), (
+            name, status.get("reason"), status.get("message"), status.get("stderr"), status.get("conditions"))
     census.stop()
     for name in expected:
         assert len(census.pods_by_run[name]) == 1, (name, census.pods_by_run[name])

@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .api.coderunsession import SESSION_KIND
+from .api.identity import APPROVED_BY, REJECTED_BY
 from .api.models import GROUP, KIND, PLURAL, SHORT_NAME, InputRef, Limits
 from .api.reasons import Reason, SessionReason
 from .api.text import one_line, printable
@@ -587,6 +588,15 @@ def cmd_delete(client: CodeRunClient, args: argparse.Namespace) -> int:
     return EXIT_NOT_FOUND if missing else 0
 
 
+def cmd_decide(client: CodeRunClient, args: argparse.Namespace) -> int:
+    """approve / reject: the verdict recorded under this identity's own username (the API server checks it)."""
+    verdict = "approved" if args.command == "approve" else "rejected"
+    for name in args.names:
+        client.decide(name, args.command == "approve")
+        print(f'{RESOURCE} "{name}" {verdict}')
+    return 0
+
+
 def artifacts_table(result: RunResult) -> str:
     """`coderun artifacts list`: each artifact's name, size, sha256 and where it is kept."""
     rows = [["NAME", "SIZE", "SHA256", "WHERE"]] + [
@@ -805,6 +815,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     delete.add_argument("--ignore-not-found", action="store_true",
                         help="a run that does not exist is not an error (exit 0)")
 
+    for verb, annotation, effect in (
+            ("approve", APPROVED_BY, "it starts (a creator's own approval counts only where the policy allows it)"),
+            ("reject", REJECTED_BY, "it ends Rejected, naming you")):
+        decide = _command(commands, verb, f"{verb} runs waiting for approval",
+                          f"Records your own username (as the API server knows it) in {annotation} "
+                          f"and {effect}. Needs the RBAC verb approve on coderuns (the chart's approver "
+                          "ClusterRole); a verdict, once given, is final.")
+        _add_run_names(decide, "names", nargs="+", metavar="NAME")
+
     artifacts = _command(commands, "artifacts", "list a run's artifacts or get one",
                          "Lists the files the program wrote to $CODERUN_OUTPUT_DIR (name, size, sha256, and whether "
                          "it is kept inline or in the store) and the ones it did not keep, or writes one to a file. "
@@ -877,9 +896,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
 
 
 COMMANDS = {"run": cmd_run, "get": cmd_get, "logs": cmd_logs, "list": cmd_list, "delete": cmd_delete,
-            "artifacts": cmd_artifacts, "runtimes": cmd_runtimes, "session": cmd_session}
+            "artifacts": cmd_artifacts, "runtimes": cmd_runtimes, "session": cmd_session, "approve": cmd_decide,
+            "reject": cmd_decide}
 # Commands that name an object: a 404 there is the user's answer (exit 1, like kubectl), not a platform failure.
-NAMING_COMMANDS = {"get", "logs", "delete", "artifacts", "runtimes", "session"}
+NAMING_COMMANDS = {"get", "logs", "delete", "artifacts", "runtimes", "session", "approve", "reject"}
 
 
 def usage_error(parser: argparse.ArgumentParser, message: str) -> int:

@@ -19,6 +19,7 @@ from aiohttp import web
 from coderun.api.models import GROUP, KIND, PLURAL, VERSION
 
 PREFIX = f"/apis/{GROUP}/{VERSION}/namespaces/{{namespace}}/{PLURAL}"
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 
 @dataclass
@@ -40,6 +41,8 @@ class StubApi:
     open_watches: int = 0
     max_open_watches: int = 0
     on_create: Callable[[str], None] = lambda name: None  # called with each created run's name (a bench's operator)
+    user: tuple[str, list[str]] = ("agent-7", ["agents", "system:authenticated"])  # who the client is
+    reviews: int = 0  # SelfSubjectReviews asked
 
     def __post_init__(self) -> None:
         self._changed = asyncio.Condition()
@@ -83,6 +86,7 @@ class StubApi:
         app.router.add_post(PREFIX, self._create)
         app.router.add_get(PREFIX, self._list_or_watch)
         app.router.add_get(PREFIX + "/{name}", self._get)
+        app.router.add_post(SELF_SUBJECT_REVIEWS, self._review)
         # A client that goes away cancels its handler: a closed watch is seen at once.
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -101,6 +105,12 @@ class StubApi:
             "users": [{"name": "stub", "user": {"token": "stub-token"}}],
             "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub", "namespace": "agents"}}]}))
         return path
+
+    async def _review(self, request: web.Request) -> web.StreamResponse:
+        """A SelfSubjectReview: the client learns who it is (every create states it)."""
+        self.reviews += 1
+        return web.json_response({**await request.json(), "status": {"userInfo": {
+            "username": self.user[0], "groups": self.user[1]}}}, status=201)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()

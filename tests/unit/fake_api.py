@@ -3,7 +3,8 @@ kubeconfig loading, requests and watches (fake_k8s.py stands in for the operator
 
 It keeps CodeRuns in memory and answers create (generateName), get, list (label and field selectors, one
 namespace or all), watch (events after a resourceVersion, streamed as they happen until timeoutSeconds) and
-delete, with the API server's Status bodies on refusals; it reads the CodeRunPolicies and ConfigMaps a test puts
+delete, a merge patch of a run's annotations, a SelfSubjectReview (answering `user`), with the API server's
+Status bodies on refusals; it reads the CodeRunPolicies and ConfigMaps a test puts
 in `policies` and `config_maps`. A test plays the operator: `finish(ns, name, status)` writes a status (a
 MODIFIED event), `refuse_create` answers a create the way an admission webhook or the schema would.
 """
@@ -23,6 +24,7 @@ from coderun.api.coderunsession import SESSION_PLURAL
 from coderun.api.models import GROUP, KIND, PLURAL, VERSION
 
 PREFIX = f"/apis/{GROUP}/{VERSION}"
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
 
 
 # What a watch streams each event through (one chunk of the HTTP answer).
@@ -35,6 +37,7 @@ class FakeApiServer:
         self.sessions: dict[tuple[str, str], dict[str, Any]] = {}  # CodeRunSessions: create, get, delete
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
+        self.user: tuple[str, list[str]] = ("agent-7", ["agents", "system:authenticated"])  # who the caller is
         # Read-only objects a test sets: CodeRunPolicies and ConfigMaps (artifacts), by (namespace, name)
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
@@ -115,6 +118,8 @@ class FakeApiServer:
     def handle(self, method: str, path: str, query: dict[str, str], body: Any,
                stream: Stream) -> tuple[int, Any]:
         parts = path.removeprefix(PREFIX).strip("/").split("/")
+        if method == "POST" and path == SELF_SUBJECT_REVIEWS:
+            return 201, {**body, "status": {"userInfo": {"username": self.user[0], "groups": self.user[1]}}}
         readable = self._read_only(path)
         if readable is not None:
             return (200, copy.deepcopy(readable)) if readable else (404, _status(404, "NotFound", f"{path} not found"))
@@ -139,6 +144,12 @@ class FakeApiServer:
             elif method == "DELETE":
                 self._store("DELETED", copy.deepcopy(self.runs[(namespace, name)]))
                 return 200, _status(200, "", "", status="Success")
+            elif method == "PATCH":  # a merge patch of annotations: all the SDK patches (approve, reject)
+                run = copy.deepcopy(self.runs[(namespace, name)])
+                annotations = run["metadata"].setdefault("annotations", {})
+                annotations.update(((body or {}).get("metadata") or {}).get("annotations") or {})
+                self._store("MODIFIED", run)
+                return 200, copy.deepcopy(run)
         return self._list(namespace, query, stream)
 
     def _session(self, method: str, namespace: str, name: str | None, body: Any) -> tuple[int, Any]:
@@ -301,5 +312,8 @@ def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self) -> None:
             self._serve("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._serve("PATCH")
 
     return Handler

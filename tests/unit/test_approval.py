@@ -12,7 +12,7 @@ CREATED = {"coderun.io/created-by": "alice"}
     ({**CREATED, "coderun.io/approved-by": "bob"}, False, None, True, False, ""),
     ({**CREATED, "coderun.io/approved-by": "alice"}, False, None, False, False, "who created this run"),
     ({**CREATED, "coderun.io/approved-by": "alice"}, True, None, True, False, ""),
-    ({"coderun.io/approved-by": "bob"}, False, None, False, False, "is not recorded"),
+    ({"coderun.io/approved-by": "bob"}, False, None, False, False, "does not state who created it"),
     ({**CREATED, "coderun.io/approved-by": "alice", "coderun.io/rejected-by": "bob"}, True, None, False, True,
      "rejected by bob"),
     ({**CREATED, "coderun.io/approved-by": "bob"}, False, "the VAP is gone", False, False, "cannot be verified"),

@@ -568,7 +568,13 @@ def _sdk_calls() -> set[tuple[str, str, str]]:
              "replace": "update"}
     calls = set()
     for source in (REPO / "src" / "coderun" / "client").glob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text())):
+        tree = ast.parse(source.read_text())
+        # An approver's calls (decide: approve or reject), not an agent's: the -approver ClusterRole grants them.
+        deciding = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and f.name == "decide" for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in deciding:
+                continue
             if not isinstance(node, ast.Call):
                 continue
             for method in [node.func, *node.args]:

@@ -288,7 +288,29 @@ def test_delete_ignore_not_found(api, capsys):
         0, 'coderun.coderun.io "run-a" deleted\n', "")
 
 
+# ---- approve, reject
+@pytest.mark.parametrize("verb, done, annotation", [("approve", "approved", "coderun.io/approved-by"),
+                                                    ("reject", "rejected", "coderun.io/rejected-by")])
+def test_a_verdict_is_recorded_under_the_callers_own_username(api, capsys, verb, done, annotation):
+    api.add("agents", "run-a")
+    api.user = ("bob", ["approvers", "system:authenticated"])
+    assert coderun(capsys, verb, "crun/run-a") == (0, f'coderun.coderun.io "run-a" {done}\n', "")
+    # The API server takes the verdict only as the requester's own username: the CLI writes what it named.
+    assert api.runs[("agents", "run-a")]["metadata"]["annotations"][annotation] == "bob"
+    assert coderun(capsys, verb, "nope")[0] == cli.EXIT_NOT_FOUND
+
+
 # ---- run
+def test_a_run_states_who_creates_it_as_the_api_server_named_the_caller(api, capsys):
+    api.on_create = finishing(api, SUCCEEDED)
+    api.user = ("system:serviceaccount:agents:bot", ["system:serviceaccounts", "system:authenticated"])
+    stated = []
+    api.refuse_create = lambda body: stated.append(body["metadata"]["annotations"]) or None
+    assert coderun(capsys, "run", "-c", "print(6*7)")[0] == 0
+    assert [(a["coderun.io/created-by"], a["coderun.io/created-by-groups"]) for a in stated] == [
+        ("system:serviceaccount:agents:bot", "system:serviceaccounts\nsystem:authenticated")]
+
+
 def test_run_prints_the_result_and_deletes_the_run(api, capsys):
     api.on_create = finishing(api, FAILED)
     code, out, err = coderun(capsys, "run", "-c", "import sys; sys.exit(7)")

@@ -11,6 +11,7 @@ import pytest
 
 from aio_stub_api import CreateAnswer, StubApi
 from coderun.client import AsyncCodeRunClient, CodeRunError, RunRequest
+from coderun.api.identity import CREATED_BY, CREATED_BY_GROUPS
 from coderun.client.creating import create_plan
 from coderun.client.request import CREATE_TOKEN_ANNOTATION, build_body
 from coderun.client.steps import Create, Get, Sleep, drive
@@ -241,3 +242,16 @@ def test_an_exec_plugins_token_is_loaded_again_once_it_expired(tmp_path):
             await api_client.close()
     first, second = asyncio.run(tokens())
     assert first != second and {first, second} <= {"Bearer tok-2", "Bearer tok-3"}, (first, second)
+
+
+def test_every_create_states_the_identity_the_api_server_named_asked_once(tmp_path):
+    async def test(stub, client):
+        stub.user = ("alice", ["team-a", "odd\ngroup", "system:authenticated"])
+        return await asyncio.gather(*(client.create(RunRequest(code="print(1)")) for _ in range(20))), stub
+
+    created, stub = in_loop(tmp_path, test)
+    assert stub.reviews == 1  # twenty creates at once, one SelfSubjectReview
+    stated = {(stub.runs[c.name]["metadata"]["annotations"][CREATED_BY],
+               stub.runs[c.name]["metadata"]["annotations"][CREATED_BY_GROUPS]) for c in created}
+    # A group holding a newline is left out, as the admission policy leaves it out of what it compares.
+    assert stated == {("alice", "team-a\nsystem:authenticated")}

@@ -499,7 +499,7 @@ def test_naming_a_policy_needs_the_use_verb_for_the_recorded_creator(env):
 
 @pytest.mark.parametrize("ref, creator, says", [
     ("builtin-default", "alice", "cannot be named"),
-    ("open", None, "creator is not recorded"),
+    ("open", None, "does not state its creator"),
 ])
 def test_the_baseline_cannot_be_named_and_an_unknown_creator_cannot_name_a_policy(env, ref, creator, says):
     api, _, ctl = env

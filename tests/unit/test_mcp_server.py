@@ -310,7 +310,8 @@ def test_a_long_run_reports_progress_on_each_phase_and_between_phases(api, kubec
 
     assert not result.is_error and result.structured_content["stdout"] == "42\n"
     messages = [message for _, message in seen]
-    assert messages[0].startswith("Creating the run") and messages[1].startswith("Pending: waiting for a sandbox")
+    after_creating = next(m for m in messages if not m.startswith("Creating the run"))  # heartbeats may come first
+    assert messages[0].startswith("Creating the run") and after_creating.startswith("Pending: waiting for a sandbox")
     assert len([m for m in messages if m.startswith("Running (") and "the program may run 60s" in m]) >= 3
     progress = [p for p, _ in seen]
     assert progress == sorted(progress) and len(set(progress)) == len(progress)
@@ -442,7 +443,7 @@ def test_without_a_kubeconfig_the_handshake_holds_and_a_call_says_what_to_fix(tm
 def test_with_a_dead_api_server_over_stdio_a_call_answers_with_a_tool_error(tmp_path):
     kubeconfig = dead_kubeconfig(tmp_path / "kubeconfig")
     info, tools, result = over_stdio(tmp_path, kubeconfig)
-    assert result.is_error and "create CodeRun failed: the API server did not answer" in result.content[0].text
+    assert result.is_error and "failed: the API server did not answer" in result.content[0].text
     assert "Traceback" not in (tmp_path / "stderr").read_text()
 
 

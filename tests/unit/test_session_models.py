@@ -97,7 +97,7 @@ def test_a_policy_allows_no_sessions_unless_it_says_so():
 def test_the_api_server_refuses_a_run_in_someone_elses_or_an_ended_session():
     """The shape of session.coderun.io: the sessions of the run's namespace are its parameters; it acts on the
     creation of runs that name a session only, and a namespace without sessions refuses nothing for it."""
-    from coderun.api.identity import (CREATED_BY, IDENTITY_POLICY, SESSION_POLICY, admission_policies)
+    from coderun.api.identity import APPROVAL_POLICY, CREATED_BY, SESSION_POLICY, admission_policies
     objects = {(o["kind"], o["metadata"]["name"]): o for o in admission_policies()}
     policy = objects["ValidatingAdmissionPolicy", SESSION_POLICY]["spec"]
     binding = objects["ValidatingAdmissionPolicyBinding", SESSION_POLICY]["spec"]
@@ -116,6 +116,7 @@ def test_the_api_server_refuses_a_run_in_someone_elses_or_an_ended_session():
     assert "params.status.phase != 'Ended'" in rules[1]
     assert binding == {"policyName": SESSION_POLICY, "validationActions": ["Deny"],
                        "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"}}
-    # The creator the rule compares is the one the API server stamped on the session.
-    identity = objects["MutatingAdmissionPolicy", IDENTITY_POLICY]["spec"]
-    assert "coderunsessions" in identity["matchConstraints"]["resourceRules"][0]["resources"]
+    # The creator the rule compares is the one the session stated and the approval policy checked (and required).
+    approval = objects["ValidatingAdmissionPolicy", APPROVAL_POLICY]["spec"]
+    assert "coderunsessions" in approval["matchConstraints"]["resourceRules"][0]["resources"]
+    assert any("creator-required" in (v.get("messageExpression") or "") for v in approval["validations"])

@@ -1,5 +1,5 @@
-"""Who created a run, as far as the operator can trust it: the annotations the API server's admission policies
-stamp (coderun.io/api/identity.py), counted only while the approval policy and its binding are installed."""
+"""Who created a run, as far as the operator can trust it: the annotations the caller stated and the API server's
+admission policy checked (coderun/api/identity.py), counted only while that policy and its binding are installed."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any, Callable, Mapping
 
 from coderun.api.coderunpolicy import POLICY_PLURAL
-from coderun.api.identity import APPROVAL_POLICY, CREATED_BY, CREATED_BY_GROUPS, USE_VERB, binding_enforces
+from coderun.api.identity import (APPROVAL_POLICY, CREATED_BY, CREATED_BY_GROUPS, HOW_TO_STATE, USE_VERB,
+                                  binding_enforces)
 from ..kube_api import KubeApi
 from ..policy import Denial
 from ..policy.evaluate import use_denial
@@ -54,7 +55,7 @@ class IdentityGuard:
 
 
 def recorded_creator(run: Mapping[str, Any]) -> tuple[str, list[str]] | None:
-    """(username, groups) the API server stamped when the run was created, or None."""
+    """(username, groups) the run's creator stated and the API server checked when it was created, or None."""
     annotations = run["metadata"].get("annotations") or {}
     user = annotations.get(CREATED_BY)
     if not user:
@@ -80,7 +81,7 @@ def creator_may_use(api: KubeApi, guard: IdentityGuard, run: Mapping[str, Any]) 
             return use_denial(f"{why}, and the run's creator cannot be verified: {problem}")
         creator = recorded_creator(run)
         if creator is None:
-            return use_denial(f"{why}, and the run's creator is not recorded ({CREATED_BY} is stamped by the API "
-                              "server's admission policy when a run is created); create the run again")
+            return use_denial(f"{why}, and the run does not state its creator ({CREATED_BY}): create it again "
+                              f"stating it ({HOW_TO_STATE})")
         return user_may_use(api, *creator, run["metadata"]["namespace"])(name)
     return check

@@ -1,15 +1,15 @@
-"""Whether a run that needs approval may go on, pure: from the identities the API server stamped on it.
+"""Whether a run that needs approval may go on, pure: from the identities stated on it, which the API server checked.
 
 The annotations count only while the chart's admission policies guard them (the caller checks that and passes
 what is wrong otherwise): then created-by is who created the run and approved-by / rejected-by is who decided,
-whatever string anybody typed. A self-approval does not count unless the policy allows it.
+each refused at the API server unless it was the requester's own username. A self-approval does not count unless the policy allows it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping
 
-from coderun.api.identity import APPROVE_VERB, APPROVED_BY, CREATED_BY, IDENTITY_POLICY, REJECTED_BY
+from coderun.api.identity import APPROVE_VERB, APPROVED_BY, CREATED_BY, HOW_TO_STATE, REJECTED_BY
 from coderun.api.text import one_line
 
 MAX_SHOWN_IDENTITY_CHARS = 128
@@ -54,14 +54,15 @@ def approval_verdict(annotations: Mapping[str, str], policy_name: str, allow_sel
     if not approver:
         return Verdict(creator=creator, message=(
             f"policy {policy_name!r} requires approval: waiting for someone with the RBAC verb {APPROVE_VERB} on "
-            f"coderuns to run `kubectl annotate crun NAME {APPROVED_BY}=yes` (or {REJECTED_BY}=yes)"))
+            f"coderuns to run `coderun approve NAME` (or `coderun reject NAME`; with kubectl, `kubectl annotate crun "
+            f"NAME {APPROVED_BY}=<their username>`)"))
     if allow_self_approval or (creator and creator != approver):
         return Verdict(go=True, approver=approver, creator=creator)
     if not creator:
         return Verdict(approver=approver, message=(
-            f"approved by {shown_identity(approver)}, but who created this run is not recorded ({CREATED_BY}, "
-            f"stamped by the admission policy {IDENTITY_POLICY}), so this may be a self-approval, which policy "
-            f"{policy_name!r} does not allow; reject it and create the run again while that policy is installed"))
+            f"approved by {shown_identity(approver)}, but the run does not state who created it ({CREATED_BY}), "
+            f"so this may be a self-approval, which policy {policy_name!r} does not allow; reject it and create the "
+            f"run again stating its creator ({HOW_TO_STATE})"))
     return Verdict(approver=approver, creator=creator, message=(
         f"approved by {shown_identity(approver)}, who created this run: policy {policy_name!r} does not allow "
         "self-approval (spec.approval.allowSelfApproval), so the run still waits for another approver (their "

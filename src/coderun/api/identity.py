@@ -1,20 +1,22 @@
 """Who created a run and who approved it, as the API server knows them: never a string the caller chose.
 
-Three admission policies run inside the API server itself (no webhook that can be down):
+The caller states its own identity and the API server checks the statement: no mutation, so the same admission
+policies hold on every Kubernetes from 1.30 (ValidatingAdmissionPolicy GA) to the newest, inside the API server
+itself (no webhook that can be down):
 
-- the MutatingAdmissionPolicy `identity.coderun.io` stamps coderun.io/created-by (and -groups) with the
-  requester's identity on CREATE, over whatever the caller wrote, and rewrites a newly set approved-by or
-  rejected-by value to the requester's username (so `kubectl annotate crun NAME coderun.io/approved-by=yes`
-  records who did it);
-- the ValidatingAdmissionPolicy `approval.coderun.io` refuses what the mutation cannot make true: a verdict at
-  creation, a changed creator, a verdict that is not the requester's own name or from someone without the RBAC
-  verb `approve` on coderuns, and a verdict changed once given (a self-approval, which does not count, may be
-  replaced by another approver);
+- the ValidatingAdmissionPolicy `approval.coderun.io` refuses a coderun.io/created-by that is not the requester's
+  own username (request.userInfo), created-by-groups that are not the requester's own groups, a creator changed
+  or added after creation, a session (or a run naming one) that does not state its creator, a verdict at
+  creation, a verdict (approved-by, rejected-by) that is not the requester's own username or comes from someone
+  without the RBAC verb `approve` on coderuns, and a verdict changed once given (a self-approval, which does not
+  count, may be replaced by another approver);
 - the ValidatingAdmissionPolicy `session.coderun.io` refuses a CodeRun naming a CodeRunSession that another
   identity created, or that has ended (docs/sessions.md): the sessions are its parameters.
 
-The first two cover CodeRunSessions too: a session's creator is recorded the same way, and is the one identity
-whose runs may use it.
+The SDK, the CLI and the MCP server learn their identity from a SelfSubjectReview and state it on every run and
+session they create; a person with kubectl adds the annotation (the refusal says the exact line). A run that
+states no creator runs as any other, but nothing that needs its creator is allowed to it (a policy other than
+`default`, an earlier run's artifact, a session, an approval that may be a self-approval).
 
 The operator trusts these annotations only while the ValidatingAdmissionPolicy and its binding are installed
 (it checks). `python -m coderun.api.crd` writes them to crds/ (what `make up-host` applies) and to the chart.
@@ -34,7 +36,6 @@ APPROVE_VERB = "approve"
 USE_VERB = "use"  # on coderunpolicies/<name>: needed to name a policy other than `default` in spec.policyRef
 
 APPROVAL_POLICY = "approval.coderun.io"
-IDENTITY_POLICY = "identity.coderun.io"
 SESSION_POLICY = "session.coderun.io"
 ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 
@@ -52,10 +53,6 @@ def _annotation(obj: str, key: str) -> str:
             f"{obj}.metadata.annotations['{key}'] : ''")
 
 
-def _path(key: str) -> str:
-    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-
-
 _NAMES = {"createdBy": CREATED_BY, "createdByGroups": CREATED_BY_GROUPS, "approvedBy": APPROVED_BY,
           "rejectedBy": REJECTED_BY}
 _VARIABLES = [{"name": name, "expression": _annotation("object", key)} for name, key in _NAMES.items()] + [
@@ -71,8 +68,13 @@ _VARIABLES = [{"name": name, "expression": _annotation("object", key)} for name,
      "&& variables.oldApprovedBy == variables.oldCreatedBy && variables.approvedBy != ''"},
 ]
 
-HOW_TO_APPROVE = (f"an approver runs `kubectl annotate crun NAME {APPROVED_BY}=yes` (or {REJECTED_BY}=yes) after "
-                  "creation, and the API server records their own username")
+# Double quotes: the text goes inside CEL string literals (messageExpression), which single quotes would end.
+WHOAMI = 'kubectl auth whoami -o jsonpath="{.status.userInfo.username}"'
+HOW_TO_APPROVE = (f"an approver runs `coderun approve NAME` (or `coderun reject NAME`), or `kubectl annotate crun NAME "
+                  f"{APPROVED_BY}=$({WHOAMI})` after creation: the API server checks that the value is their own "
+                  "username")
+HOW_TO_STATE = ("the SDK, the CLI and the MCP server add it for you; with kubectl add the annotation "
+                f"{CREATED_BY}: $({WHOAMI})")
 
 
 def _rule(expression: str, name: str, message: str | None = None, message_expression: str | None = None
@@ -91,10 +93,20 @@ def approval_policy() -> dict[str, Any]:
               "approval-after-creation",
               f"a CodeRun cannot be created approved or rejected: remove {APPROVED_BY} and {REJECTED_BY}; "
               f"{HOW_TO_APPROVE}"),
-        _rule("request.operation != 'CREATE' || ((variables.createdBy == '' || variables.createdBy == "
-              "request.userInfo.username) && (variables.createdByGroups == '' || variables.createdByGroups == "
-              "variables.requesterGroups))", "creator-identity",
-              f"{CREATED_BY} and {CREATED_BY_GROUPS} are written by the API server: remove them from the CodeRun"),
+        _rule("request.operation != 'CREATE' || variables.createdBy == '' || variables.createdBy == "
+              "request.userInfo.username", "creator-identity",
+              message_expression=f"'{CREATED_BY} must be your own username, ' + request.userInfo.username + ', as "
+              f"the API server knows it (rule creator-identity): {HOW_TO_STATE}'"),
+        _rule("request.operation != 'CREATE' || variables.createdByGroups == '' || (variables.createdBy != '' && "
+              "variables.createdByGroups == variables.requesterGroups)", "creator-identity",
+              f"{CREATED_BY_GROUPS} must be your own groups as the API server knows them (`kubectl auth whoami`), "
+              f"one a line, beside {CREATED_BY}; or leave it out (the run's creator then counts with no groups)"),
+        # A session's creator is the one identity whose runs may use it: nothing to check against if unstated.
+        _rule(f"request.operation != 'CREATE' || variables.createdBy != '' || (request.resource.resource == "
+              f"'{PLURAL}' && !has(object.spec.session))", "creator-required",
+              message_expression=f"'a CodeRunSession, and a CodeRun naming one, states who creates it: add the "
+              f"annotation {CREATED_BY}: ' + request.userInfo.username + ' (rule creator-required); the SDK, the "
+              "CLI and the MCP server add it for you'"),
         _rule("request.operation != 'UPDATE' || (variables.createdBy == variables.oldCreatedBy && "
               "variables.createdByGroups == variables.oldCreatedByGroups)", "creator-identity",
               f"{CREATED_BY} and {CREATED_BY_GROUPS} record who created the run and cannot be changed or removed"),
@@ -118,35 +130,6 @@ def approval_policy() -> dict[str, Any]:
             "metadata": {"name": APPROVAL_POLICY, "labels": {"app.kubernetes.io/part-of": "coderun"}},
             "spec": {"failurePolicy": "Fail", "matchConstraints": _MATCH, "variables": _VARIABLES,
                      "validations": validations}}
-
-
-def _stamp_on_create() -> str:
-    user, groups = "request.userInfo.username", "variables.requesterGroups"
-    return ("request.operation != 'CREATE' ? [] : has(object.metadata.annotations) ? ["
-            f"JSONPatch{{op: 'add', path: '{_path(CREATED_BY)}', value: {user}}}, "
-            f"JSONPatch{{op: 'add', path: '{_path(CREATED_BY_GROUPS)}', value: {groups}}}] : ["
-            f"JSONPatch{{op: 'add', path: '/metadata/annotations', value: {{'{CREATED_BY}': {user}, "
-            f"'{CREATED_BY_GROUPS}': {groups}}}}}]")
-
-
-def _requester_as(variable: str, key: str) -> str:
-    """A newly set or changed verdict annotation becomes the requester's username."""
-    old = "old" + variable[0].upper() + variable[1:]
-    return (f"request.operation == 'UPDATE' && variables.{variable} != '' && variables.{variable} != "
-            f"variables.{old} ? [JSONPatch{{op: 'replace', path: '{_path(key)}', value: request.userInfo.username}}]"
-            " : []")
-
-
-def identity_policy() -> dict[str, Any]:
-    variables = [v for v in _VARIABLES if v["name"] in ("approvedBy", "rejectedBy", "oldApprovedBy",
-                                                        "oldRejectedBy", "requesterGroups")]
-    mutations = [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}
-                 for expression in (_stamp_on_create(), _requester_as("approvedBy", APPROVED_BY),
-                                    _requester_as("rejectedBy", REJECTED_BY))]
-    return {"apiVersion": ADMISSION_API_VERSION, "kind": "MutatingAdmissionPolicy",
-            "metadata": {"name": IDENTITY_POLICY, "labels": {"app.kubernetes.io/part-of": "coderun"}},
-            "spec": {"failurePolicy": "Fail", "reinvocationPolicy": "Never", "matchConstraints": _MATCH,
-                     "variables": variables, "mutations": mutations}}
 
 
 def session_policy() -> dict[str, Any]:
@@ -191,8 +174,7 @@ def _binding(kind: str, name: str, **spec: Any) -> dict[str, Any]:
 
 
 def admission_policies() -> list[dict[str, Any]]:
-    return [identity_policy(), _binding("MutatingAdmissionPolicy", IDENTITY_POLICY),
-            approval_policy(), _binding("ValidatingAdmissionPolicy", APPROVAL_POLICY, validationActions=["Deny"]),
+    return [approval_policy(), _binding("ValidatingAdmissionPolicy", APPROVAL_POLICY, validationActions=["Deny"]),
             session_policy(), _binding("ValidatingAdmissionPolicy", SESSION_POLICY, validationActions=["Deny"],
                                        # No namespace: the run's own. Allow: a namespace without sessions (and
                                        # every run without spec.session in it) must not be refused for it.

@@ -31,7 +31,8 @@ from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_file
                      with_kept)
 from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
-from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
+from .request import (DEFAULT_NAME_PREFIX, SELF_SUBJECT_REVIEW, RunRequest, build_body, creator_of_review,
+                      label_selector, verdict_patch)
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
@@ -72,6 +73,8 @@ class AsyncCodeRunClient:
         self._connecting = asyncio.Lock()
         self._custom: aio_client.CustomObjectsApi | None = None
         self._core: aio_client.CoreV1Api | None = None
+        self._creator: dict[str, str] | None = None
+        self._learning = asyncio.Lock()  # one SelfSubjectReview however many creates wait for it
 
     async def __aenter__(self) -> AsyncCodeRunClient:
         return self
@@ -140,7 +143,8 @@ class AsyncCodeRunClient:
         if isinstance(spec, RunRequest):
             spec = spec.to_spec()
         spec = with_inputs(spec, input_refs(inputs))
-        body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
+        body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix,
+                          creator=await self.creator())
         return self._own(result_from_object(await drive_async(create_plan(body),
                                                               self._performer(namespace or self.namespace))))
 
@@ -195,6 +199,15 @@ class AsyncCodeRunClient:
         return await drive_async(delete_plan(name, missing_ok=missing_ok),
                                  self._performer(namespace or self.namespace))
 
+    async def decide(self, name: str, approve: bool, *, namespace: str | None = None) -> RunResult:
+        """CodeRunClient.decide, awaitable."""
+        patch = verdict_patch(await self.creator(), approve)
+        custom = await self._apis()
+        obj = await self._call(f"{'approve' if approve else 'reject'} CodeRun {name}",
+                               custom.patch_namespaced_custom_object, GROUP, VERSION, namespace or self.namespace,
+                               PLURAL, name, patch)
+        return self._own(result_from_object(obj))
+
     async def artifact(self, result: RunResult, name: str, path: str | Path | None = None) -> Any:
         """CodeRunClient.artifact, awaitable (a stored artifact streams in a worker thread)."""
         artifact = find_artifact(result, name)
@@ -228,11 +241,24 @@ class AsyncCodeRunClient:
         spec = session_spec(language, policy=policy, keep_state=keep_state, limits=limits,
                             idle_timeout=idle_timeout, max_lifetime=max_lifetime)
         namespace = namespace or self.namespace
-        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name)
+        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name,
+                                  creator=await self.creator())
         custom = await self._apis()
         created = await self._call("create CodeRunSession", custom.create_namespaced_custom_object,
                                    GROUP, VERSION, namespace, SESSION_PLURAL, body)
         return AsyncSession(self, created["metadata"]["name"], namespace, language)
+
+    async def creator(self) -> dict[str, str]:
+        """CodeRunClient.creator, awaitable: who this client is (a SelfSubjectReview, asked once)."""
+        async with self._learning:
+            if self._creator is None:
+                await self._apis()
+                # Its models import slowly, as CoreV1Api's: in a thread, so the event loop never stalls on it.
+                api = (await asyncio.to_thread(lambda: aio_client.AuthenticationV1Api))(self._api_client)
+                review = await self._call("learn this client's identity (SelfSubjectReview)",
+                                          api.create_self_subject_review, SELF_SUBJECT_REVIEW)
+                self._creator = creator_of_review(review)
+        return self._creator
 
     # ---- API plumbing
     def _own(self, result: RunResult) -> RunResult:

@@ -10,10 +10,11 @@ import secrets
 import uuid
 from datetime import datetime, timezone
 from pathlib import PurePosixPath
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..api.identity import APPROVED_BY, CREATED_BY, CREATED_BY_GROUPS, REJECTED_BY
 from ..api.models import (API_VERSION, CREATED_AT_ANNOTATION, KIND, LANGUAGE_PATTERN, MAX_CODE_BYTES, MAX_FILES,
                           MAX_STDIN_BYTES, QUANTITY_PATTERN, CodeRunSpec, FileInput, Limits)
 
@@ -104,16 +105,40 @@ def new_run_name(prefix: str = DEFAULT_NAME_PREFIX) -> str:
     return prefix[:MAX_NAME_LENGTH - NAME_SUFFIX_LENGTH] + suffix
 
 
+def creator_annotations(username: str, groups: Sequence[str]) -> dict[str, str]:
+    """The creator a run or session states (coderun/api/identity.py): the API server refuses it unless it is the
+    requester's own, so the client states what a SelfSubjectReview answered. Groups holding a newline are left
+    out, as the admission policy leaves them out of what it compares."""
+    return {CREATED_BY: username, CREATED_BY_GROUPS: "\n".join(g for g in groups if "\n" not in g)}
+
+
+SELF_SUBJECT_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+
+
+def creator_of_review(review: Any) -> dict[str, str]:
+    """creator_annotations from a SelfSubjectReview the API server answered (the kubernetes package's model)."""
+    info = review.status.user_info
+    return creator_annotations(info.username or "", info.groups or ())
+
+
+def verdict_patch(creator: Mapping[str, str], approve: bool) -> dict[str, Any]:
+    """The merge patch that approves (or rejects) a run as this client: the API server takes the verdict only
+    under the requester's own username, from someone with the RBAC verb approve (coderun/api/identity.py)."""
+    return {"metadata": {"annotations": {APPROVED_BY if approve else REJECTED_BY: creator[CREATED_BY]}}}
+
+
 def build_body(spec: CodeRunSpec, *, client_name: str, labels: Mapping[str, str] | None = None,
                name: str | None = None, name_prefix: str = DEFAULT_NAME_PREFIX,
-               now: datetime | None = None, create_token: str | None = None) -> dict[str, Any]:
+               now: datetime | None = None, create_token: str | None = None,
+               creator: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CodeRun to create. Without `name` the client picks a unique one from `name_prefix`; the create
-    token marks the object as this call's own; the client label lets an agent list its own runs."""
+    token marks the object as this call's own; the client label lets an agent list its own runs; `creator`
+    (creator_annotations) states who creates it."""
     metadata: dict[str, Any] = {
         "name": name or new_run_name(name_prefix),
         "labels": {CLIENT_LABEL: client_name, **(labels or {})},
         "annotations": {CREATED_AT_ANNOTATION: rfc3339_millis(now or datetime.now(timezone.utc)),
-                        CREATE_TOKEN_ANNOTATION: create_token or uuid.uuid4().hex},
+                        CREATE_TOKEN_ANNOTATION: create_token or uuid.uuid4().hex, **(creator or {})},
     }
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
             "spec": spec.model_dump(by_alias=True, exclude_none=True)}

@@ -105,12 +105,14 @@ def session_spec(language: str, *, policy: str | None, keep_state: bool, limits:
 
 
 def build_session_body(spec: CodeRunSessionSpec, *, client_name: str, labels: Mapping[str, str] | None = None,
-                       name: str | None = None, now: datetime | None = None) -> dict[str, Any]:
-    """The CodeRunSession to create, named by the client (as runs are) and labelled with the client's name."""
+                       name: str | None = None, now: datetime | None = None,
+                       creator: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The CodeRunSession to create, named by the client (as runs are), labelled with the client's name, stating
+    its creator (request.creator_annotations: a session must, its creator alone may run in it)."""
     metadata = {"name": name or new_run_name(DEFAULT_SESSION_PREFIX),
                 "labels": {CLIENT_LABEL: client_name, **(labels or {})},
                 "annotations": {CREATED_AT_ANNOTATION: rfc3339_millis(now or datetime.now(timezone.utc)),
-                                CREATE_TOKEN_ANNOTATION: uuid.uuid4().hex}}
+                                CREATE_TOKEN_ANNOTATION: uuid.uuid4().hex, **(creator or {})}}
     return {"apiVersion": API_VERSION, "kind": SESSION_KIND, "metadata": metadata,
             "spec": spec.model_dump(by_alias=True, exclude_none=True)}
 

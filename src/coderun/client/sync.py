@@ -18,7 +18,8 @@ from .deleting import delete_plan
 from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, refused_inputs, upload_failed_for
 from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_files, upload_of_inline, with_inputs,
                      with_kept)
-from .request import DEFAULT_NAME_PREFIX, RunRequest, build_body, label_selector
+from .request import (DEFAULT_NAME_PREFIX, SELF_SUBJECT_REVIEW, RunRequest, build_body, creator_of_review,
+                      label_selector, verdict_patch)
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
@@ -63,6 +64,7 @@ class CodeRunClient:
         self._api_client = api_client
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._creator: dict[str, str] | None = None
 
     # ---- the one call an agent needs
     def run(self, code: str, language: str = "python", *,
@@ -131,7 +133,8 @@ class CodeRunClient:
         if isinstance(spec, RunRequest):
             spec = spec.to_spec()
         spec = with_inputs(spec, input_refs(inputs))
-        body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix)
+        body = build_body(spec, client_name=self.client_name, labels=labels, name=name, name_prefix=name_prefix,
+                          creator=self.creator())
         return self._own(result_from_object(drive(create_plan(body), self._performer(namespace or self.namespace))))
 
     def get(self, name: str, *, namespace: str | None = None) -> RunResult:
@@ -188,6 +191,14 @@ class CodeRunClient:
         """Delete the run (its pod, ConfigMaps and artifacts go with it). False when it was already gone."""
         return drive(delete_plan(name, missing_ok=missing_ok), self._performer(namespace or self.namespace))
 
+    def decide(self, name: str, approve: bool, *, namespace: str | None = None) -> RunResult:
+        """Approve (or reject) a run waiting for approval, as this client's identity: needs the RBAC verb approve
+        on coderuns; a creator's own approval counts only where the policy allows it. The run as patched."""
+        obj = self._call(f"{'approve' if approve else 'reject'} CodeRun {name}",
+                         self._custom.patch_namespaced_custom_object, GROUP, VERSION, namespace or self.namespace,
+                         PLURAL, name, verdict_patch(self.creator(), approve))
+        return self._own(result_from_object(obj))
+
     def artifact(self, result: RunResult, name: str, path: str | Path | None = None) -> Any:
         """The bytes of one artifact the program wrote to $CODERUN_OUTPUT_DIR, small (in a ConfigMap) or stored
         (streamed from the data service) alike, checked against the size and sha256 the run recorded
@@ -231,7 +242,8 @@ class CodeRunClient:
                        labels: Mapping[str, str] | None = None, name: str | None = None) -> Session:
         """`session` for a ready CodeRunSessionSpec (what the CLI builds)."""
         namespace = namespace or self.namespace
-        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name)
+        body = build_session_body(spec, client_name=self.client_name, labels=labels, name=name,
+                                  creator=self.creator())
         created = self._call("create CodeRunSession", self._custom.create_namespaced_custom_object,
                              GROUP, VERSION, namespace, SESSION_PLURAL, body)
         return Session(self, created["metadata"]["name"], namespace, spec.language)
@@ -239,6 +251,16 @@ class CodeRunClient:
     def open_session(self, name: str, *, namespace: str | None = None) -> Session:
         """A session that exists already (created by this identity: only its creator may run in it)."""
         return Session(self, name, namespace or self.namespace)
+
+    def creator(self) -> dict[str, str]:
+        """Who this client is, as the API server knows it (a SelfSubjectReview, asked once): the creator every run
+        and session it creates states, which the API server checks (coderun/api/identity.py)."""
+        if self._creator is None:
+            review = self._call("learn this client's identity (SelfSubjectReview)",
+                                client.AuthenticationV1Api(self._api_client).create_self_subject_review,
+                                SELF_SUBJECT_REVIEW)
+            self._creator = creator_of_review(review)
+        return self._creator
 
     # ---- API plumbing
     def _own(self, result: RunResult) -> RunResult:

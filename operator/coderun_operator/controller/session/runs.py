@@ -148,7 +148,7 @@ class SessionRuns:
             return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"the creators of the run and of CodeRunSession "
                            f"{name} cannot be verified, so no run may use a session: {problem}")
         creator = (session["metadata"].get("annotations") or {}).get(CREATED_BY)
-        if creator != (meta.get("annotations") or {}).get(CREATED_BY):
+        if not creator or creator != (meta.get("annotations") or {}).get(CREATED_BY):  # unstated is nobody's
             return Outcome(Phase.REJECTED, Reason.SESSION_FORBIDDEN, f"CodeRunSession {name} was created by another "
                            "identity: only its creator may run in it; create a session of your own")
         policy = self.store.policies(meta["namespace"]).get(sstatus.get("policy") or "")
