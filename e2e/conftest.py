@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"
 from coderun.api.coderunpolicy import POLICY_PLURAL  # noqa: E402
 from coderun.api.models import GROUP, PLURAL, VERSION  # noqa: E402 - the API constants, never re-declared
+from coderun.client.request import creator_annotations  # noqa: E402
 from coderun.api.reasons import TERMINAL_PHASES as TERMINAL  # noqa: E402
 from framework.standins import StandinHits  # noqa: E402
 
@@ -69,6 +70,7 @@ class Cluster:
         self.networking = client.NetworkingV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
         self.kubectl_bin = _kubectl_path()
+        self._identities: dict[str | None, dict[str, str]] = {}  # identity(): kubectl auth whoami, by --as user
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run([self.kubectl_bin, "--kubeconfig", str(KUBECONFIG), *args], input=input,
@@ -134,8 +136,19 @@ class Cluster:
         return self.core.read_namespaced_pod_log(name, namespace)
 
     # ---- coderuns
+    def identity(self, user: str | None = None) -> dict[str, str]:
+        """The creator annotations the admin (or `user`, as kubectl --as makes them) states, as the SDK states its
+        own: from `kubectl auth whoami`, what the API server says the requester is."""
+        if user not in self._identities:
+            who = json.loads(self.kubectl(*(("--as", user) if user else ()), "auth", "whoami", "-o", "json").stdout)
+            self._identities[user] = creator_annotations(who["status"]["userInfo"]["username"],
+                                                         who["status"]["userInfo"].get("groups") or ())
+        return self._identities[user]
+
     def create_run(self, namespace: str, spec: dict, name: str | None = None, **meta) -> str:
+        """Create a CodeRun as the admin, stating its creator as the SDK does (meta's annotations win)."""
         name = name or f"run-{uuid.uuid4().hex[:8]}"
+        meta["annotations"] = {**self.identity(), **(meta.get("annotations") or {})}
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
                 "metadata": {"name": name, **meta}, "spec": spec}
         self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
@@ -529,10 +542,12 @@ def grant(cluster, namespace: str, user: str, verbs: list[str], rules=CODERUNS, 
 
 
 def create_as(cluster, user: str, namespace: str, spec: dict, annotations: dict | None = None, check: bool = True):
-    """`kubectl --as=USER create -f -`: the run's name, or (with check=False) kubectl's result."""
+    """`kubectl --as=USER create -f -`, stating USER as its creator (as the SDK would; `annotations` win): the
+    run's name, or (with check=False) kubectl's result."""
     name = f"run-{uuid.uuid4().hex[:8]}"
     manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
-                "metadata": {"name": name, **({"annotations": annotations} if annotations else {})}, "spec": spec}
+                "metadata": {"name": name, "annotations": {**cluster.identity(user), **(annotations or {})}},
+                "spec": spec}
     result = cluster.kubectl("--as", user, "create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
                              check=check)
     return name if check else result

@@ -26,7 +26,8 @@ SESSIONS = [{"apiGroups": [GROUP], "resources": [SESSION_PLURAL]}]
 
 def refused_at_apply(cluster, namespace: str, session: str) -> str:
     """What kubectl says when a run naming the session is refused at `kubectl create` (it must be)."""
-    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": f"r-{uuid.uuid4().hex[:6]}"},
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
+                "metadata": {"name": f"r-{uuid.uuid4().hex[:6]}", "annotations": cluster.identity()},
                 "spec": {"language": "python", "session": session, "code": "print(1)"}}
     result = cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(manifest), check=False)
     assert result.returncode != 0, f"a run naming {session} was accepted: {result.stdout}"
@@ -112,18 +113,25 @@ def test_only_the_sessions_creator_may_run_in_it_refused_by_the_api_server(opera
     wait_session(operator, namespace, session)
     assert session_status(operator, namespace, session)["creator"] == "alice"
 
-    def run_as(user: str):
-        manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun", "metadata": {"name": f"r-{user}"},
+    def run_as(user: str, stated: dict | None = None, name: str | None = None):
+        manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRun",
+                    "metadata": {"name": name or f"r-{user}", **({"annotations": stated} if stated is not None else {})},
                     "spec": {"language": "python", "session": session, "code": f"print('{user}')"}}
         return operator.kubectl("--as", user, "create", "-n", namespace, "-f", "-", input=json.dumps(manifest),
                                 check=False)
-    refused = run_as("bob")
+    refused = run_as("bob", operator.identity("bob"))  # bob says who he is: not the session's creator
     assert refused.returncode != 0, refused.stdout
     # the API server's own admission policy said no (nothing that can be down), naming the session and what to do
     assert "session.coderun.io" in refused.stderr and session in refused.stderr, refused.stderr
     assert "only its creator may run in it" in refused.stderr, refused.stderr
-    assert operator.kubectl("get", "crun", "r-bob", "-n", namespace, check=False).returncode != 0
-    accepted = run_as("alice")
+    # bob says he is alice: the API server knows better; bob says nothing: a run in a session must say
+    forged = run_as("bob", operator.identity("alice"), "r-bob-as-alice")
+    assert forged.returncode != 0 and "creator-identity" in forged.stderr and "bob" in forged.stderr, forged.stderr
+    unstated = run_as("bob", None, "r-bob-unstated")
+    assert unstated.returncode != 0 and "creator-required" in unstated.stderr, unstated.stderr
+    for name in ("r-bob", "r-bob-as-alice", "r-bob-unstated"):
+        assert operator.kubectl("get", "crun", name, "-n", namespace, check=False).returncode != 0
+    accepted = run_as("alice", operator.identity("alice"))
     assert accepted.returncode == 0, accepted.stderr
     status = status_of(operator.wait_run(namespace, "r-alice"))
     assert (status["phase"], status["stdout"]) == ("Succeeded", "alice\n"), status

@@ -505,6 +505,16 @@ cmd_up() {
   "$here/build-binaries.sh"
   ip=$(node_ip); [ -n "$ip" ] || die "no non-loopback IPv4 address for the node"
   mkdir -p "$CLUSTER_DIR" "$LOGS" "$PIDS"
+  # A cluster of another Kubernetes version (the oldest supported, for `make test-oldest`, or back) starts from
+  # an empty etcd and kubelet: an API server must not read what a newer one wrote.
+  local ran; ran=$(cat "$CLUSTER_DIR/kubernetes-version" 2>/dev/null || echo "$KUBERNETES_VERSION")
+  if [ "$ran" != "$KUBERNETES_VERSION" ]; then
+    is_running kube-apiserver && die "a cluster of Kubernetes $ran runs here: make down first"
+    grep -q " $CLUSTER_DIR/kubelet" /proc/mounts && die "mounts left under $CLUSTER_DIR/kubelet: make down first"
+    log "the last cluster here ran Kubernetes $ran: $KUBERNETES_VERSION starts from an empty etcd"
+    rm -rf "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet"
+  fi
+  echo "$KUBERNETES_VERSION" > "$CLUSTER_DIR/kubernetes-version"
   setup_pki "$ip"
   setup_host
   start_standins

@@ -19,11 +19,12 @@ def allow_sessions(cluster, namespace: str, ttl: int | None = None, **sessions) 
 
 
 def create_session(cluster, namespace: str, user: str | None = None, **spec) -> str:
-    """`kubectl create -f -` of a CodeRunSession (as `user` with --as), as the README writes it; its name."""
+    """`kubectl create -f -` of a CodeRunSession (as `user` with --as) stating its creator, as the README writes
+    it; its name."""
     name = f"s-{uuid.uuid4().hex[:8]}"
     spec = {k: v for k, v in {"language": "python", "limits": SMALL, **spec}.items() if v is not None}
-    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession", "metadata": {"name": name},
-                "spec": spec}
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CodeRunSession",
+                "metadata": {"name": name, "annotations": cluster.identity(user)}, "spec": spec}
     cluster.kubectl(*(("--as", user) if user else ()), "create", "-n", namespace, "-f", "-",
                     input=json.dumps(manifest))
     return name
