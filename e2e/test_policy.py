@@ -196,7 +196,7 @@ def test_a_run_that_needs_approval_waits_then_follows_an_approvers_annotation(op
     wait_for(lambda: status_of(operator.get_run(namespace, name)).get("reason") == "AwaitingApproval", 30,
              "the run to wait for approval")
     assert status_of(operator.get_run(namespace, name)).get("podName") is None  # nothing ran meanwhile
-    operator.kubectl("--as", "bob", "annotate", "crun", name, "-n", namespace, f"coderun.io/{verdict}=yes")
+    operator.kubectl("--as", "bob", "annotate", "crun", name, "-n", namespace, f"coderun.io/{verdict}=bob")
     status = status_of(operator.wait_run(namespace, name))
     if verdict == "approved-by":
         assert (status["phase"], status["stdout"]) == ("Succeeded", "approved\n"), status
