@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from coderun.api.models import Artifact, ArtifactCaps, CodeRunSpec, InputRef
 from coderun.api.reasons import TERMINAL_PHASES
 from .builders.egress import ProxyRoute, pinned_pod, socket_address
 from .builders.objects import transfer_seconds
-from .data.grant import ReadGrant, RunGrant, StoredObject, UploadGrant, mint
+from .data.grant import GrantRefused, ReadGrant, RunGrant, StoredObject, UploadGrant, mint, verify
 from .data.store import (ObjectUnavailable, StoreMisconfigured, StoreSettings, StoreUnavailable, client as store_client,
                          delete_prefix, head, translated)
 from .key_secret import ensure_key, read_key
@@ -247,6 +248,19 @@ class DataPlane:
             return InputProblem(INPUT_TOO_LARGE, "the inputs' object keys are too long together for the run's grant "
                                 "(16,000 characters): name fewer inputs, or objects with shorter keys")
         return section
+
+    def laid(self, run: Mapping[str, Any], input_configmap: Mapping[str, Any], now: float) -> dict[str, Any] | None:
+        """The data section an earlier start of this run laid in its input (run.json), when it carries a grant this
+        installation minted for this run and still valid: a start retried after a crash (a new leader) lays the
+        same section again, so it finds its own input instead of a conflict (a fresh grant expires at another
+        second). None for anything else."""
+        try:
+            section = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("data")
+            _, _, key = self._read()
+            grant = verify(str(section["token"]), {self.settings.key_id: key}, now)
+        except (ValueError, TypeError, KeyError, AttributeError, GrantRefused, DataUnavailable):
+            return None
+        return section if isinstance(grant, RunGrant) and grant.uid == run["metadata"]["uid"] else None
 
     def _awaited(self, ns: str, missing: Sequence[InputRef], url: str, key: bytes, wait_seconds: int,
                  now: float) -> UploadsAwaited:

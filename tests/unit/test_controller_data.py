@@ -82,6 +82,40 @@ def test_a_run_without_inputs_gets_the_store_for_its_large_artifacts(env):
     assert not any(v.get("name") == "inputs" for v in api.objects[("Pod", NS, "demo-sandbox")]["spec"]["volumes"])
 
 
+@pytest.mark.parametrize("keeps", [True, False], ids=["keeps-its-grant", "without-keeping-a-conflict"])
+def test_a_start_retried_by_a_new_leader_finds_its_own_input_and_grant_not_a_conflict(env, keeps):
+    """The leader dies between creating the run's input and writing its status: the next one starts the run again
+    seconds later, when a fresh grant would expire at another second; it lays the grant of then instead. (The
+    control: a placement that does not look for it meets its own input as a conflict.)"""
+    api, clock, ctl = env
+    from datetime import timedelta
+    submit(env, make_run(uid="uid-retried"))
+    before = run_json(api)
+    api.objects.pop(("Pod", NS, "demo-sandbox"))
+    api.patch_run_status(NS, "demo", {"podName": None, "phase": None})  # as if the pod and status were lost
+    clock.now += timedelta(seconds=17)
+    if not keeps:
+        ctl.cold.data = None
+    ctl.on_run(api.get_run(NS, "demo"), deleted=False)
+    status = api.run(NS, "demo")["status"]
+    if keeps:
+        assert status["podName"] == "demo-sandbox" and status.get("phase") != "Failed", status
+        assert run_json(api) == before and ("Pod", NS, "demo-sandbox") in api.objects
+    else:
+        assert (status["phase"], status["reason"]) == ("Failed", "NameConflict"), status
+
+
+def test_an_input_holding_a_grant_for_another_run_is_a_conflict(env):
+    api, _, _ = env
+    submit(env, make_run(uid="uid-first"))
+    laid = api.objects[("ConfigMap", NS, "demo-input")]
+    owner = [{**o, "name": "other", "uid": "uid-other"} for o in laid["metadata"]["ownerReferences"]]
+    api.objects[("ConfigMap", NS, "other-input")] = {**laid, "metadata": {
+        **laid["metadata"], "name": "other-input", "ownerReferences": owner}}
+    status = submit(env, make_run(name="other", uid="uid-other"))["status"]  # its input holds uid-first's grant
+    assert (status["phase"], status["reason"]) == ("Failed", "NameConflict"), status
+
+
 def test_an_input_the_runner_could_not_have_fails_the_run_naming_it(env):
     api, _, _ = env
     submit(env, make_run(uid="uid-mismatch"))

@@ -11,6 +11,7 @@ from coderun.api.reasons import Phase, Reason, StartMode
 from ..builders import code_hash
 from ..builders.egress import EgressAccess
 from ..builders.names import CONTAINER_NAME
+from ..data_plane import DataPlane
 from ..policy import DEFAULT_POLICY, Decision
 from ..results.frame import FrameError, RunnerFrame, parse_frame
 from ..results.pod_state import (has_failed, is_running, pod_level_failure, start_verdict, terminated,
@@ -28,14 +29,16 @@ class ColdPlacement:
     mode: str = StartMode.COLD
     shares_sandbox = False
 
-    def __init__(self, api: Any, store: Store, writer: StatusWriter, clock: Callable[[], datetime]):
-        self.api, self.store, self.writer, self.now = api, store, writer, clock
+    def __init__(self, api: Any, store: Store, writer: StatusWriter, clock: Callable[[], datetime],
+                 data: DataPlane | None = None):
+        self.api, self.store, self.writer, self.now, self.data = api, store, writer, clock, data
 
     def place(self, run: Mapping[str, Any], admitted: Admitted, egress: EgressAccess | None) -> bool | Outcome:
         spec, decision = admitted.spec, admitted.decision
         try:  # the namespace's deny-all is refused like any child (a quota, a namespace being deleted)
             pod_name, conflict, proxy_pod = create_sandbox(self.api, run, spec, decision, egress,
-                                                           self.now().timestamp(), admitted.run_data)
+                                                           self.now().timestamp(), admitted.run_data,
+                                                           self.data.laid if self.data is not None else None)
         except self.api.Refused as refused:
             return Outcome(Phase.FAILED, Reason.START_FAILED, f"{refused}; the namespace's quota or admission "
                            "policy must allow the sandbox", decision_fields(decision))

@@ -110,7 +110,7 @@ class Controller:
                                           self.identity, proxy, self.claims)
         self.session_runs = SessionRuns(self.sessions, self._session_streamed)
         # where a run's program runs (placement.py): chosen once per start, then named by its status's startMode
-        self.cold = ColdPlacement(api, self.store, self.writer, clock)
+        self.cold = ColdPlacement(api, self.store, self.writer, clock, data)
         self.warm = WarmPlacement(self.claims)
         self.in_session = SessionPlacement(self.session_runs)
         self._placed: dict[str, Placement] = {p.mode: p for p in (self.cold, self.warm, self.in_session)}
