@@ -54,23 +54,25 @@ EXIT_INTERRUPTED = 130     # Ctrl-C
 EXIT_BROKEN_PIPE = 141     # stdout's reader went away (`coderun list | head`), like a shell's SIGPIPE
 
 RESULT_COMMANDS = ("run", "logs")    # exit with the run's outcome
-ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session", "completion", "mcp")
+ALL_COMMANDS = ("run", "logs", "get", "list", "delete", "approve", "reject", "artifacts", "runtimes", "session",
+                "completion", "mcp")
 # `mcp` serves: its failures are its own
-API_COMMANDS = ("run", "logs", "get", "list", "delete", "artifacts", "runtimes", "session")
+API_COMMANDS = ("run", "logs", "get", "list", "delete", "approve", "reject", "artifacts", "runtimes", "session")
 # (code, meaning, the commands that exit with it): the one source of every --help epilog and of docs/agents.md.
 EXIT_CODES: list[tuple[str, str, tuple[str, ...]]] = [
     ("0-255", "the program's own exit code (0: it succeeded)", RESULT_COMMANDS),
-    ("0", "done", ("get", "list", "delete", "artifacts", "runtimes", "session", "completion", "mcp")),
+    ("0", "done", ("get", "list", "delete", "approve", "reject", "artifacts", "runtimes", "session", "completion",
+                   "mcp")),
     (str(EXIT_NOT_FOUND), "no such run (artifacts: or no such artifact; runtimes: no such policy; session: no such "
-                          "session), as kubectl's NotFound", ("get", "logs", "delete", "artifacts", "runtimes",
-                                                              "session")),
+                          "session), as kubectl's NotFound", ("get", "logs", "delete", "approve", "reject",
+                                                              "artifacts", "runtimes", "session")),
     (str(EXIT_USAGE), "bad arguments or an unreadable local file, said before any configuration is read",
      ALL_COMMANDS),
     (str(EXIT_REJECTED), "rejected by policy or spec check (PolicyDenied, InvalidSpec; run --session: the session "
                          "ended; session create: its policy refused it)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_PLATFORM), "platform or API failure (PodDeleted, Unschedulable, InternalError; no usable "
                          "kubeconfig, API or data service unreachable or refusing; an upload or an artifact "
-                         "refused)", API_COMMANDS),
+                         "refused; approve/reject: refused by the API server, which says why)", API_COMMANDS),
     (str(EXIT_NOT_FINISHED), "the run had not finished: --wait-timeout ran out (logs: or no --wait; session create: "
                              "the session was not ready)", (*RESULT_COMMANDS, "session")),
     (str(EXIT_OUTPUT_LIMIT), "output flood stopped (OutputLimitExceeded)", RESULT_COMMANDS),

@@ -55,8 +55,8 @@ class CodeRules(ApiModel):
 
 class Approval(ApiModel):
     """The supervisor pattern: a run waits as Pending/AwaitingApproval until someone with the RBAC verb `approve`
-    on coderuns sets coderun.io/approved-by (or coderun.io/rejected-by); the API server records that person's
-    own username there, whatever value they typed (the chart's admission policies)."""
+    on coderuns sets coderun.io/approved-by (or coderun.io/rejected-by) to their own username (`coderun approve
+    NAME`); the API server refuses any other value (the chart's admission policies)."""
     required: str = Field(APPROVAL_NEVER, pattern=r"^(Never|Always|WithEgress)$", description=(
         "Never, Always, or WithEgress (only runs of a policy that allows egress)."))
     allow_self_approval: bool = Field(False, description=(

@@ -78,7 +78,7 @@ class CodeRunSessionStatus(ApiModel):
         "Warm: the session took a pre-started pod of its policy's warm pool; Cold: a pod was created for it."),
         json_schema_extra={"enum": ["Warm", "Cold"]})
     creator: str | None = Field(None, max_length=512, description=(
-        "The identity that created the session, as the API server recorded it (annotation "
+        "The identity that created the session, as it stated it and the API server checked it (annotation "
         "coderun.io/created-by): the only one whose runs may name it."))
     current_run: str | None = Field(None, max_length=253, description=(
         "The CodeRun in the session's sandbox, once it has been there a quarter of a second (or the operator's "

@@ -39,8 +39,8 @@ APPROVAL_POLICY = "approval.coderun.io"
 SESSION_POLICY = "session.coderun.io"
 ADMISSION_API_VERSION = "admissionregistration.k8s.io/v1"
 
-# Runs and sessions: the API server records who created each, and keeps it (a session's creator is the one
-# identity whose runs may use it). The verdict rules have nothing to act on for a session: nobody approves one.
+# Runs and sessions: the API server checks who says they created each, and keeps it (a session's creator is the
+# one identity whose runs may use it). The verdict rules have nothing to act on for a session: nobody approves one.
 _MATCH = {"resourceRules": [{"apiGroups": [GROUP], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
                              "resources": [PLURAL, SESSION_PLURAL]}]}
 _GROUPS = "request.userInfo.groups.filter(g, !g.contains('\\n')).join('\\n')"
