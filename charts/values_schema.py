@@ -44,6 +44,8 @@ DEFINITIONS: dict[str, Any] = {
                   "properties": {"requests": {"$ref": "#/definitions/resourceList"},
                                  "limits": {"$ref": "#/definitions/resourceList"}}},
     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+    "quantities": {"type": "object", "additionalProperties": {"$ref": "#/definitions/quantity"},
+                   "description": "Resource names to quantities: {cpu: 500m, memory: 1Gi}."},
     "topologySpreadConstraints": {
         "type": "array", "items": TOPOLOGY_SPREAD_CONSTRAINT,
         "description": "Pod topology spread constraints (a missing labelSelector selects the component's pods)."},

@@ -7,6 +7,8 @@ squid and openssl come from Debian (install-squid.sh, as root); without them, an
 the tier fails saying so. As root, squid runs as uid 65532, as in the pod."""
 from __future__ import annotations
 
+import base64
+import contextlib
 import dataclasses
 import http.client
 import http.server
@@ -20,9 +22,10 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -171,8 +174,10 @@ def _package_copy(root: Path) -> Path:
     return package
 
 
-@pytest.fixture(scope="session")
-def proxy(squid_installed, origin) -> Proxy:
+@contextlib.contextmanager
+def running_proxy(upstream: squid_config.Upstream | None = None) -> Iterator[Proxy]:
+    """squid with coderun's squid.conf and helpers, and the admin endpoint and relay beside it, as the pod runs them
+    (through `upstream` when given)."""
     root = Path(tempfile.mkdtemp(prefix="coderun-egress-tier-"))
     os.chmod(root, 0o755)
     keys, state = root / "keys", root / "state"
@@ -188,7 +193,7 @@ def proxy(squid_installed, origin) -> Proxy:
         listen=listen, tls_stage_port=free_port(), state_dir=str(state), launchers=str(root / "bin"),
         keys_dir=str(keys), revocations=str(root / "revoked"), error_dir=str(root / "errors"),
         hosts_file=str(root / "hosts"), cache_log=str(root / "cache.log"), env={}, pod_name=POD_NAME,
-        relay_port=free_port())
+        relay_port=free_port(), upstream=upstream)
     # The proxy's own ports on its loopback, which no run's CIDR rule opens (the pod refuses its whole loopback:
     # squid_config.PROXY_ITSELF; the tier's origins share this one).
     settings = dataclasses.replace(settings, proxy_itself_ports=(int(listen.rsplit(":", 1)[1]),
@@ -225,6 +230,114 @@ def proxy(squid_installed, origin) -> Proxy:
             squid.kill()
             squid.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def proxy(squid_installed, origin) -> Iterator[Proxy]:
+    with running_proxy() as started:
+        yield started
+
+
+@dataclass
+class Upstream:
+    """A stand-in for a corporate proxy on 127.0.0.1: CONNECT tunnels and absolute-URI GETs, to the tier's names
+    (all on 127.0.0.1), asking for a Basic login; it keeps the method, target and Proxy-Authorization of each."""
+    port: int
+    username: str
+    password: str
+    seen: list[dict] = field(default_factory=list)
+
+
+def _upstream_handler(up: Upstream) -> type[http.server.BaseHTTPRequestHandler]:
+    expected = "Basic " + base64.b64encode(f"{up.username}:{up.password}".encode()).decode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _admitted(self) -> tuple[str, int] | None:
+            up.seen.append({"method": self.command, "target": self.path,
+                            "authorization": self.headers.get("Proxy-Authorization")})
+            if self.headers.get("Proxy-Authorization") != expected:
+                self.send_response(407)
+                self.send_header("Proxy-Authenticate", 'Basic realm="corp"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            target = self.path if self.command == "CONNECT" else urllib.parse.urlsplit(self.path).netloc
+            host, _, port = target.rpartition(":")
+            if host not in NAMES:  # the tier's names only: never a packet off the machine
+                self.send_error(502)
+                return None
+            return "127.0.0.1", int(port)
+
+        def do_CONNECT(self):  # noqa: N802 - http.server's name
+            address = self._admitted()
+            if address is None:
+                return
+            with socket.create_connection(address, timeout=10) as server:
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                _pipe(self.connection, server)
+            self.close_connection = True
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            address = self._admitted()
+            if address is None:
+                return
+            parts = urllib.parse.urlsplit(self.path)
+            conn = http.client.HTTPConnection(*address, timeout=10)
+            conn.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""),
+                         headers={"Host": parts.netloc})
+            answer = conn.getresponse()
+            body = answer.read()
+            self.send_response(answer.status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    return Handler
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Bytes both ways until either side closes."""
+    def one_way(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+    back = threading.Thread(target=one_way, args=(b, a), daemon=True)
+    back.start()
+    one_way(a, b)
+    back.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def upstream(squid_installed) -> Iterator[Upstream]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), None)  # handler set below, once `up` exists
+    up = Upstream(server.server_address[1], "svc-coderun", "p a%ss:w\"#rd")
+    server.RequestHandlerClass = _upstream_handler(up)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield up
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def proxy_via_upstream(squid_installed, origin, upstream) -> Iterator[Proxy]:
+    """A second squid, configured as egressProxy.upstream configures the pod's: everything through `upstream`."""
+    with running_proxy(squid_config.Upstream("127.0.0.1", upstream.port, upstream.username,
+                                             upstream.password)) as started:
+        yield started
 
 
 @pytest.fixture(autouse=True)

@@ -226,6 +226,10 @@ def test_both_egress_proxy_containers_know_their_pod_s_name(helm):
     (["--set-json", 'egressProxy.topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone"}]'], "whenUnsatisfiable"),
     (["--set-string", "podLabels.app\\.kubernetes\\.io/instance=mine"], "app.kubernetes.io/instance is the chart's own"),
     (["--set-string", "egressProxy.podLabels.coderun\\.io/sandbox=true"], "egressProxy.podLabels: the label coderun.io/sandbox"),
+    (["--set-string", "commonLabels.app\\.kubernetes\\.io/version=9"], "commonLabels: the label app.kubernetes.io/version"),
+    (["--set-string", "commonLabels.coderun\\.io/run=x"], "commonLabels: the label coderun.io/run"),
+    (["--set-string", "commonLabels.team=not a label value"], "commonLabels"),
+    (["--set-string", "commonLabels.-team=x"], "'-team' does not match"),  # helm names a wrong path for this one
 ])
 def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
     result = template(helm, *typo, check=False)
@@ -242,9 +246,11 @@ def test_crds_follow_enabled_and_keep(helm):
     assert not by_kind(template(helm, "--set", "crds.enabled=false"), "CustomResourceDefinition")
     committed = {yaml.safe_load((REPO / "crds" / name).read_text())["metadata"]["name"]: yaml.safe_load(
         (REPO / "crds" / name).read_text()) for name in crd.CRDS}
-    for rendered in crds:  # the chart's CRDs are the committed ones, apart from the keep annotation
+    for rendered in crds:  # the chart's CRDs are the committed ones, apart from the keep annotation and the labels
         rendered["metadata"].pop("annotations")
-        assert rendered == committed[rendered["metadata"]["name"]]
+        labels, own = rendered["metadata"].pop("labels"), committed[rendered["metadata"]["name"]]
+        assert labels.items() >= own["metadata"]["labels"].items() and labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert rendered == {**own, "metadata": {k: v for k, v in own["metadata"].items() if k != "labels"}}
 
 
 def test_the_chart_crds_match_the_models():
@@ -356,6 +362,31 @@ def test_optional_objects_render_when_asked(helm):
     assert not of_component(template(helm, "--set", "replicaCount=1"), "PodDisruptionBudget")
 
 
+def test_run_namespaces_get_a_coderun_count_quota_by_default_and_a_limit_range_when_asked(helm):
+    names = ["--set", "runNamespaces.names={agents,batch}"]
+    quotas = by_kind(template(helm, *names), "ResourceQuota")
+    assert {(q["metadata"]["namespace"], q["metadata"]["name"]) for q in quotas} == {("agents", "coderun"),
+                                                                                     ("batch", "coderun")}
+    assert quotas[0]["spec"]["hard"] == {"count/coderuns.coderun.io": "5000"}
+    assert not by_kind(template(helm, *names), "LimitRange")  # off by default
+    assert not by_kind(template(helm), "ResourceQuota")  # no run namespaces, no quota
+    # Any hard map, merged with the default (null drops a key); off removes it.
+    hard = {"pods": "200", "requests.memory": "200Gi", "count/coderuns.coderun.io": None}
+    quota = by_kind(template(helm, *names, "--set-json", f"runNamespaces.resourceQuota.hard={json.dumps(hard)}"),
+                    "ResourceQuota")[0]
+    assert quota["spec"]["hard"] == {"pods": "200", "requests.memory": "200Gi"}
+    assert not by_kind(template(helm, *names, "--set", "runNamespaces.resourceQuota.enabled=false"), "ResourceQuota")
+    limits = [{"type": "Container", "max": {"cpu": "4", "memory": "8Gi"}, "defaultRequest": {"cpu": "100m"}}]
+    ranged = by_kind(template(helm, *names, "--set", "runNamespaces.limitRange.enabled=true",
+                              "--set-json", f"runNamespaces.limitRange.limits={json.dumps(limits)}"), "LimitRange")
+    assert [r["metadata"]["namespace"] for r in ranged] == ["agents", "batch"] and ranged[0]["spec"]["limits"] == limits
+    empty = template(helm, *names, "--set", "runNamespaces.limitRange.enabled=true", check=False)
+    assert empty.returncode != 0 and "runNamespaces.limitRange.limits" in empty.stderr
+    bad = [{"type": "Container", "max": {"memory": "8GB"}}]
+    refused = template(helm, *names, "--set-json", f"runNamespaces.limitRange.limits={json.dumps(bad)}", check=False)
+    assert refused.returncode != 0 and "limitRange" in refused.stderr
+
+
 def test_every_value_is_commented():
     """Each key in values.yaml has a comment right above it, or sits under a key that has one."""
     lines = (CHART / "values.yaml").read_text().splitlines()
@@ -464,6 +495,41 @@ def test_the_egress_proxy_takes_runs_from_sandboxes_orders_from_the_operator_and
     assert extra["spec"]["egress"][2:] == mirror
 
 
+def test_an_upstream_proxy_reaches_squid_with_its_login_mounted_and_is_the_proxys_only_way_out(helm):
+    def proxy_parts(*values: str) -> tuple[dict, dict, dict]:
+        objects = template(helm, *values)
+        deployment, = of_component(objects, "Deployment", "egress-proxy")
+        policy, = of_component(objects, "NetworkPolicy", "egress-proxy")
+        containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+        return deployment, containers, policy
+    _, containers, policy = proxy_parts()  # the control: no upstream, squid connects itself
+    assert not any(e["name"].startswith("CODERUN_EGRESS_UPSTREAM") for e in containers["squid"]["env"])
+    assert any("ipBlock" in to for rule in policy["spec"]["egress"] for to in rule.get("to", []))
+    deployment, containers, policy = proxy_parts("--set", "egressProxy.upstream.host=10.20.0.5",
+                                                 "--set", "egressProxy.upstream.port=8080",
+                                                 "--set", "egressProxy.upstream.existingSecret=corp-proxy")
+    env = {e["name"]: e.get("value") for e in containers["squid"]["env"]}
+    assert (env["CODERUN_EGRESS_UPSTREAM_HOST"], env["CODERUN_EGRESS_UPSTREAM_PORT"]) == ("10.20.0.5", "8080")
+    assert env["CODERUN_EGRESS_UPSTREAM_LOGIN"] == "/etc/coderun-egress/upstream"
+    # The login is a file in squid's container alone, never an environment variable's value.
+    assert not any("secretKeyRef" in str(e.get("valueFrom")) for c in containers.values() for e in c.get("env", []))
+    assert {"name": "upstream-login", "mountPath": "/etc/coderun-egress/upstream", "readOnly": True} in containers[
+        "squid"]["volumeMounts"]
+    assert not any(m["name"] == "upstream-login" for m in containers["admin"]["volumeMounts"])
+    volume, = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "upstream-login"]
+    assert volume["secret"]["secretName"] == "corp-proxy" and "optional" not in volume["secret"]
+    # Out: DNS and the upstream alone (the every-address rule is gone).
+    dns, upstream = policy["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert upstream == {"ports": [{"port": 8080, "protocol": "TCP"}], "to": [{"ipBlock": {"cidr": "10.20.0.5/32"}}]}
+    # A name: the port at any address (a NetworkPolicy cannot name a host); no login, nothing mounted.
+    _, containers, policy = proxy_parts("--set", "egressProxy.upstream.host=proxy.corp.example")
+    assert policy["spec"]["egress"][1] == {"ports": [{"port": 3128, "protocol": "TCP"}]}
+    assert "CODERUN_EGRESS_UPSTREAM_LOGIN" not in {e["name"] for e in containers["squid"]["env"]}
+    bad = template(helm, "--set", "egressProxy.upstream.host=proxy corp", check=False)
+    assert bad.returncode != 0 and "upstream" in bad.stderr
+
+
 def test_without_the_egress_proxy_nothing_of_it_renders_and_the_operator_is_told(helm):
     objects = template(helm, "--set", "egressProxy.enabled=false")
     assert not [o for o in objects if "egress-proxy" in o["metadata"]["name"]]
@@ -510,6 +576,54 @@ def test_a_platforms_common_values_reach_the_pods(helm, tmp_path):
     assert proxy["spec"]["template"]["spec"]["topologySpreadConstraints"][0]["labelSelector"] == {
         "matchLabels": {"tier": "proxy"}}
     assert proxy["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["ephemeral-storage"] == "2Gi"
+
+
+def _pod_templates(objects: list[dict]) -> list[dict]:
+    return [o["spec"]["template"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")]
+
+
+def _selectors(objects: list[dict]) -> list[dict]:
+    """Every label selector the chart renders of its own pods: workloads', Services', PDBs', NetworkPolicies'."""
+    found = []
+    for o in objects:
+        spec = o.get("spec") or {}
+        if o["kind"] in ("Deployment", "DaemonSet", "PodDisruptionBudget", "ServiceMonitor"):
+            found.append(spec["selector"].get("matchLabels", spec["selector"]))
+        elif o["kind"] == "Service":
+            found.append(spec["selector"])
+        elif o["kind"] == "NetworkPolicy":
+            found.append(spec["podSelector"].get("matchLabels", {}))
+    return found
+
+
+def test_common_labels_reach_every_object_and_pod_template_but_no_selector(helm):
+    common = {"team": "platform", "example.com/cost-center": "ml-42"}
+    sets = [a for k, v in common.items() for a in ("--set-string", f"commonLabels.{k.replace('.', chr(92) + '.')}={v}")]
+    everything = [*EVERYTHING, "--set", "webhook.certManager.enabled=true", "--set", "audit.enabled=true"]
+    objects = template(helm, *everything, *sets)
+    unlabelled = [(o["kind"], o["metadata"]["name"]) for o in objects
+                  if not common.items() <= (o["metadata"].get("labels") or {}).items()]
+    assert not unlabelled
+    # The chart's own standard labels stay beside them, on the CRDs too (generated by `make crds`).
+    crd = by_kind(objects, "CustomResourceDefinition")[0]["metadata"]["labels"]
+    assert crd["app.kubernetes.io/part-of"] == "coderun" and crd["app.kubernetes.io/managed-by"] == "Helm"
+    templates = _pod_templates(objects)
+    assert len(templates) >= 5 and all(common.items() <= t["metadata"]["labels"].items() for t in templates)
+    # Selectors are immutable across upgrades: a label added later must not reach them.
+    selectors = _selectors(objects)
+    assert selectors and not any(set(common) & set(s) for s in selectors)
+    assert selectors == _selectors(template(helm, *everything))
+    # A component's podLabels win over a common label of the same key on its pods, once (no duplicate key).
+    podded = template(helm, *sets, "--set-string", "podLabels.team=operator")
+    operator, = of_component(podded, "Deployment")
+    assert operator["spec"]["template"]["metadata"]["labels"]["team"] == "operator"
+    assert operator["metadata"]["labels"]["team"] == "platform"
+    # An object's own labels of the same key win over the common ones (each key once).
+    monitored = template(helm, *sets, "--set", "metrics.serviceMonitor.enabled=true",
+                         "--set-string", "metrics.serviceMonitor.labels.team=prometheus")
+    assert by_kind(monitored, "ServiceMonitor")[0]["metadata"]["labels"]["team"] == "prometheus"
+    # Positive control: without commonLabels, no object has them.
+    assert not any("team" in (o["metadata"].get("labels") or {}) for o in template(helm, *everything))
 
 
 def test_fullname_override_names_every_object_and_what_the_operator_is_told(helm):
@@ -685,10 +799,12 @@ def test_make_manifest_renders_everything_to_install_without_helm(helm, tmp_path
                                     "namespace": "sandboxing"}]
     assert by_kind(objects, "ValidatingWebhookConfiguration") and by_kind(objects, "ClusterRole")
     namespaced = [o for o in objects if "namespace" in o["metadata"]]
-    assert {o["metadata"]["namespace"] for o in namespaced if o["kind"] != "CodeRunPolicy"} == {
+    in_run_namespaces = ("CodeRunPolicy", "ResourceQuota")
+    assert {o["metadata"]["namespace"] for o in namespaced if o["kind"] not in in_run_namespaces} == {
         "sandboxing", "sandboxing-audit"}  # the audit agents' own
     policy, = by_kind(objects, "CodeRunPolicy")
-    assert policy["metadata"]["namespace"] == "agents"
+    quota, = by_kind(objects, "ResourceQuota")
+    assert policy["metadata"]["namespace"] == quota["metadata"]["namespace"] == "agents"
     assert not [o for o in objects if "helm.sh/hook" in (o["metadata"].get("annotations") or {})]
 
 

@@ -3,9 +3,12 @@ the access log's records, the rendered squid.conf. tests/egress runs them under 
 import io
 import json
 import os
+import re
 import socket
 import threading
 import time
+from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -422,6 +425,75 @@ def test_squid_conf_keeps_every_protected_range_squid_would_otherwise_drop():
     assert conf.index("deny proxy_itself all") < conf.index("deny protected !via_cidr")
     budget = next(line for line in conf.splitlines() if line.startswith("external_acl_type coderun_budget"))
     assert "%ssl::>sni %master_xaction %DATA" in budget
+
+
+def _pod_settings(**changes) -> squid_config.Settings:
+    return squid_config.Settings(listen="0.0.0.0:3128", tls_stage_port=3129, state_dir="/run/x", launchers="/bin",
+                                 keys_dir="/k", revocations="/r", error_dir="/e", **changes)
+
+
+def test_with_an_upstream_proxy_everything_leaves_through_it_and_connects_never_go_direct():
+    without = squid_config.render(_pod_settings())
+    assert "never_direct allow all" not in without and "name=upstream" not in without  # the control
+    upstream = squid_config.Upstream("proxy.corp.example", 8080)
+    conf = squid_config.render(_pod_settings(upstream=upstream))
+    lines = conf.splitlines()
+    peer, = [line for line in lines if "name=upstream" in line]
+    assert peer == ("cache_peer proxy.corp.example parent 8080 0 no-query no-digest no-netdb-exchange default "
+                    "name=upstream")
+    assert "never_direct allow all" in lines
+    # A run's CONNECT still goes to the TLS stage through the relay (budgets, revocation, the SNI check); only
+    # what the TLS stage splices, and the policy stage's plain http://, go to the upstream. The upstream peer is
+    # not given the run's credential (no login=PASS), the TLS stage's peer keeps it.
+    access = [line for line in lines if line.startswith("cache_peer_access upstream")]
+    assert access == ["cache_peer_access upstream deny at_policy CONNECT", "cache_peer_access upstream deny warmup",
+                      "cache_peer_access upstream allow all"]
+    assert "cache_peer_access tls_stage allow at_policy CONNECT" in lines and "login=PASS" not in peer
+    # Everything else is as without it: the same checks, in the same order, and the same log format.
+    assert [line for line in lines if line.startswith(("http_access", "logformat", "ssl_bump"))] == [
+        line for line in without.splitlines() if line.startswith(("http_access", "logformat", "ssl_bump"))]
+
+
+def test_the_upstream_login_is_escaped_so_no_byte_of_it_ends_or_changes_the_token():
+    password = "p a%s:w\"#\n'"
+    peer = squid_config.Upstream("10.0.0.5", 3128, "svc-coderun", password).cache_peer()
+    login = peer.split(" login=", 1)[1]
+    assert " " not in login and "\n" not in login and '"' not in login and "#" not in login
+    user, escaped = login.split(":")  # one colon: the one between the two (squid unescapes each, rfc1738_unescape)
+    assert (unquote(user), unquote(escaped)) == ("svc-coderun", password)
+
+
+@pytest.mark.parametrize("upstream, says", [
+    (dict(host="proxy corp", port=3128), "not a name or an address"),
+    (dict(host="proxy.corp\nhttp_access allow all", port=3128), "not a name or an address"),
+    (dict(host="proxy", port=0), "not a port"),
+    (dict(host="proxy", port=3128, username="u"), "both a username and a password"),
+    (dict(host="proxy", port=3128, username="*", password="p"), "start with *"),
+    (dict(host="proxy", port=3128, username="a:b", password="p"), "colon"),
+])
+def test_an_upstream_that_squid_would_misread_is_refused(upstream, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        squid_config.Upstream(**upstream)
+    assert squid_config.Upstream("fd00::5", 3128, "u", "p")  # an IPv6 address is fine
+
+
+def test_the_pod_reads_the_upstream_from_its_environment_and_the_login_from_the_mounted_secret(tmp_path):
+    login = tmp_path / "login"
+    login.mkdir()
+    (login / "username").write_text("svc")
+    (login / "password").write_text("s3cret\n")
+    env = {"CODERUN_EGRESS_STATE": str(tmp_path / "state"), "CODERUN_EGRESS_UPSTREAM_HOST": "proxy.corp",
+           "CODERUN_EGRESS_UPSTREAM_PORT": "8080", "CODERUN_EGRESS_UPSTREAM_LOGIN": str(login)}
+    settings = proxy.settings_from(env)
+    assert settings.upstream == squid_config.Upstream("proxy.corp", 8080, "svc", "s3cret")
+    assert proxy.settings_from({}).upstream is None
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "tls.pem").write_text("")  # prepare() makes one with openssl otherwise
+    config = Path(proxy.prepare(settings))
+    assert "login=svc:s3cret" in config.read_text() and config.stat().st_mode & 0o777 == 0o600
+    (login / "password").unlink()
+    with pytest.raises(ValueError, match="no password"):
+        proxy.settings_from(env)
 
 
 def test_the_log_fields_are_encoded_where_a_client_writes_them():

@@ -7,6 +7,7 @@ import sys
 import kopf
 import pytest
 
+from coderun import extras
 from coderun_operator import command, main
 
 
@@ -49,7 +50,7 @@ def test_kopfs_logging_flags_pass_through(monkeypatch):
 def test_with_the_operator_extra_installed_an_import_error_is_not_disguised_as_a_missing_extra(monkeypatch):
     """The missing-extra line is for a light install (tests/unit/test_packaging.py runs one); here every requirement
     of the extra is installed, so a broken import keeps its traceback."""
-    assert command.missing_operator_extra() == []
+    assert extras.missing_requirements("operator") == []
     monkeypatch.setitem(sys.modules, "coderun_operator.main", None)  # importing it raises ModuleNotFoundError
     with pytest.raises(ModuleNotFoundError):
         command.main()

@@ -1,6 +1,7 @@
 """What `make dist` ships, as its users meet it: the wheel installs in a fresh venv and its commands run; the light
-install has no operator dependencies and its `coderun-operator` names the extra in one line; the wheel carries
-py.typed and the licence, the sdist the licence; the packaged chart lints; one version throughout.
+install has no server dependencies and its server commands (`coderun-operator`, `coderun-audit-agent`) name their
+extra in one line; the wheel carries py.typed and the licence, the sdist the licence; the packaged chart lints; one
+version throughout.
 
 The wheel and sdist are built here as `make dist` builds them, but without build isolation (the test extra has
 build and setuptools), so no index is needed."""
@@ -121,16 +122,19 @@ def test_the_installed_wheel_runs_its_cli(light_venv):
     assert (plugin.returncode, plugin.stdout) == (0, f"kubectl coderun {VERSION}\n"), plugin.stderr
 
 
-def test_the_light_install_has_no_operator_dependencies_and_its_operator_command_says_what_to_install(light_venv):
-    for module in ("kopf", "prometheus_client", "re2"):
+def test_the_light_install_has_no_server_dependencies_and_its_server_commands_say_what_to_install(light_venv):
+    for module in ("kopf", "prometheus_client", "re2", "google.protobuf"):
         probe = run(light_venv, "python", "-c", f"import {module}")
         assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr, module
-    operator = run(light_venv, "coderun-operator", "--help")
-    assert "Traceback" not in operator.stderr, operator.stderr
-    assert operator.returncode == 1 and operator.stdout == ""
-    line, = operator.stderr.splitlines()  # one line, no traceback
-    assert line.startswith("coderun-operator: the operator extra is not installed (kopf, ")
-    assert line.endswith(" missing): pip install 'coderun[operator]'")
+    for command, extra, first in [("coderun-operator", "operator", "kopf"), ("coderun-audit-agent", "audit", "protobuf")]:
+        server = run(light_venv, command, "--help")
+        assert "Traceback" not in server.stderr, server.stderr
+        assert server.returncode == 2 and server.stdout == ""
+        line, = server.stderr.splitlines()  # one line, no traceback
+        assert line.startswith(f"{command}: the {extra} extra is not installed ({first}")
+        assert line.endswith(f" missing): pip install 'coderun[{extra}]'")
+    sdk = run(light_venv, "python", "-c", "import coderun.client, coderun.api.models; print(coderun.client.__name__)")
+    assert (sdk.returncode, sdk.stdout) == (0, "coderun.client\n"), sdk.stderr
 
 
 def test_the_chart_and_the_docs_state_the_packages_version():

@@ -21,12 +21,45 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{- define "coderun.labels" -}}
-{{ include "coderun.selectorLabels" . }}
+{{/*
+The labels every object of the chart carries beside its component's selector labels: the chart's standard ones,
+then the platform's own (commonLabels). Never in a selector: selectors cannot change across upgrades.
+*/}}
+{{- define "coderun.commonLabels" -}}
 app.kubernetes.io/part-of: coderun
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- with include "coderun.platformLabels" . }}
+{{ . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The platform's commonLabels alone (pod templates carry these, not the chart's version labels). A key the chart sets
+itself, or one under coderun.io/ (the operator's), is refused rather than silently shadowed or duplicated.
+*/}}
+{{- define "coderun.platformLabels" -}}
+{{- $own := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" "app.kubernetes.io/part-of" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "helm.sh/chart" -}}
+{{- range $key, $value := .Values.commonLabels }}
+{{- if or (has $key $own) (hasPrefix "coderun.io/" $key) }}
+{{- fail (printf "commonLabels: the label %s is the chart's own (its selectors and the operator rely on it); use another key" $key) }}
+{{- end }}
+{{ $key }}: {{ $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "coderun.labels" -}}
+{{ include "coderun.selectorLabels" . }}
+{{ include "coderun.commonLabels" . }}
+{{- end -}}
+
+{{/*
+coderun.labels with an object's own labels over them (metrics.serviceMonitor.labels, runNamespaces.labels ...),
+each key once: a key in both would be a duplicate the API server refuses. Called with (dict "root" $ "labels" ...).
+*/}}
+{{- define "coderun.labelsWith" -}}
+{{- toYaml (merge (deepCopy (.labels | default dict)) (include "coderun.labels" .root | fromYaml)) -}}
 {{- end -}}
 
 {{- define "coderun.serviceAccountName" -}}
@@ -61,10 +94,7 @@ app.kubernetes.io/component: egress-proxy
 
 {{- define "coderun.egressProxy.labels" -}}
 {{ include "coderun.egressProxy.selectorLabels" . }}
-app.kubernetes.io/part-of: coderun
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "coderun.commonLabels" . }}
 {{- end -}}
 
 {{- define "coderun.egressProxy.image" -}}
@@ -106,19 +136,22 @@ capabilities:
 {{- end -}}
 
 {{/*
-A pod template's labels and annotations: the component's selector labels, then the platform's own
-(podLabels, podAnnotations). A label the chart selects by, or one under coderun.io/ (the leader's label routes the
-webhook; the sandbox label opens the egress proxy), is refused rather than silently breaking a selector.
+A pod template's labels and annotations: the component's selector labels, then the platform's own (podLabels, winning
+over commonLabels; podAnnotations). A label the chart selects by, or one under coderun.io/ (the leader's label routes
+the webhook; the sandbox label opens the egress proxy), is refused rather than silently breaking a selector.
 Called with (dict "root" $ "selector" "coderun.selectorLabels" "values" .Values "path" "").
 */}}
 {{- define "coderun.podMetadata" -}}
 {{- $selector := include .selector .root | fromYaml -}}
+{{- $platform := include "coderun.platformLabels" .root | fromYaml -}}
 labels:
   {{- include .selector .root | nindent 2 }}
   {{- range $key, $value := .values.podLabels }}
   {{- if or (hasKey $selector $key) (hasPrefix "coderun.io/" $key) }}
   {{- fail (printf "%spodLabels: the label %s is the chart's own (its selectors and the operator rely on it); use another key" $.path $key) }}
   {{- end }}
+  {{- end }}
+  {{- range $key, $value := merge (dict) (.values.podLabels | default dict) $platform }}
   {{ $key }}: {{ $value | quote }}
   {{- end }}
 {{- with .values.podAnnotations }}
@@ -154,10 +187,7 @@ app.kubernetes.io/component: audit-agent
 
 {{- define "coderun.auditAgent.labels" -}}
 {{ include "coderun.auditAgent.selectorLabels" . }}
-app.kubernetes.io/part-of: coderun
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "coderun.commonLabels" . }}
 {{- end -}}
 
 {{- define "coderun.auditAgent.namespace" -}}
@@ -188,10 +218,7 @@ app.kubernetes.io/component: store
 
 {{- define "coderun.store.labels" -}}
 {{ include "coderun.store.selectorLabels" . }}
-app.kubernetes.io/part-of: coderun
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "coderun.commonLabels" . }}
 {{- end -}}
 
 {{- define "coderun.store.image" -}}
@@ -231,8 +258,5 @@ app.kubernetes.io/component: data
 
 {{- define "coderun.data.labels" -}}
 {{ include "coderun.data.selectorLabels" . }}
-app.kubernetes.io/part-of: coderun
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "coderun.commonLabels" . }}
 {{- end -}}

@@ -176,12 +176,14 @@ _ANNOTATIONS_MARK = "__chart_annotations__"
 
 def render_chart() -> str:
     """The same CRDs as a Helm template: behind `crds.enabled`, kept on uninstall with `crds.keep` (deleting a
-    CRD deletes every CodeRun and CodeRunPolicy in the cluster)."""
+    CRD deletes every CodeRun and CodeRunPolicy in the cluster), labelled as every object of the chart (no component:
+    they are the API's, not the operator's)."""
     docs = []
     for generate, _ in CRDS.values():
         obj = generate()
         obj["metadata"]["annotations"] = _ANNOTATIONS_MARK
         body = yaml.safe_dump(obj, sort_keys=False, width=120).replace("{{", '{{ "{{" }}')
+        body = body.replace(_PART_OF, '  labels:\n    {{- include "coderun.commonLabels" . | nindent 4 }}\n')
         docs.append(body.replace(f"  annotations: {_ANNOTATIONS_MARK}\n",
                                  "  annotations:\n    {{- if .Values.crds.keep }}\n"
                                  "    helm.sh/resource-policy: keep\n    {{- end }}\n"))

@@ -21,7 +21,7 @@ from . import admin
 from .files import keys_in, revocations_in
 from .relay import Relay
 from .run_logs import RunLogs
-from .squid_config import WARMUP_HOST, Settings, render
+from .squid_config import WARMUP_HOST, Settings, Upstream, render
 
 # The pod's paths (the chart mounts these; see docs/egress.md).
 DEFAULTS = {
@@ -35,6 +35,11 @@ DEFAULTS = {
     "CODERUN_EGRESS_LAUNCHERS": "/usr/local/lib/coderun-egress/bin",
     "CODERUN_EGRESS_ERRORS": "/usr/local/lib/coderun-egress/errors",
     "CODERUN_EGRESS_POD_NAME": "",  # the downward API's metadata.name: credentials name the pod they are for
+    # A corporate proxy every request leaves through (egressProxy.upstream): its host and port, and the directory
+    # of a mounted kubernetes.io/basic-auth Secret (files `username`, `password`) when it asks for a login.
+    "CODERUN_EGRESS_UPSTREAM_HOST": "",
+    "CODERUN_EGRESS_UPSTREAM_PORT": "3128",
+    "CODERUN_EGRESS_UPSTREAM_LOGIN": "",
 }
 POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -48,7 +53,25 @@ def settings_from(env: Mapping[str, str]) -> Settings:
                     keys_dir=value["CODERUN_EGRESS_KEYS"], revocations=value["CODERUN_EGRESS_REVOCATIONS"],
                     error_dir=value["CODERUN_EGRESS_ERRORS"], admin_listen=value["CODERUN_EGRESS_ADMIN_LISTEN"],
                     env=dict(env), pod_name=value["CODERUN_EGRESS_POD_NAME"],
-                    relay_port=int(value["CODERUN_EGRESS_RELAY_PORT"]))
+                    relay_port=int(value["CODERUN_EGRESS_RELAY_PORT"]), upstream=upstream_from(value))
+
+
+def upstream_from(value: Mapping[str, str]) -> Upstream | None:
+    """The upstream proxy the environment names, its login read from the mounted Secret's files (None: none)."""
+    if not value["CODERUN_EGRESS_UPSTREAM_HOST"]:
+        return None
+    username = password = ""
+    if value["CODERUN_EGRESS_UPSTREAM_LOGIN"]:
+        login = Path(value["CODERUN_EGRESS_UPSTREAM_LOGIN"])
+        try:
+            username, password = ((login / name).read_text().strip("\r\n") for name in ("username", "password"))
+        except OSError as e:
+            raise ValueError(f"the upstream proxy's login Secret has no {Path(e.filename).name} "
+                             "(a kubernetes.io/basic-auth Secret has the keys username and password)") from None
+    port = value["CODERUN_EGRESS_UPSTREAM_PORT"]
+    if not port.isdigit():
+        raise ValueError(f"CODERUN_EGRESS_UPSTREAM_PORT is not a port: {port[:20]!r}")
+    return Upstream(value["CODERUN_EGRESS_UPSTREAM_HOST"], int(port), username, password)
 
 
 def prepare(s: Settings) -> str:
@@ -58,7 +81,10 @@ def prepare(s: Settings) -> str:
     if not Path(s.tls_pair).exists():
         make_tls_pair(s.tls_pair)
     config = state / "squid.conf"
-    config.write_text(render(s))
+    # The owner's alone: it may hold the upstream proxy's password.
+    with os.fdopen(os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(render(s))
+    os.chmod(config, 0o600)  # an older file kept its mode
     return str(config)
 
 

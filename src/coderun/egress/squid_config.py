@@ -11,7 +11,8 @@ certificate it cannot trust, never the refusal. So:
 - the TLS stage (a loopback port of the same squid, as its parent peer), which checks everything again (cache
   hits), peeks at the ClientHello (never decrypts), splices the tunnel if its server name (SNI) is the CONNECT
   host and closes it otherwise, and is the one that connects.
-Plain http:// requests are checked and forwarded by the policy stage itself.
+Plain http:// requests are checked and forwarded by the policy stage itself. With an upstream proxy (Upstream: a
+corporate proxy), the stage that would connect hands the request to it instead, and squid never connects itself.
 
 The checks, in order (http_access below):
 1. no valid credential (the auth helper): 407, and squid asks again;
@@ -28,10 +29,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
+from urllib.parse import quote
 
 from .ranges import Network, protected_networks
 from .run_logs import runs_dir
@@ -81,6 +84,41 @@ AUTH, ACL, LOG, PROXY = "coderun-egress-auth", "coderun-egress-acl", "coderun-eg
 
 
 @dataclass(frozen=True)
+class Upstream:
+    """A parent proxy every request leaves through (a corporate proxy), with an optional Basic login of the proxy's
+    own. The password is written only into squid.conf, in the pod's emptyDir (mode 0600): never into the
+    environment (squid's helpers inherit it), an argument, or a log."""
+    host: str
+    port: int
+    username: str = ""
+    password: str = ""
+
+    def __post_init__(self) -> None:
+        if not UPSTREAM_HOST.fullmatch(self.host):
+            raise ValueError(f"the upstream proxy's host is not a name or an address: {self.host[:80]!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"the upstream proxy's port is not a port: {self.port}")
+        if bool(self.username) != bool(self.password):
+            raise ValueError("the upstream proxy's login needs both a username and a password")
+        # Squid reads `login=*:...` as "the client's user name" and a colon ends Basic's user name.
+        if self.username.startswith("*") or ":" in self.username:
+            raise ValueError("the upstream proxy's username may neither start with * nor hold a colon")
+
+    def cache_peer(self) -> str:
+        """The cache_peer line. No login=PASS: a run's credential (its Proxy-Authorization) never goes upstream;
+        squid sends this login instead. login= is URL-unescaped by squid, so every byte but [A-Za-z0-9_.~-] is
+        %-escaped: no space, quote or % of the password can end the token or change its meaning."""
+        login = f" login={quote(self.username, safe='')}:{quote(self.password, safe='')}" if self.username else ""
+        return (f"cache_peer {self.host} parent {self.port} 0 no-query no-digest no-netdb-exchange default "
+                f"name={UPSTREAM_PEER}{login}")
+
+
+# A DNS name or an IPv4/IPv6 address, as cache_peer takes it (no brackets, no port).
+UPSTREAM_HOST = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?|[0-9A-Fa-f:.]{2,45}")
+UPSTREAM_PEER = "upstream"
+
+
+@dataclass(frozen=True)
 class Settings:
     listen: str                 # e.g. 0.0.0.0:3128 in the pod, 127.0.0.1:PORT in tests
     tls_stage_port: int         # on 127.0.0.1; nothing else may listen there
@@ -101,6 +139,8 @@ class Settings:
     # The ports at which the proxy's own addresses (PROXY_ITSELF) are refused; none: every port (the pod, whose
     # loopback is the proxy's alone). The test tier, whose origins share the proxy's loopback, names its own.
     proxy_itself_ports: tuple[int, ...] = ()
+    # A corporate proxy every request leaves through instead of connecting itself (None: squid connects directly).
+    upstream: Upstream | None = None
 
     @property
     def access_log(self) -> str:
@@ -168,6 +208,7 @@ def render(s: Settings) -> str:
         "cache_peer_access tls_stage deny all",
         "never_direct allow at_policy CONNECT",
         "never_direct allow at_policy warmup",
+        *upstream_lines(s.upstream),
         f"request_header_access {XID_HEADER} deny all",
         f'request_header_add {XID_HEADER} "%master_xaction" at_policy CONNECT',
         "",
@@ -232,6 +273,22 @@ def render(s: Settings) -> str:
         "ssl_bump terminate all",
     ]
     return "\n".join(lines) + "\n"
+
+
+def upstream_lines(upstream: Upstream | None) -> list[str]:
+    """Everything leaves through the upstream proxy: the TLS stage's spliced tunnels (squid sends the parent a
+    CONNECT for the name the run asked for) and the policy stage's plain http:// requests. A CONNECT at the policy
+    stage still goes to the TLS stage first (through the relay, which counts its bytes and cuts it on revocation),
+    so the checks, the per-request log and the budgets are the same as without it."""
+    if upstream is None:
+        return []
+    return [
+        upstream.cache_peer(),
+        f"cache_peer_access {UPSTREAM_PEER} deny at_policy CONNECT",
+        f"cache_peer_access {UPSTREAM_PEER} deny warmup",
+        f"cache_peer_access {UPSTREAM_PEER} allow all",
+        "never_direct allow all",
+    ]
 
 
 # The page of every refusal in http_access: the helper's message (%o) when it gave one. Squid sends it as the
