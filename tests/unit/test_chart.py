@@ -226,6 +226,10 @@ def test_both_egress_proxy_containers_know_their_pod_s_name(helm):
     (["--set-json", 'egressProxy.topologySpreadConstraints=[{"maxSkew": 1, "topologyKey": "zone"}]'], "whenUnsatisfiable"),
     (["--set-string", "podLabels.app\\.kubernetes\\.io/instance=mine"], "app.kubernetes.io/instance is the chart's own"),
     (["--set-string", "egressProxy.podLabels.coderun\\.io/sandbox=true"], "egressProxy.podLabels: the label coderun.io/sandbox"),
+    (["--set-json", 'sandboxScheduling.tolerations=[{"key": "k", "operator": "Exists", "effect": "NoRun"}]'], "effect"),
+    (["--set-json", 'sandboxScheduling.affinity={"nodeAfinity": {}}'], "nodeAfinity"),
+    (["--set", "sandboxScheduling.priorityClassName=system-node-critical"], "priorityClassName"),
+    (["--set-json", 'runtimeClass.scheduling.tolerations=[{"key": "k", "operatr": "Exists"}]'], "operatr"),
 ])
 def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
     result = template(helm, *typo, check=False)
@@ -946,3 +950,31 @@ def test_the_operator_reads_the_data_secrets_by_name_and_the_data_service_by_nam
     # The ready data pods' addresses: the ClusterRole's list on pods covers the release namespace.
     cluster_rules = _bound_to_the_operator(objects, "ClusterRole")
     assert ("", "pods", "list") in _granted(cluster_rules)
+
+
+SANDBOX_SCHEDULING = {"nodeSelector": {"sandbox.example.com/pool": "sandboxes"},
+                      "tolerations": [{"key": "sandbox.example.com/dedicated", "operator": "Exists",
+                                       "effect": "NoSchedule"}],
+                      "priorityClassName": "sandboxes", "imagePullSecrets": ["registry-mirror"]}
+
+
+def test_sandbox_scheduling_reaches_the_operator_as_its_model_reads_it(helm):
+    from coderun_operator.builders.scheduling import SCHEDULING_VARIABLE, chart_defaults
+    from coderun.api.scheduling import Scheduling
+    env_of = lambda objects: {e["name"]: e.get("value") for e in of_component(objects, "Deployment")[0][
+        "spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert chart_defaults(env_of(template(helm))) == Scheduling()  # the defaults: nothing chosen
+    given = env_of(template(helm, "--set-json", f"sandboxScheduling={json.dumps(SANDBOX_SCHEDULING)}"))
+    assert json.loads(given[SCHEDULING_VARIABLE])["tolerations"] == SANDBOX_SCHEDULING["tolerations"]
+    assert chart_defaults(given) == Scheduling.model_validate(SANDBOX_SCHEDULING)
+
+
+def test_the_runtime_class_carries_its_scheduling_only_when_given(helm):
+    plain, = by_kind(template(helm, "--set", "runtimeClass.create=true"), "RuntimeClass")
+    assert "scheduling" not in plain and plain["handler"] == "runsc"
+    given = {"nodeSelector": {"sandbox.example.com/gvisor": "true"},
+             "tolerations": SANDBOX_SCHEDULING["tolerations"]}
+    placed, = by_kind(template(helm, "--set", "runtimeClass.create=true",
+                               "--set-json", f"runtimeClass.scheduling={json.dumps(given)}"), "RuntimeClass")
+    assert placed["scheduling"] == given and placed["overhead"] == plain["overhead"]
+    assert not by_kind(template(helm, "--set-json", f"runtimeClass.scheduling={json.dumps(given)}"), "RuntimeClass")

@@ -22,8 +22,13 @@ def chart_defaults(env: Mapping[str, str]) -> Scheduling:
     raw = env.get(SCHEDULING_VARIABLE) or "{}"
     try:
         return Scheduling.model_validate(json.loads(raw))
-    except (ValueError, ValidationError) as e:
-        raise SystemExit(f"{SCHEDULING_VARIABLE} (the chart's sandboxScheduling values) is not valid: {e}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(["sandboxScheduling", *(str(p) for p in first["loc"])])
+        raise SystemExit(f"{SCHEDULING_VARIABLE}: {where}: {first['msg']}; fix the chart's value") from None
+    except ValueError as e:
+        raise SystemExit(f"{SCHEDULING_VARIABLE} is not JSON ({e}); the chart writes it from sandboxScheduling"
+                         ) from None
 
 
 CHART_DEFAULTS = chart_defaults(os.environ)
