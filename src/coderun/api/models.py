@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..egress.rules import HOST_PATTERN, MAX_NAME_LENGTH, Rule, valid_host_rule
 
-from .base import ApiModel, _cel
+from .base import ApiModel as ApiModel, _cel as _cel  # re-exported: every kind's module imports them from here
 from .reasons import Phase
 from .scheduling import Scheduling
 

@@ -15,7 +15,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
-from pydantic.config import JsonDict
+from pydantic.config import JsonDict, JsonValue
 
 from .base import ApiModel, _cel
 
@@ -101,7 +101,7 @@ _PRESENCE_OPERATORS = ("Exists", "DoesNotExist")
 
 
 def _requirement_rules(with_numbers: bool) -> JsonDict:
-    rules = [_cel("!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
+    rules: list[JsonValue] = [_cel("!(self.operator in ['In', 'NotIn']) || (has(self.values) && size(self.values) > 0)",
                   "operator In and NotIn need at least one value", ".values"),
              _cel("!(self.operator in ['Exists', 'DoesNotExist']) || !has(self.values) || size(self.values) == 0",
                   "operator Exists and DoesNotExist take no values: remove values", ".values")]
