@@ -959,14 +959,14 @@ SANDBOX_SCHEDULING = {"nodeSelector": {"sandbox.example.com/pool": "sandboxes"},
 
 
 def test_sandbox_scheduling_reaches_the_operator_as_its_model_reads_it(helm):
-    from coderun_operator.builders.scheduling import SCHEDULING_VARIABLE, chart_defaults
+    from coderun_operator.builders.scheduling import SCHEDULING_VARIABLE, chart_defaults, pod_scheduling
     from coderun.api.scheduling import Scheduling
     env_of = lambda objects: {e["name"]: e.get("value") for e in of_component(objects, "Deployment")[0][
         "spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert chart_defaults(env_of(template(helm))) == Scheduling()  # the defaults: nothing chosen
+    assert pod_scheduling(chart_defaults(env_of(template(helm)))) == {}  # the defaults: nothing chosen
     given = env_of(template(helm, "--set-json", f"sandboxScheduling={json.dumps(SANDBOX_SCHEDULING)}"))
     assert json.loads(given[SCHEDULING_VARIABLE])["tolerations"] == SANDBOX_SCHEDULING["tolerations"]
-    assert chart_defaults(given) == Scheduling.model_validate(SANDBOX_SCHEDULING)
+    assert pod_scheduling(chart_defaults(given)) == pod_scheduling(Scheduling.model_validate(SANDBOX_SCHEDULING))
 
 
 def test_the_runtime_class_carries_its_scheduling_only_when_given(helm):
