@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from coderun.api.scheduling import Scheduling
 from readme import CHART, Key, value_keys
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -50,6 +51,27 @@ DEFINITIONS: dict[str, Any] = {
         "type": "array", "items": TOPOLOGY_SPREAD_CONSTRAINT,
         "description": "Pod topology spread constraints (a missing labelSelector selects the component's pods)."},
 }
+
+
+def _scheduling_definitions() -> dict[str, Any]:
+    """Toleration, Affinity and what they are made of, from the policy's own model (coderun.api.scheduling): the
+    chart's sandboxScheduling and a CodeRunPolicy's spec.scheduling are checked alike."""
+    schema = Scheduling.model_json_schema(by_alias=True, ref_template="#/definitions/{model}")
+    return {name: _untitled(definition) for name, definition in schema["$defs"].items()}
+
+
+def _untitled(node: Any) -> Any:
+    """Without pydantic's titles and null defaults (noise in a values schema) and Kubernetes' CEL rules (JSON
+    schema has no such keyword; the operator's model checks them at start)."""
+    if isinstance(node, dict):
+        return {k: _untitled(v) for k, v in node.items()
+                if k not in ("title", "x-kubernetes-validations") and not (k == "default" and v is None)}
+    if isinstance(node, list):
+        return [_untitled(v) for v in node]
+    return node
+
+
+DEFINITIONS.update(_scheduling_definitions())
 
 
 def _merged(into: dict[str, Any], keywords: dict[str, Any]) -> dict[str, Any]:

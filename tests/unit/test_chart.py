@@ -230,6 +230,10 @@ def test_both_egress_proxy_containers_know_their_pod_s_name(helm):
     (["--set-string", "commonLabels.coderun\\.io/run=x"], "commonLabels: the label coderun.io/run"),
     (["--set-string", "commonLabels.team=not a label value"], "commonLabels"),
     (["--set-string", "commonLabels.-team=x"], "'-team' does not match"),  # helm names a wrong path for this one
+    (["--set-json", 'sandboxScheduling.tolerations=[{"key": "k", "operator": "Exists", "effect": "NoRun"}]'], "effect"),
+    (["--set-json", 'sandboxScheduling.affinity={"nodeAfinity": {}}'], "nodeAfinity"),
+    (["--set", "sandboxScheduling.priorityClassName=system-node-critical"], "priorityClassName"),
+    (["--set-json", 'runtimeClass.scheduling.tolerations=[{"key": "k", "operatr": "Exists"}]'], "operatr"),
 ])
 def test_the_values_schema_refuses_a_typo_naming_it(helm, typo, says):
     result = template(helm, *typo, check=False)
@@ -1068,3 +1072,31 @@ def test_the_operator_reads_the_data_secrets_by_name_and_the_data_service_by_nam
     # The ready data pods' addresses: the ClusterRole's list on pods covers the release namespace.
     cluster_rules = _bound_to_the_operator(objects, "ClusterRole")
     assert ("", "pods", "list") in _granted(cluster_rules)
+
+
+SANDBOX_SCHEDULING = {"nodeSelector": {"sandbox.example.com/pool": "sandboxes"},
+                      "tolerations": [{"key": "sandbox.example.com/dedicated", "operator": "Exists",
+                                       "effect": "NoSchedule"}],
+                      "priorityClassName": "sandboxes", "imagePullSecrets": ["registry-mirror"]}
+
+
+def test_sandbox_scheduling_reaches_the_operator_as_its_model_reads_it(helm):
+    from coderun_operator.builders.scheduling import SCHEDULING_VARIABLE, chart_defaults, pod_scheduling
+    from coderun.api.scheduling import Scheduling
+    env_of = lambda objects: {e["name"]: e.get("value") for e in of_component(objects, "Deployment")[0][
+        "spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert pod_scheduling(chart_defaults(env_of(template(helm)))) == {}  # the defaults: nothing chosen
+    given = env_of(template(helm, "--set-json", f"sandboxScheduling={json.dumps(SANDBOX_SCHEDULING)}"))
+    assert json.loads(given[SCHEDULING_VARIABLE])["tolerations"] == SANDBOX_SCHEDULING["tolerations"]
+    assert pod_scheduling(chart_defaults(given)) == pod_scheduling(Scheduling.model_validate(SANDBOX_SCHEDULING))
+
+
+def test_the_runtime_class_carries_its_scheduling_only_when_given(helm):
+    plain, = by_kind(template(helm, "--set", "runtimeClass.create=true"), "RuntimeClass")
+    assert "scheduling" not in plain and plain["handler"] == "runsc"
+    given = {"nodeSelector": {"sandbox.example.com/gvisor": "true"},
+             "tolerations": SANDBOX_SCHEDULING["tolerations"]}
+    placed, = by_kind(template(helm, "--set", "runtimeClass.create=true",
+                               "--set-json", f"runtimeClass.scheduling={json.dumps(given)}"), "RuntimeClass")
+    assert placed["scheduling"] == given and placed["overhead"] == plain["overhead"]
+    assert not by_kind(template(helm, "--set-json", f"runtimeClass.scheduling={json.dumps(given)}"), "RuntimeClass")

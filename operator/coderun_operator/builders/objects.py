@@ -12,6 +12,7 @@ from coderun.api.models import (API_VERSION, KIND, MAX_INPUT_TOTAL_CHARS, Artifa
                                 ResourceLimits)
 from ..policy import Decision, Policy
 from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
+from .scheduling import pod_scheduling, sandbox_scheduling
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
                     LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
                     run_labels)
@@ -275,9 +276,10 @@ def build_pod(run: Mapping[str, Any], decision: Decision, input_configmap: str,
 
 def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str],
                  deadline_seconds: int, input_volume: dict[str, Any], inputs_room: int = 0) -> dict[str, Any]:
-    """What every sandbox pod is, cold or warm: gVisor, no token, no network of its own, non-root, read-only
-    root, every capability dropped, limits equal to requests, a private /tmp, and the input at INPUT_MOUNT
-    (read-only for a ConfigMap; a warm pod's runner writes it)."""
+    """What every sandbox pod is, cold, warm or a session's: gVisor, no token, no network of its own, non-root,
+    read-only root, every capability dropped, limits equal to requests, a private /tmp, the input at INPUT_MOUNT
+    (read-only for a ConfigMap; a warm pod's runner writes it), and where its policy (over the chart's defaults)
+    has it run: the five scheduling fields only (builders/scheduling.py), beside the hardening, never over it."""
     limits = decision.limits
     # the inputs volume, rounded up to MiB, is the pod's ephemeral storage too (the kubelet counts an emptyDir)
     inputs_mib = -(-inputs_room // 1048576)
@@ -324,6 +326,7 @@ def _sandbox_pod(metadata: dict[str, Any], decision: Decision, command: list[str
                 "volumeMounts": mounts,
             }],
             "volumes": volumes,
+            **pod_scheduling(sandbox_scheduling(decision.policy.scheduling)),
         },
     }
 

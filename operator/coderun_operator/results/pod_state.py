@@ -104,6 +104,10 @@ def waiting_message(pod_name: str, pod: Mapping[str, Any], start_deadline_second
     why = not_scheduled_because(pod)
     if why is None:
         return f"sandbox pod {pod_name} created; waiting for it to start"
+    if what_to_change(why) != NO_ROOM:  # no node it may run on: room will not help, a node may still come
+        return (f"sandbox pod {pod_name} created, not yet scheduled: {why.rstrip('.')}. It waits for such a node "
+                f"(a cluster autoscaler may add one) up to {start_deadline_seconds}s from its creation, then {ends}; "
+                f"{what_to_change(why)}")
     return (f"sandbox pod {pod_name} created, not yet scheduled: {why.rstrip('.')}. It waits for room on a node "
             f"(other sandboxes ending) up to {start_deadline_seconds}s from its creation, then {ends}; lower "
             f"{limits} or end other runs and sessions to make room")
@@ -146,6 +150,21 @@ def start_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadline_
     return verdict or pending_verdict(pod, waited_seconds, start_deadline_seconds)
 
 
+# What the scheduler says of a node the pod's own scheduling rules out (kube-scheduler's NodeAffinity and
+# TaintToleration plugins), as against one without room.
+NO_ROOM = "ask for smaller limits"
+_PLACEMENT_WORDS = ("node affinity/selector", "untolerated taint", "didn't match pod's node affinity")
+
+
+def what_to_change(scheduler_says: str) -> str:
+    """Where the scheduler's answer points: the policy's scheduling when no node is one its pods may run on, the
+    run's limits otherwise."""
+    if any(words in scheduler_says.lower() for words in _PLACEMENT_WORDS):
+        return ("no node is one the policy's sandboxes may run on: check spec.scheduling of the CodeRunPolicy "
+                "(else the chart's sandboxScheduling) against the nodes' labels and taints")
+    return NO_ROOM
+
+
 def pending_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadline_seconds: int) -> Outcome | None:
     """A run whose pod cannot start fails with the real cause after a bounded wait, never pends forever."""
     waiting = ((container_status(pod) or {}).get("state") or {}).get("waiting") or {}
@@ -158,8 +177,9 @@ def pending_verdict(pod: Mapping[str, Any], waited_seconds: float, start_deadlin
         return None
     for condition in (pod.get("status") or {}).get("conditions") or ():
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            said = str(condition.get("message", ""))
             return Outcome(Phase.FAILED, Reason.UNSCHEDULABLE,
-                           f"no node could take the sandbox within {start_deadline_seconds}s: "
-                           f"{condition.get('message', '')}; ask for smaller limits")
+                           f"no node could take the sandbox within {start_deadline_seconds}s: {said.rstrip('. ')}; "
+                           f"{what_to_change(said)}")
     return Outcome(Phase.FAILED, Reason.START_FAILED,
                    f"the sandbox did not start within {start_deadline_seconds}s ({cause or 'no container status'})")

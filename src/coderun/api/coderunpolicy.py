@@ -17,6 +17,7 @@ from ..egress.credential import EGRESS_BUDGET, egress_weight
 
 from .models import (LANGUAGE_PATTERN, QUANTITY_PATTERN, UNSANDBOXED_RUNTIME_CLASSES, ApiModel, Condition,
                      DataPolicy, EgressBudget, EgressRule, Limits, ResourceLimits, Runtime, _cel, _quantity_range)
+from .scheduling import Scheduling
 
 POLICY_KIND = "CodeRunPolicy"
 POLICY_PLURAL = "coderunpolicies"
@@ -156,6 +157,15 @@ class CodeRunPolicySpec(ApiModel):
     data: DataPolicy | None = Field(None, description=(
         "Inputs by reference and artifacts in the store: which buckets, what caps (docs/data.md). Unset: the "
         "defaults (no S3 bucket; inputs up to 1 GiB each, 2 GiB in all; artifacts up to 5 MiB)."))
+    scheduling: Scheduling | None = Field(None, description=(
+        "Where the sandbox pods of this policy's runs, warm pool and sessions run, and what they pull images with: "
+        "nodeSelector, tolerations, affinity, priorityClassName, imagePullSecrets (docs/security.md, Dedicated "
+        "sandbox nodes). Each field set here replaces the chart's default for it (sandboxScheduling); unset "
+        "fields take the default. Runs cannot set any of it."))
+    start_deadline_seconds: int | None = Field(None, ge=10, le=3600, description=(
+        "How long a sandbox pod may wait to be scheduled and started before its run fails (Unschedulable, with "
+        "the scheduler's words, or StartFailed) or its session ends. Unset: 300. Raise it for nodes that a "
+        "cluster autoscaler adds on demand; clients wait 360 s for a start by default."))
 
     @field_validator("egress")
     @classmethod

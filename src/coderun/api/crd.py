@@ -51,7 +51,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     if out.get("x-kubernetes-preserve-unknown-fields"):
-        out = {k: v for k, v in out.items() if k not in {"properties", "required"}}
+        # kept whole: its model's fields, and the CEL rules written against them, are not in this schema
+        out = {k: v for k, v in out.items() if k not in {"properties", "required", "x-kubernetes-validations"}}
         out["type"] = "object"
     elif out.get("type") == "object" and "properties" not in out and isinstance(
             schema.get("additionalProperties"), dict):

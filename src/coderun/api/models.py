@@ -12,13 +12,13 @@ import binascii
 import ipaddress
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..egress.rules import HOST_PATTERN, MAX_NAME_LENGTH, Rule, valid_host_rule
 
+from .base import ApiModel as ApiModel, _cel as _cel  # re-exported: every kind's module imports them from here
 from .reasons import Phase
+from .scheduling import Scheduling
 
 GROUP = "coderun.io"
 # The millisecond the client created a run (the SDK and the CLI write it): creationTimestamp has seconds only.
@@ -58,23 +58,11 @@ SESSION_NO_CACHE = "the cache does not apply to runs in a session (their result 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|Ki|Mi|Gi)?$"
 
 
-def _cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
-    validation: JsonDict = {"rule": rule, "message": message}
-    if field_path:
-        validation["fieldPath"] = field_path
-    return validation
-
-
 def _quantity_range(low: str, high: str, example: str) -> dict[str, Any]:
     return {"x-kubernetes-validations": [_cel(
         f"isQuantity(self) && quantity(self).compareTo(quantity('{low}')) >= 0"
         f" && quantity(self).compareTo(quantity('{high}')) <= 0",
         f"must be a quantity between {low} and {high}, for example '{example}'")]}
-
-
-class ApiModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields are an error, not silently dropped."""
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
 class Limits(ApiModel):
@@ -448,6 +436,13 @@ class DecisionRecord(ApiModel):
     max_concurrent_runs: int | None = Field(None, description=(
         "Runs of the policy with a sandbox at once in the namespace; more wait Queued. Unset: no cap."))
     data: DataPolicy | None = Field(None, description="The policy's inputs and artifacts settings; unset: defaults.")
+    # Kept whole, not typed again in the status schema: the policy's schema checked it, and a second copy of the
+    # affinity's schema would double the CodeRun CRD.
+    scheduling: Scheduling | None = Field(None, description=(
+        "The policy's scheduling of the run's pod (CodeRunPolicy spec.scheduling); fields it left unset, or all "
+        "when unset, took the chart's defaults."), json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    start_deadline_seconds: int | None = Field(None, description=(
+        "How long the pod could wait to be scheduled and started; unset: 300."))
 
 
 class ApprovalRecord(ApiModel):

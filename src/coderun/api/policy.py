@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from .coderunpolicy import (ADMISSION_ENFORCE, ADMISSION_RECORD, APPROVAL_ALWAYS, APPROVAL_NEVER,
                             APPROVAL_WITH_EGRESS, CodeRules, CodeRunPolicySpec, Sessions, merged_limits, spec_digest)
 from .models import DataPolicy, DecisionRecord, EgressBudget, EgressRule, ResourceLimits, Runtime
+from .scheduling import Scheduling
 
 
 # The operator's bound on a sandbox pod that is not scheduled or started: the run then fails Unschedulable (or
@@ -50,6 +51,8 @@ class Policy:
     warm_pool_cpu_request: str | None = None
     uid: str | None = None  # the CodeRunPolicy object's, so its pool pods go when it goes
     sessions: Sessions | None = None  # CodeRunSessions of this policy (None: none allowed)
+    # Where its sandbox pods run (None: the chart's defaults for every field; coderun_operator/builders/scheduling.py)
+    scheduling: Scheduling | None = None
     # Its RE2 patterns compiled by the operator's loader (coderun_operator/policy/patterns.py): they live and go with
     # this object, one per CodeRunPolicy uid and spec digest.
     compiled_patterns: Any = field(default=None, compare=False, repr=False)
@@ -74,7 +77,9 @@ class Decision:
                               ttl_seconds_after_finished=p.ttl_seconds_after_finished,
                               approval_required=p.approval_required(), allow_self_approval=p.allow_self_approval,
                               max_concurrent_runs=p.max_concurrent_runs,
-                              data=None if p.data == DataPolicy() else p.data)
+                              data=None if p.data == DataPolicy() else p.data, scheduling=p.scheduling,
+                              start_deadline_seconds=None if p.start_deadline_seconds == START_DEADLINE_SECONDS
+                              else p.start_deadline_seconds)
 
 
 def decision_from_record(record: DecisionRecord) -> Decision:
@@ -86,7 +91,9 @@ def decision_from_record(record: DecisionRecord) -> Decision:
                     max_inodes=record.max_inodes, ttl_seconds_after_finished=record.ttl_seconds_after_finished,
                     approval=APPROVAL_ALWAYS if record.approval_required else APPROVAL_NEVER,
                     allow_self_approval=record.allow_self_approval,
-                    max_concurrent_runs=record.max_concurrent_runs, data=record.data or DataPolicy())
+                    max_concurrent_runs=record.max_concurrent_runs, data=record.data or DataPolicy(),
+                    scheduling=record.scheduling,
+                    start_deadline_seconds=record.start_deadline_seconds or START_DEADLINE_SECONDS)
     return Decision(policy=policy, runtime=record.runtime, limits=record.limits)
 
 
@@ -159,4 +166,5 @@ def policy_from_spec(name: str, raw: dict[str, Any], spec: CodeRunPolicySpec, ui
         warm_pool_size=spec.warm_pool.size if spec.warm_pool else 0, uid=uid,
         warm_pool_cpu_request=spec.warm_pool.cpu_request if spec.warm_pool else None,
         warm_pool_languages=tuple(spec.warm_pool.languages or ()) if spec.warm_pool else (),
-        sessions=spec.sessions, data=spec.data or DataPolicy())
+        sessions=spec.sessions, data=spec.data or DataPolicy(), scheduling=spec.scheduling,
+        start_deadline_seconds=spec.start_deadline_seconds or START_DEADLINE_SECONDS)

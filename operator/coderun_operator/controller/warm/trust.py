@@ -15,6 +15,7 @@ from coderun.sandbox.runner.protocol import FRAME_PREFIX, INPUT_INCOMPLETE, acce
 from ...builders import (ANNOTATION_NONCE_SHA256, ANNOTATION_POOL_KEY, LABEL_POOL, LABEL_POOL_LANGUAGE,
                          build_pool_pod)
 from ...builders.objects import POD_DEADLINE_MARGIN_SECONDS
+from ...builders.scheduling import holds_scheduling, sandbox_scheduling, scheduling_digest
 from ...policy import Decision, Policy
 from ...results.frame import RunnerFrame
 from ...results.pod_state import is_running, terminated
@@ -24,17 +25,18 @@ from ...results.status import parse_time
 POOL_IDLE_SECONDS = 3600
 
 
-def pool_key(namespace: str, policy: Policy | str, digest: str, runtime: Runtime, limits: ResourceLimits) -> str:
-    """What makes pods interchangeable: namespace, policy (name and exact spec), image, sandbox runtime and the
-    resources fixed at pod creation. Timeout and output caps travel with the input, so they may differ."""
-    name = policy if isinstance(policy, str) else policy.name
-    parts = (namespace, name, digest, runtime.language, runtime.image, runtime.runtime_class_name,
-             limits.cpu, limits.memory, limits.disk)
+def pool_key(namespace: str, policy: Policy, runtime: Runtime, limits: ResourceLimits) -> str:
+    """What makes pods interchangeable: namespace, policy (name and exact spec), image, sandbox runtime, the
+    resources fixed at pod creation, and where the pods run (the policy's scheduling over the chart's defaults,
+    which change without the policy: a pod made under other defaults is another pool's). Timeout and output caps
+    travel with the input, so they may differ."""
+    parts = (namespace, policy.name, policy.digest, runtime.language, runtime.image, runtime.runtime_class_name,
+             limits.cpu, limits.memory, limits.disk, scheduling_digest(sandbox_scheduling(policy.scheduling)))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
 def run_pool_key(namespace: str, decision: Decision) -> str:
-    return pool_key(namespace, decision.policy.name, decision.policy.digest, decision.runtime, decision.limits)
+    return pool_key(namespace, decision.policy, decision.runtime, decision.limits)
 
 
 def wanted_pools(namespace: str, policy: Policy) -> dict[str, tuple[str, Decision]]:
@@ -46,7 +48,7 @@ def wanted_pools(namespace: str, policy: Policy) -> dict[str, tuple[str, Decisio
         runtime = policy.runtimes.get(language)
         if runtime is not None:
             decision = Decision(policy=policy, runtime=runtime, limits=policy.defaults)
-            pools[pool_key(namespace, policy, policy.digest, runtime, policy.defaults)] = (language, decision)
+            pools[pool_key(namespace, policy, runtime, policy.defaults)] = (language, decision)
     return pools
 
 
@@ -88,6 +90,9 @@ def is_genuine(pod: Mapping[str, Any], decision: Decision) -> bool:
     container_fields = ("image", "command", "args", "env", "envFrom", "securityContext", "stdin", "stdinOnce",
                         "volumeMounts", "workingDir")
     if not _same(have, wanted, pod_fields) or len(have.get("containers") or ()) != 1:
+        return False
+    # where it runs too: a pool on dedicated nodes never hands a run a look-alike on any other node
+    if not holds_scheduling(have, sandbox_scheduling(decision.policy.scheduling)):
         return False
     # Unset means true for these two: only an explicit false is the pool's.
     if have.get("automountServiceAccountToken") is not False or have.get("enableServiceLinks") is not False:
