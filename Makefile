@@ -201,12 +201,14 @@ test: test-unit test-frameworks test-egress up
 # The tests whose outcome depends on the Kubernetes version (the API server's admission policies and CEL: approval,
 # identity, sessions, policies, what kubectl shows) again on the oldest version the chart supports
 # (e2e/cluster/versions.sh), on a cluster of that version started from empty; the newest comes back at `make up`.
+# Then, alone (it stops the operator), the approval gate with the operator and its webhook down.
 OLDEST_SUITE := e2e/test_admission.py e2e/test_approval.py e2e/test_session.py e2e/test_policy.py e2e/test_kubectl.py
 OLDEST := source e2e/cluster/versions.sh && KUBERNETES_VERSION=$$KUBERNETES_OLDEST
 test-oldest: venv
 	$(MAKE) --no-print-directory down
 	$(OLDEST) $(MAKE) --no-print-directory up
 	$(OLDEST) $(CHART) $(PYTEST) -n 2 --dist loadfile $(OLDEST_SUITE)
+	$(OLDEST) $(CHART) $(PYTEST) e2e/test_operator_restart.py -k approval_gate
 	$(MAKE) --no-print-directory down
 
 # Latency (warm, cold, session, bare pod, Job), then HumanEval's 164 programs through sessions against the

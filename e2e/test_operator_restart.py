@@ -1,7 +1,7 @@
 """The operator killed with SIGKILL mid-flight loses nothing: every run ends with its true result, one pod each."""
 
-from conftest import PodCensus, wait_for
-from framework.policy import apply_policy
+from conftest import APPROVER_VERBS, CREATOR_VERBS, PodCensus, create_as, grant, wait_for
+from framework.policy import apply_policy, status_of
 
 from coderun.api.models import GROUP, PLURAL, VERSION
 
@@ -47,6 +47,38 @@ def test_sigkilled_operator_resumes_every_run_with_one_pod_each(operator, namesp
         assert status["policy"] == "default", (name, status["policy"])
     assert (refused["phase"], refused["policy"]) == ("Rejected", "default"), refused
     assert "socket" in refused["message"] and not census.pods_by_run[denied], refused
+
+
+def test_with_the_operator_and_its_webhook_down_the_approval_gate_holds(operator, namespace):
+    """The gate is the API server's own (a ValidatingAdmissionPolicy), not the operator's webhook: with every
+    replica down (the webhook too, failurePolicy Ignore) a run that needs approval is still created, its creator
+    still cannot approve it, and once the operator is back it waits; only another approver's word runs it."""
+    apply_policy(operator, namespace, "default", {"approval": {"required": "Always"}})
+    grant(operator, namespace, "alice", CREATOR_VERBS)
+    grant(operator, namespace, "alice", APPROVER_VERBS)  # she may approve, just not her own run
+    grant(operator, namespace, "bob", APPROVER_VERBS)
+    census = PodCensus(operator, namespace)
+    try:
+        operator.operator.control("stop")
+        name = create_as(operator, "alice", namespace, {"language": "python", "code": "print('gated')"})
+        own = operator.kubectl("--as", "alice", "annotate", "crun", name, "-n", namespace,
+                               "coderun.io/approved-by=alice", check=False)
+        forged = operator.kubectl("--as", "alice", "annotate", "crun", name, "-n", namespace,
+                                  "coderun.io/approved-by=bob", check=False)
+        assert forged.returncode != 0 and "approver-identity" in forged.stderr, forged.stderr
+        # Her own approval is taken (she holds approve) but counts for nothing: the policy does not allow it.
+        assert own.returncode == 0, own.stderr
+    finally:
+        operator.operator.control("start")
+    waiting = wait_for(lambda: (s := status_of(operator.get_run(namespace, name))).get("reason") == "AwaitingApproval"
+                       and s, 90, "the run to wait for another approver once the operator is back")
+    assert "allowSelfApproval" in waiting["message"] and not census.pods_by_run[name], waiting
+    operator.kubectl("--as", "bob", "annotate", "--overwrite", "crun", name, "-n", namespace,
+                     "coderun.io/approved-by=bob")
+    status = status_of(operator.wait_run(namespace, name))
+    census.stop()
+    assert (status["phase"], status["stdout"], status["approval"]["approvedBy"]) == ("Succeeded", "gated\n", "bob")
+    assert len(census.pods_by_run[name]) == 1
 
 
 def test_runs_can_be_deleted_while_the_operator_is_down(operator, namespace):
