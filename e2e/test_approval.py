@@ -39,6 +39,9 @@ def test_a_creator_cannot_approve_nor_create_a_run_approved(operator, namespace)
     impostor = create_as(operator, "alice", namespace, PROGRAM, {"coderun.io/created-by": admin}, check=False)
     assert impostor.returncode != 0 and "creator-identity" in impostor.stderr, impostor.stderr
     assert "must be your own username, alice" in impostor.stderr, impostor.stderr  # the refusal says what to write
+    masters = create_as(operator, "alice", namespace, PROGRAM, {"coderun.io/created-by-groups": "system:masters"},
+                        check=False)  # her name, a group not hers
+    assert masters.returncode != 0 and "creator-identity" in masters.stderr, masters.stderr
     name = create_as(operator, "alice", namespace, PROGRAM)  # stating herself: accepted
     run = operator.get_run(namespace, name)
     assert run["metadata"]["annotations"]["coderun.io/created-by"] == "alice"

@@ -61,10 +61,10 @@ def test_with_the_operator_and_its_webhook_down_the_approval_gate_holds(operator
     try:
         operator.operator.control("stop")
         name = create_as(operator, "alice", namespace, {"language": "python", "code": "print('gated')"})
-        own = operator.kubectl("--as", "alice", "annotate", "crun", name, "-n", namespace,
-                               "coderun.io/approved-by=alice", check=False)
         forged = operator.kubectl("--as", "alice", "annotate", "crun", name, "-n", namespace,
                                   "coderun.io/approved-by=bob", check=False)
+        own = operator.kubectl("--as", "alice", "annotate", "crun", name, "-n", namespace,
+                               "coderun.io/approved-by=alice", check=False)
         assert forged.returncode != 0 and "approver-identity" in forged.stderr, forged.stderr
         # Her own approval is taken (she holds approve) but counts for nothing: the policy does not allow it.
         assert own.returncode == 0, own.stderr

@@ -249,18 +249,24 @@ class DataPlane:
                                 "(16,000 characters): name fewer inputs, or objects with shorter keys")
         return section
 
-    def laid(self, run: Mapping[str, Any], input_configmap: Mapping[str, Any], now: float) -> dict[str, Any] | None:
-        """The data section an earlier start of this run laid in its input (run.json), when it carries a grant this
-        installation minted for this run and still valid: a start retried after a crash (a new leader) lays the
-        same section again, so it finds its own input instead of a conflict (a fresh grant expires at another
-        second). None for anything else."""
+    def laid(self, run: Mapping[str, Any], input_configmap: Mapping[str, Any], fresh: Mapping[str, Any],
+             now: float) -> dict[str, Any] | None:
+        """The data section an earlier start of this run laid in its input (run.json), to lay again instead of
+        the `fresh` one: a start retried after a crash (a new leader) then finds its own input, not a conflict
+        (a fresh grant expires at another second; the pinned data pod may differ). Only when it carries a grant
+        this installation minted for this run, still valid, for the same inputs: anything else in a ConfigMap a
+        namespace member could have written is not believed. None otherwise."""
         try:
             section = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("data")
             _, _, key = self._read()
             grant = verify(str(section["token"]), {self.settings.key_id: key}, now)
         except (ValueError, TypeError, KeyError, AttributeError, GrantRefused, DataUnavailable):
             return None
-        return section if isinstance(grant, RunGrant) and grant.uid == run["metadata"]["uid"] else None
+        same = all(section.get(k) == fresh.get(k) for k in ("inputs", "artifactsToStore"))
+        if not (isinstance(grant, RunGrant) and grant.uid == run["metadata"]["uid"] and same):
+            return None
+        # the data pod it names: the sandbox's NetworkPolicy lets it reach the data service's pods alone
+        return {**fresh, "url": section.get("url") or fresh.get("url"), "token": section["token"]}
 
     def _awaited(self, ns: str, missing: Sequence[InputRef], url: str, key: bytes, wait_seconds: int,
                  now: float) -> UploadsAwaited:

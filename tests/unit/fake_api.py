@@ -38,6 +38,7 @@ class FakeApiServer:
         self.events: list[tuple[int, str, dict[str, Any]]] = []  # (resourceVersion, type, object)
         self.requests: list[tuple[str, str]] = []  # (method, path with query)
         self.user: tuple[str, list[str]] = ("agent-7", ["agents", "system:authenticated"])  # who the caller is
+        self.refuse_review = False  # RBAC without system:basic-user: the caller may not ask who it is
         # Read-only objects a test sets: CodeRunPolicies and ConfigMaps (artifacts), by (namespace, name)
         self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
@@ -118,6 +119,8 @@ class FakeApiServer:
     def handle(self, method: str, path: str, query: dict[str, str], body: Any,
                stream: Stream) -> tuple[int, Any]:
         parts = path.removeprefix(PREFIX).strip("/").split("/")
+        if method == "POST" and path == SELF_SUBJECT_REVIEWS and self.refuse_review:
+            return 403, _status(403, "Forbidden", "selfsubjectreviews.authentication.k8s.io is forbidden")
         if method == "POST" and path == SELF_SUBJECT_REVIEWS:
             return 201, {**body, "status": {"userInfo": {"username": self.user[0], "groups": self.user[1]}}}
         readable = self._read_only(path)

@@ -13,6 +13,8 @@ CREATED = {"coderun.io/created-by": "alice"}
     ({**CREATED, "coderun.io/approved-by": "alice"}, False, None, False, False, "who created this run"),
     ({**CREATED, "coderun.io/approved-by": "alice"}, True, None, True, False, ""),
     ({"coderun.io/approved-by": "bob"}, False, None, False, False, "does not state who created it"),
+    ({}, False, None, False, False, "create the run again stating it"),  # refused at once: nobody could approve
+    ({"coderun.io/approved-by": "bob"}, True, None, True, False, ""),  # self-approval allowed: any approval goes
     ({**CREATED, "coderun.io/approved-by": "alice", "coderun.io/rejected-by": "bob"}, True, None, False, True,
      "rejected by bob"),
     ({**CREATED, "coderun.io/approved-by": "bob"}, False, "the VAP is gone", False, False, "cannot be verified"),
@@ -22,6 +24,9 @@ CREATED = {"coderun.io/created-by": "alice"}
 def test_the_verdict(annotations, allow_self, unverifiable, go, rejected, says):
     verdict = approval_verdict(annotations, "p", allow_self, unverifiable)
     assert (verdict.go, verdict.rejected) == (go, rejected) and says in verdict.message
+    # refused: it could never go (no stated creator, no self-approval allowed, the record trusted)
+    assert verdict.refused == (not unverifiable and not rejected and not allow_self
+                               and not annotations.get("coderun.io/created-by"))
 
 
 def test_the_record_names_who_decided_and_who_created():

@@ -311,6 +311,15 @@ def test_a_run_states_who_creates_it_as_the_api_server_named_the_caller(api, cap
         ("system:serviceaccount:agents:bot", "system:serviceaccounts\nsystem:authenticated")]
 
 
+def test_a_caller_not_let_ask_who_it_is_still_runs_stating_nobody(api, capsys):
+    api.on_create = finishing(api, SUCCEEDED)
+    api.refuse_review = True
+    stated = []
+    api.refuse_create = lambda body: stated.append(body["metadata"]["annotations"]) or None
+    assert coderun(capsys, "run", "-c", "print(6*7)")[0] == 0
+    assert stated and "coderun.io/created-by" not in stated[0]
+
+
 def test_run_prints_the_result_and_deletes_the_run(api, capsys):
     api.on_create = finishing(api, FAILED)
     code, out, err = coderun(capsys, "run", "-c", "import sys; sys.exit(7)")

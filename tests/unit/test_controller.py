@@ -418,12 +418,17 @@ def test_a_self_approval_waits_unless_the_policy_allows_it(env):
     assert api.run(NS, "mine")["status"]["reason"] == "PodCreated"
 
 
-def test_an_approval_of_a_run_whose_creator_is_not_recorded_does_not_count(env):
+def test_a_run_that_states_no_creator_under_an_approval_policy_is_refused_at_once(env):
+    """No approval of it could be told from a self-approval: it would wait for ever, so it ends now, saying what
+    to state. (The control: the same policy allowing self-approval takes any approver's word.)"""
     api, _, ctl = env
-    waiting = supervised(env, creator=None)
+    status = supervised(env, creator=None)["status"]
+    assert (status["phase"], status["reason"], status["policy"]) == ("Rejected", "PolicyDenied", "default"), status
+    assert "coderun.io/created-by" in status["message"] and "podName" not in status
+    waiting = supervised(env, allow_self=True, name="self", uid="uid-2", creator=None)
+    assert waiting["status"]["reason"] == "AwaitingApproval"
     ctl.on_run(annotated(api, waiting, approved_by="bob"), deleted=False)
-    status = api.run(NS, "wait")["status"]
-    assert status["reason"] == "AwaitingApproval" and "coderun.io/created-by" in status["message"]
+    assert api.run(NS, "self")["status"].get("podName")
 
 
 def test_a_rejection_ends_the_run_naming_the_identity_shown_safely(env):
@@ -526,7 +531,9 @@ def test_nothing_is_admitted_before_every_policy_was_listed_once(env):
     api.fail["list_policies"] = lambda *_: (_ for _ in ()).throw(Transient("the API server is away"))
     api.policies = [{**policy_object(approval={"required": "Always"}), "metadata": {
         "name": "default", "namespace": NS, "resourceVersion": "7"}}]
-    run = submit(env, make_run())
+    stated = make_run()
+    stated["metadata"]["annotations"] = {"coderun.io/created-by": "alice"}
+    run = submit(env, stated)
     assert "status" not in run and ("Pod", NS, "demo-sandbox") not in api.objects  # not on the baseline
     del api.fail["list_policies"]
     ctl.tick()

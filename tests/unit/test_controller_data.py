@@ -116,6 +116,22 @@ def test_an_input_holding_a_grant_for_another_run_is_a_conflict(env):
     assert (status["phase"], status["reason"]) == ("Failed", "NameConflict"), status
 
 
+def test_an_input_whose_data_section_was_changed_around_its_grant_is_a_conflict(env):
+    """A namespace member who rewrote the run's input around its genuine grant (another path for an input, no
+    artifacts stored) is not believed: the start retried meets a conflict."""
+    api, _, ctl = env
+    submit(env, make_run(uid="uid-tampered"))
+    laid = api.objects[("ConfigMap", NS, "demo-input")]
+    document = json.loads(laid["data"]["run.json"])
+    document["data"]["artifactsToStore"] = False
+    api.objects[("ConfigMap", NS, "demo-input")] = {**laid, "data": {**laid["data"], "run.json": json.dumps(document)}}
+    api.objects.pop(("Pod", NS, "demo-sandbox"))
+    api.patch_run_status(NS, "demo", {"podName": None, "phase": None})
+    ctl.on_run(api.get_run(NS, "demo"), deleted=False)
+    status = api.run(NS, "demo")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "NameConflict"), status
+
+
 def test_an_input_the_runner_could_not_have_fails_the_run_naming_it(env):
     api, _, _ = env
     submit(env, make_run(uid="uid-mismatch"))

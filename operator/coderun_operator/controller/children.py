@@ -60,7 +60,8 @@ def ensure_data_route(api: KubeApi, namespace: str, route: ProxyRoute) -> str | 
 
 def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, decision: Decision,
                    egress: EgressAccess | None = None, now: float = 0, run_data: Mapping[str, Any] | None = None,
-                   laid: Callable[[Mapping[str, Any], Mapping[str, Any], float], Mapping[str, Any] | None] | None = None
+                   laid: Callable[[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any], float],
+                                  Mapping[str, Any] | None] | None = None
                    ) -> tuple[str, str | None, str | None]:
     """The cold start's children, the namespace's deny-all first and the pod last: the pod's name, why the
     sandbox cannot be created when a child's name is taken, and the proxy pod the run's input names. With
@@ -72,7 +73,7 @@ def create_sandbox(api: KubeApi, run: Mapping[str, Any], spec: CodeRunSpec, deci
     configmap = input_configmap(run, spec, decision, egress, now, run_data=run_data)
     existing = None if conflict else api.create_or_get(configmap)
     found = minted(egress, run, existing) if egress is not None and existing is not None else None
-    kept = laid(run, existing, now) if laid is not None and run_data and existing is not None else None
+    kept = laid(run, existing, run_data, now) if laid is not None and run_data and existing is not None else None
     if found is not None or kept is not None:  # a start retried after a crash: the credential, proxy pod and
         expiry, egress = found or (None, egress)  # data grant of then, the same input
         run_data = kept or run_data

@@ -418,8 +418,10 @@ class Controller:
         creator = recorded_creator(run)
 
         def same_creator(earlier: Mapping[str, Any]) -> bool:
+            """Only while the API server guards the creators (else anyone could state another's name)."""
             theirs = recorded_creator(earlier)
-            return creator is not None and theirs is not None and theirs[0] == creator[0]
+            return (creator is not None and theirs is not None and theirs[0] == creator[0]
+                    and self.identity.problem() is None)
 
         try:
             ensure = run["metadata"]["namespace"] not in self._data_routed
@@ -464,9 +466,10 @@ class Controller:
             return True
         verdict = approval_verdict(run["metadata"].get("annotations") or {}, decision.policy.name,
                                    decision.policy.allow_self_approval, self.identity.problem())
-        if verdict.rejected:
-            self.writer.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER, verdict.message,
-                                            {"policyRule": "approval",
+        if verdict.rejected or verdict.refused:
+            self.writer.finish(run, Outcome(Phase.REJECTED, Reason.REJECTED_BY_APPROVER if verdict.rejected
+                                            else Reason.POLICY_DENIED, verdict.message,
+                                            {**decision_fields(decision), "policyRule": "approval",
                                              "approval": verdict.record(rfc3339(self.now()))}))
             return False
         if not verdict.go:

@@ -28,6 +28,7 @@ class Verdict:
     raw identities (compare those; show them with shown_identity)."""
     go: bool = False
     rejected: bool = False
+    refused: bool = False  # it can never go: end it, the policy's refusal
     message: str = ""
     approver: str | None = None
     rejecter: str | None = None
@@ -51,18 +52,18 @@ def approval_verdict(annotations: Mapping[str, str], policy_name: str, allow_sel
     if rejecter:
         return Verdict(rejected=True, rejecter=rejecter, creator=creator,
                        message=f"rejected by {shown_identity(rejecter)} ({REJECTED_BY})")
+    if not creator and not allow_self_approval:  # no approval could ever be told from a self-approval
+        return Verdict(refused=True, message=(
+            f"policy {policy_name!r} requires another person's approval, which cannot be told from a "
+            f"self-approval when the run does not state who created it ({CREATED_BY}): create the run again "
+            f"stating it ({HOW_TO_STATE})"))
     if not approver:
         return Verdict(creator=creator, message=(
             f"policy {policy_name!r} requires approval: waiting for someone with the RBAC verb {APPROVE_VERB} on "
             f"coderuns to run `coderun approve NAME` (or `coderun reject NAME`; with kubectl, `kubectl annotate crun "
             f"NAME {APPROVED_BY}=<their username>`)"))
-    if allow_self_approval or (creator and creator != approver):
+    if allow_self_approval or creator != approver:
         return Verdict(go=True, approver=approver, creator=creator)
-    if not creator:
-        return Verdict(approver=approver, message=(
-            f"approved by {shown_identity(approver)}, but the run does not state who created it ({CREATED_BY}), "
-            f"so this may be a self-approval, which policy {policy_name!r} does not allow; reject it and create the "
-            f"run again stating its creator ({HOW_TO_STATE})"))
     return Verdict(approver=approver, creator=creator, message=(
         f"approved by {shown_identity(approver)}, who created this run: policy {policy_name!r} does not allow "
         "self-approval (spec.approval.allowSelfApproval), so the run still waits for another approver (their "

@@ -64,8 +64,9 @@ _VARIABLES = [{"name": name, "expression": _annotation("object", key)} for name,
     {"name": "decidedBefore", "expression": "variables.oldApprovedBy != '' || variables.oldRejectedBy != ''"},
     # A self-approval does not count (unless the policy allows it, and then the run has started already), so
     # another approver may replace it rather than leave the run waiting for ever.
-    {"name": "selfApprovalReplaced", "expression": "variables.oldRejectedBy == '' && variables.oldCreatedBy != '' "
-     "&& variables.oldApprovedBy == variables.oldCreatedBy && variables.approvedBy != ''"},
+    # So is any approval of a run that does not state its creator (it never counts, or the run ran already).
+    {"name": "selfApprovalReplaced", "expression": "variables.oldRejectedBy == '' && (variables.oldCreatedBy == '' "
+     "|| variables.oldApprovedBy == variables.oldCreatedBy) && variables.approvedBy != ''"},
 ]
 
 # Double quotes: the text goes inside CEL string literals (messageExpression), which single quotes would end.

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import CodeRunError
 from ..api.identity import APPROVED_BY, CREATED_BY, CREATED_BY_GROUPS, REJECTED_BY
 from ..api.models import (API_VERSION, CREATED_AT_ANNOTATION, KIND, LANGUAGE_PATTERN, MAX_CODE_BYTES, MAX_FILES,
                           MAX_STDIN_BYTES, QUANTITY_PATTERN, CodeRunSpec, FileInput, Limits)
@@ -124,6 +125,10 @@ def creator_of_review(review: Any) -> dict[str, str]:
 def verdict_patch(creator: Mapping[str, str], approve: bool) -> dict[str, Any]:
     """The merge patch that approves (or rejects) a run as this client: the API server takes the verdict only
     under the requester's own username, from someone with the RBAC verb approve (coderun/api/identity.py)."""
+    if not creator.get(CREATED_BY):
+        raise CodeRunError("this client may not ask the API server who it is (SelfSubjectReview is forbidden to "
+                           f"it), and a verdict must carry your own username: kubectl annotate crun NAME "
+                           f"{APPROVED_BY if approve else REJECTED_BY}=<your username>", status=403)
     return {"metadata": {"annotations": {APPROVED_BY if approve else REJECTED_BY: creator[CREATED_BY]}}}
 
 
