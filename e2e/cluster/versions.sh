@@ -1,6 +1,6 @@
 # Pinned versions of everything the local cluster builds. The cache key of every build is its version.
 KUBERNETES_NEWEST=v1.36.2         # last minor whose kubelet runs on cgroup v1 with containerd 1.6's CRI
-KUBERNETES_OLDEST=v1.31.13        # the oldest the chart supports (Chart.yaml kubeVersion): `make test-oldest`
+KUBERNETES_OLDEST=v1.31.4         # the oldest the chart supports (Chart.yaml kubeVersion): `make test-oldest`; the newest 1.31 patch whose modules the proxy here serves in full
 # The cluster's version: the newest unless the caller names another (KUBERNETES_VERSION=$KUBERNETES_OLDEST).
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-$KUBERNETES_NEWEST}
 ETCD_VERSION=v3.6.16              # etcd 3.4 (Debian) lacks RequestWatchProgress, which apiserver 1.36 needs
