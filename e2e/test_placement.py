@@ -22,7 +22,7 @@ TAINT_KEY = "coderun.test/sandbox-dedicated"
 TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 # Short, so a run that can never be scheduled fails within the test (the default is 300 s).
 DEADLINE = 15
-SLEEPS = "import time\ntime.sleep(2)\nprint('placed')\n"  # long enough to read the pod while it runs
+SLEEPS = "import time\ntime.sleep(3)\nprint('placed')\n"  # long enough to read the pod while it runs
 
 
 def _node_name(cluster) -> str:
@@ -66,9 +66,15 @@ def _assert_placed(cluster, namespace: str, pod_name: str, node: str) -> None:
 
 def _run_placed(cluster, namespace: str, node: str, spec: dict) -> dict:
     name = cluster.create_run(namespace, {"language": "python", "code": SLEEPS, **spec})
-    _assert_placed(cluster, namespace, cluster.wait_running(namespace, name, timeout=120), node)
+
+    def its_pod() -> str | None:  # the run's sandbox pod once it is bound to a node (a warm claim may skip Running)
+        pod = (cluster.get_run(namespace, name).get("status") or {}).get("podName")
+        return pod if pod and any(p.metadata.name == pod and p.spec.node_name
+                                  for p in cluster.core.list_namespaced_pod(namespace).items) else None
+    _assert_placed(cluster, namespace, wait_for(its_pod, 120, f"run {name}'s pod on a node"), node)
     status = status_of(cluster.wait_run(namespace, name, timeout=120))
-    assert (status["phase"], status["stdout"]) == ("Succeeded", "placed\n"), status
+    assert (status["phase"], status["stdout"]) == ("Succeeded", "placed\n"), (
+        status.get("reason"), status.get("message"), status.get("startMode"), status.get("stderr"))
     assert status["decision"]["scheduling"]["tolerations"] == [TOLERATION]
     return status
 
@@ -76,7 +82,7 @@ def _run_placed(cluster, namespace: str, node: str, spec: dict) -> dict:
 def test_a_dedicated_nodes_policy_runs_cold_warm_and_in_a_session_there(operator, namespace, dedicated_node):
     apply_policy(operator, namespace, "default", {
         "admission": "Record", "scheduling": DEDICATED, "startDeadlineSeconds": DEADLINE,
-        "defaults": {"cpu": SMALL["cpu"], "memory": SMALL["memory"]},
+        "defaults": {"cpu": SMALL["cpu"], "memory": SMALL["memory"], "timeoutSeconds": 20},
         "warmPool": {"size": 1, "languages": ["python"], "cpuRequest": "10m"},
         "sessions": {"allowed": True}})
     wait_for(lambda: pool_ready(operator, namespace, "python") >= 1, 120, "a ready warm pod on the dedicated node")
