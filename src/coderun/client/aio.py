@@ -32,7 +32,7 @@ from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_file
 from .sessions import (SessionInfo, batch_labels, batch_requests, batch_wait_seconds, build_session_body, refused_as_ended,
                        run_in_session_spec, why_over, session_info, session_spec)
 from .request import (DEFAULT_NAME_PREFIX, SELF_SUBJECT_REVIEW, RunRequest, build_body, creator_of_review,
-                      label_selector, verdict_patch)
+                      label_selector, unstated_if_forbidden, verdict_patch)
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
@@ -259,9 +259,7 @@ class AsyncCodeRunClient:
                     review = await self._call("learn this client's identity (SelfSubjectReview)",
                                               api.create_self_subject_review, SELF_SUBJECT_REVIEW)
                 except CodeRunError as e:
-                    if e.status != 403:
-                        raise
-                    self._creator = {}  # not let ask (RBAC without system:basic-user): plain runs state nobody
+                    self._creator = unstated_if_forbidden(e)
                 else:
                     self._creator = creator_of_review(review)
         return self._creator

@@ -122,6 +122,14 @@ def creator_of_review(review: Any) -> dict[str, str]:
     return creator_annotations(info.username or "", info.groups or ())
 
 
+def unstated_if_forbidden(refused: CodeRunError) -> dict[str, str]:
+    """The creator to state when the SelfSubjectReview was refused: none when the caller may not ask (RBAC without
+    system:basic-user; plain runs go unstated, a session is refused saying what to state), else the refusal."""
+    if refused.status != 403:
+        raise refused
+    return {}
+
+
 def verdict_patch(creator: Mapping[str, str], approve: bool) -> dict[str, Any]:
     """The merge patch that approves (or rejects) a run as this client: the API server takes the verdict only
     under the requester's own username, from someone with the RBAC verb approve (coderun/api/identity.py)."""

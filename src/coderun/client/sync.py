@@ -19,7 +19,7 @@ from .errors import CodeRunError, RunNotFound, RunRejected, raise_if_rejected, r
 from .inputs import (UPLOAD_RUN_CODE, FileSource, Upload, input_refs, split_files, upload_of_inline, with_inputs,
                      with_kept)
 from .request import (DEFAULT_NAME_PREFIX, SELF_SUBJECT_REVIEW, RunRequest, build_body, creator_of_review,
-                      label_selector, verdict_patch)
+                      label_selector, unstated_if_forbidden, verdict_patch)
 from .artifacts import artifact_bytes, find_artifact
 from .result import RunResult, result_from_object, results_from_list
 from .runtimes import RuntimeInfo, runtimes_plan
@@ -261,9 +261,7 @@ class CodeRunClient:
                                     client.AuthenticationV1Api(self._api_client).create_self_subject_review,
                                     SELF_SUBJECT_REVIEW)
             except CodeRunError as e:
-                if e.status != 403:
-                    raise
-                self._creator = {}  # not let ask (RBAC without system:basic-user): plain runs state nobody
+                self._creator = unstated_if_forbidden(e)
             else:
                 self._creator = creator_of_review(review)
         return self._creator
