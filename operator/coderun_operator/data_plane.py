@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from coderun.api.models import Artifact, ArtifactCaps, CodeRunSpec, InputRef
 from coderun.api.reasons import TERMINAL_PHASES
 from .builders.egress import ProxyRoute, pinned_pod, socket_address
+from .builders.names import laid_run_json
 from .builders.objects import transfer_seconds
 from .data.grant import GrantRefused, ReadGrant, RunGrant, StoredObject, UploadGrant, mint, verify
 from .data.store import (ObjectUnavailable, StoreMisconfigured, StoreSettings, StoreUnavailable, client as store_client,
@@ -257,7 +257,7 @@ class DataPlane:
         this installation minted for this run, still valid, for the same inputs: anything else in a ConfigMap a
         namespace member could have written is not believed. None otherwise."""
         try:
-            section = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("data")
+            section: dict[str, Any] = laid_run_json(input_configmap).get("data") or {}
             _, _, key = self._read()
             grant = verify(str(section["token"]), {self.settings.key_id: key}, now)
         except (ValueError, TypeError, KeyError, AttributeError, GrantRefused, DataUnavailable):

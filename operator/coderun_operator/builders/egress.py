@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from coderun.api.models import EgressRule, Runtime
 from coderun.egress.credential import Budget, CredentialRefused, Grant, mint, proxy_url, read_grant
 from ..policy import Decision, Policy
+from .names import laid_run_json
 
 # The program's own loopback stays direct (a server it starts for itself).
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -118,7 +118,7 @@ def minted(access: EgressAccess, run: Mapping[str, Any], input_configmap: Mappin
     credential names none: then it is kept when it is still the one `access` is pinned to, else not known; that
     pod may have gone, and the run's requests then fail closed)."""
     try:
-        env = json.loads((input_configmap.get("data") or {}).get("run.json") or "{}").get("env") or {}
+        env = laid_run_json(input_configmap).get("env") or {}
         userinfo, _, address = str(env.get("HTTPS_PROXY") or "").rpartition("@")
         found = read_grant(userinfo.partition("://")[2].partition(":")[2], {access.key_id: access.key})
     except (ValueError, AttributeError, CredentialRefused):

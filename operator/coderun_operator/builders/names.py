@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from typing import Any, Mapping
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_RUN = "coderun.io/run"
@@ -13,6 +15,7 @@ LABEL_SESSION = "coderun.io/session"
 LABEL_SESSION_UID = "coderun.io/session-uid"
 # The sandbox pod's one container (the runner and the program under it).
 CONTAINER_NAME = "run"
+RUN_JSON = "run.json"  # the key of a run's input that tells the runner what to do (objects.build_input_configmap)
 # On a sandbox pod: the policy it was built for.
 ANNOTATION_POLICY = "coderun.io/policy"
 # Warm pool pods: the policy (name, fitted to a label) and language they serve, and the exact pool key
@@ -51,3 +54,12 @@ def run_labels(run_name: str, run_uid: str) -> dict[str, str]:
         LABEL_RUN: _fit(run_name, "", _MAX_NAME),
         LABEL_RUN_UID: run_uid,
     }
+
+
+def laid_run_json(input_configmap: Mapping[str, Any]) -> dict[str, Any]:
+    """run.json as an earlier start laid it in the run's input ConfigMap ({} when it holds none). Written by
+    whoever could write the ConfigMap: callers believe only what they verify in it. Malformed: ValueError."""
+    document = json.loads((input_configmap.get("data") or {}).get(RUN_JSON) or "{}")
+    if not isinstance(document, dict):
+        raise ValueError("run.json is not an object")
+    return document

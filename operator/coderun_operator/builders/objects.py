@@ -15,7 +15,7 @@ from .egress import ProxyRoute, proxy_egress_rule, uses_proxy
 from .scheduling import pod_scheduling, sandbox_scheduling
 from .names import (ANNOTATION_NONCE_SHA256, ANNOTATION_POLICY, ANNOTATION_POOL_KEY, CONTAINER_NAME, LABEL_MANAGED_BY,
                     LABEL_POOL, LABEL_POOL_LANGUAGE, LABEL_RUN_UID, LABEL_SANDBOX, MANAGER, child_name, fit_name,
-                    run_labels)
+                    RUN_JSON, run_labels)
 
 INPUT_MOUNT = "/coderun/input"
 # Inputs by reference (docs/data.md): the runner fetches them into a volume of their own, never under /tmp, so
@@ -162,7 +162,7 @@ def build_input_configmap(run: Mapping[str, Any], spec: CodeRunSpec, decision: D
     """Code, stdin, files and the runner's instructions (`env`: what the program gets beyond the runner's own,
     the egress proxy's settings: builders/egress.py; `run_data`: where its inputs and large artifacts go, with
     its data grant: data_plane.py), mounted read-only into the sandbox; the runner hides it from the program."""
-    data = {"run.json": json.dumps(_run_json(spec, decision, env, run_data), indent=1), "code": spec.code}
+    data = {RUN_JSON: json.dumps(_run_json(spec, decision, env, run_data), indent=1), "code": spec.code}
     binary: dict[str, str] = {}
     if spec.stdin is not None:
         data["stdin"] = spec.stdin
